@@ -1,0 +1,138 @@
+"""Train the embedded default model: a tiny Llama that adds two-digit numbers.
+
+The model ships in ``models/tiny-adder`` and is pinned by hash in ``conf/model/tiny_adder.yaml``;
+this script is how it was made and how anyone can make it again (a retrained model gets new
+hashes, so the pins must be refreshed with ``--write-pins``).
+
+    python scripts/build_model.py --out models/tiny-adder --write-pins conf/model/tiny_adder.yaml
+
+The training prompt format is the built-in task's template (``evalrun/tasks/builtin/addition``),
+rendered for every pair ``a+b`` with ``0 <= a, b <= 99`` except the task's own test items, so the
+task measures generalisation to unseen pairs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import string
+import time
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer, decoders
+from tokenizers.models import BPE
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+REPO = Path(__file__).resolve().parents[1]
+TASK_DIR = REPO / "evalrun" / "tasks" / "builtin" / "addition"
+SPECIAL = ["<unk>", "<s>", "</s>"]
+
+
+def build_tokenizer() -> PreTrainedTokenizerFast:
+    """Character-level tokenizer: a BPE model with printable ASCII as its vocabulary and no merges."""
+    chars = [c for c in string.printable if c not in "\t\r\x0b\x0c"]
+    vocab = {tok: i for i, tok in enumerate(SPECIAL + chars)}
+    backend = Tokenizer(BPE(vocab=vocab, merges=[], unk_token="<unk>"))
+    backend.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        unk_token="<unk>",
+        bos_token="<s>",
+        eos_token="</s>",
+        pad_token="</s>",
+    )
+
+
+def render(template: str, a: int, b: int) -> str:
+    # Same rendering as the task's Jinja template for the fields this task has.
+    return template.replace("{{ question }}", f"{a}+{b}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=REPO / "models" / "tiny-adder")
+    parser.add_argument("--steps", type=int, default=2500)
+    parser.add_argument("--batch", type=int, default=256)
+    parser.add_argument("--seed", type=int, default=1234)
+    parser.add_argument("--write-pins", type=Path, default=None, help="rewrite this model config's sha256 pins")
+    args = parser.parse_args()
+
+    torch.manual_seed(args.seed)
+    rng = random.Random(args.seed)
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+
+    template = (TASK_DIR / "template.jinja").read_text(encoding="utf-8")
+    held_out = set()
+    with open(TASK_DIR / "test.jsonl", encoding="utf-8") as fh:
+        for line in fh:
+            held_out.add(json.loads(line)["question"])
+    pairs = [(a, b) for a in range(100) for b in range(100) if f"{a}+{b}" not in held_out]
+
+    tokenizer = build_tokenizer()
+    eos = tokenizer.eos_token_id
+    examples = []
+    for a, b in pairs:
+        prompt_ids = tokenizer(render(template, a, b), add_special_tokens=False)["input_ids"]
+        answer_ids = tokenizer(f" {a + b}", add_special_tokens=False)["input_ids"] + [eos]
+        examples.append((prompt_ids, answer_ids))
+    width = max(len(p) + len(a) for p, a in examples)
+
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=128,
+        intermediate_size=384,
+        num_hidden_layers=3,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        head_dim=64,
+        max_position_embeddings=128,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=eos,
+        pad_token_id=tokenizer.pad_token_id,
+        torch_dtype="float32",
+    )
+    model = LlamaForCausalLM(config)
+    optimiser = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01)
+    schedule = torch.optim.lr_scheduler.OneCycleLR(optimiser, max_lr=3e-3, total_steps=args.steps, pct_start=0.1)
+
+    def batch() -> tuple[torch.Tensor, torch.Tensor]:
+        ids = torch.full((args.batch, width), tokenizer.pad_token_id, dtype=torch.long)
+        labels = torch.full((args.batch, width), -100, dtype=torch.long)
+        for row, (p, a) in enumerate(rng.choices(examples, k=args.batch)):
+            seq = p + a
+            ids[row, : len(seq)] = torch.tensor(seq)
+            labels[row, len(p) : len(seq)] = torch.tensor(a)
+        return ids, labels
+
+    started = time.perf_counter()
+    model.train()
+    for step in range(1, args.steps + 1):
+        ids, labels = batch()
+        loss = model(input_ids=ids, labels=labels).loss
+        optimiser.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimiser.step()
+        schedule.step()
+        if step % 100 == 0:
+            print(f"step {step}/{args.steps} loss {loss.item():.4f} ({time.perf_counter() - started:.0f}s)", flush=True)
+
+    model.eval()
+    args.out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(args.out, safe_serialization=True)
+    tokenizer.save_pretrained(args.out)
+    model.generation_config.save_pretrained(args.out)
+
+    if args.write_pins:
+        from evalrun.model import hash_model_dir, write_pins
+
+        write_pins(args.write_pins, hash_model_dir(args.out))
+        print(f"pins written to {args.write_pins}")
+
+
+if __name__ == "__main__":
+    main()
