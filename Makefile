@@ -1,0 +1,18 @@
+# The two Quickstart commands: `make run` (set up, then the main job on the embedded default)
+# and `make test` (set up, then the whole test suite). Both are idempotent.
+.PHONY: setup run test lint bench
+
+setup:
+	@scripts/setup.sh
+
+run: setup
+	.venv/bin/evalrun run $(ARGS)
+
+test: setup
+	.venv/bin/python -m pytest -q $(ARGS)
+
+lint: setup
+	.venv/bin/ruff check .
+
+bench: setup
+	.venv/bin/python scripts/bench_overhead.py

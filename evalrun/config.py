@@ -1,0 +1,331 @@
+"""Structured configuration: Hydra composition, schema and value checks, all before any model loads.
+
+The schema below is registered in Hydra's ConfigStore as the first entry of ``conf/config.yaml``'s
+defaults list, so every group file and every command-line override is merged into typed nodes:
+an unknown key or a value of the wrong type fails at composition. :func:`validate` then checks
+values and files and turns the result into an immutable :class:`EvalConfig`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hydra import compose, initialize_config_dir
+from hydra.core.config_store import ConfigStore
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from evalrun.errors import BadInput
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+CONF_DIR = REPO_ROOT / "conf"
+BUILTIN_TASKS = Path(__file__).resolve().parent / "tasks" / "builtin"
+
+
+# --- schema (mutable dataclasses, as Hydra's ConfigStore requires) -------------------------
+
+
+@dataclass
+class ModelSchema:
+    name: str = "???"
+    id: str = "???"
+    path: str | None = None
+    revision: str | None = None
+    pinned: bool = True
+    dtype: str = "float32"
+    sha256: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class EngineSchema:
+    name: str = "vllm"
+    dtype: str | None = None  # None: the model's dtype
+    max_num_seqs: int = 256
+    max_model_len: int | None = None
+    enable_prefix_caching: bool = False
+    tensor_parallel_size: int = 1
+    enforce_eager: bool = False
+    gpu_memory_utilization: float = 0.85
+    cpu_kvcache_gib: int = 1
+    seed: int = 0
+
+
+@dataclass
+class DecodingSchema:
+    name: str = "greedy"
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0: no top-k
+    max_tokens: int = 16
+    stop: list[str] = field(default_factory=list)
+    logprobs: bool = True
+
+
+@dataclass
+class SeedsSchema:
+    master: int = 1234
+    set: list[int] = field(default_factory=lambda: [0])
+    repeats: int = 1
+
+
+@dataclass
+class ScorerSchema:
+    name: str = "exact_match"
+    normalize: list[str] = field(default_factory=lambda: ["strip"])
+    pattern: str | None = None  # regex scorer: the answer is group ``group`` of the first match
+    group: int = 1
+    extract: str = "first"  # number scorer: which number in the output (first | last)
+    tolerance: float = 0.0
+
+
+@dataclass
+class TaskSchema:
+    name: str = "???"
+    dataset: str = "???"
+    template: str = "???"
+    id_field: str = "id"
+    target_field: str = "answer"
+    scorer: ScorerSchema = field(default_factory=ScorerSchema)
+
+
+@dataclass
+class ClusterSchema:
+    name: str = "local"  # local | ray | inline
+    address: str | None = None
+    num_workers: int = 1
+    cpus_per_worker: float = 1.0
+    gpus_per_worker: float | None = None  # None: engine.tensor_parallel_size where GPUs exist, else 0
+    batch_size: int = 256
+    max_in_flight: int = 2
+
+
+@dataclass
+class DeterminismSchema:
+    name: str = "strict"
+    enabled: bool = True
+    batch_invariant: bool = True
+    cublas_workspace_config: str = ":4096:8"
+    disable_v1_multiprocessing: bool = True
+
+
+@dataclass
+class RunSchema:
+    root: str = "runs"
+    dir: str | None = None  # an exact run directory, instead of a new one under root
+    progress: bool = True
+
+
+@dataclass
+class Schema:
+    model: ModelSchema = field(default_factory=ModelSchema)
+    engine: EngineSchema = field(default_factory=EngineSchema)
+    decoding: DecodingSchema = field(default_factory=DecodingSchema)
+    seeds: SeedsSchema = field(default_factory=SeedsSchema)
+    task: TaskSchema = field(default_factory=TaskSchema)
+    cluster: ClusterSchema = field(default_factory=ClusterSchema)
+    determinism: DeterminismSchema = field(default_factory=DeterminismSchema)
+    run: RunSchema = field(default_factory=RunSchema)
+    limit: int | None = None
+
+
+ConfigStore.instance().store(name="evalrun_schema", node=Schema)
+if not OmegaConf.has_resolver("evalrun.root"):
+    OmegaConf.register_new_resolver("evalrun.root", lambda: str(REPO_ROOT))
+    OmegaConf.register_new_resolver("evalrun.builtin", lambda: str(BUILTIN_TASKS))
+
+
+# --- validated, immutable config ------------------------------------------------------------
+
+NORMALIZERS = ("strip", "lower", "collapse_whitespace", "strip_punctuation")
+SCORERS = ("exact_match", "regex", "number")
+CLUSTERS = ("local", "ray", "inline")
+ENGINES = ("vllm",)
+DTYPES = ("float32", "bfloat16", "float16", "auto")
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """A composed and checked configuration: ``raw`` is the resolved Hydra config as plain data."""
+
+    raw: dict[str, Any]
+    dataset_path: Path
+    template_path: Path
+    model_path: Path | None
+
+    def section(self, name: str) -> dict[str, Any]:
+        return self.raw[name]
+
+    @property
+    def task_name(self) -> str:
+        return self.raw["task"]["name"]
+
+
+def _fail(field_name: str, expected: str, got: Any) -> BadInput:
+    return BadInput(field_name, f"expected {expected}, got {got!r}")
+
+
+def _resolve_path(value: str, field_name: str, *, must_be: str = "file") -> Path:
+    path = Path(value).expanduser()
+    if not path.is_absolute():
+        path = Path.cwd() / path
+    ok = path.is_file() if must_be == "file" else path.is_dir()
+    if not ok:
+        raise BadInput(field_name, f"{path} does not exist or is not a {must_be}")
+    return path
+
+
+def _check_values(cfg: dict[str, Any]) -> None:
+    dec, seeds, eng, clu, task, model = (
+        cfg["decoding"], cfg["seeds"], cfg["engine"], cfg["cluster"], cfg["task"], cfg["model"],
+    )  # fmt: skip
+    if dec["temperature"] < 0:
+        raise _fail("decoding.temperature", "a number >= 0", dec["temperature"])
+    if not 0 < dec["top_p"] <= 1:
+        raise _fail("decoding.top_p", "a number in (0, 1]", dec["top_p"])
+    if dec["top_k"] < 0:
+        raise _fail("decoding.top_k", "an integer >= 0 (0 disables top-k)", dec["top_k"])
+    if dec["max_tokens"] < 1:
+        raise _fail("decoding.max_tokens", "an integer >= 1", dec["max_tokens"])
+    if any(not s for s in dec["stop"]):
+        raise _fail("decoding.stop", "non-empty stop strings", dec["stop"])
+    if not seeds["set"]:
+        raise _fail("seeds.set", "at least one seed", seeds["set"])
+    duplicates = sorted({s for s in seeds["set"] if seeds["set"].count(s) > 1})
+    if duplicates:
+        raise BadInput("seeds.set", f"expected distinct seeds, {duplicates} appear more than once")
+    if any(s < 0 for s in seeds["set"]) or seeds["master"] < 0:
+        raise _fail("seeds", "non-negative seeds", {"master": seeds["master"], "set": seeds["set"]})
+    if seeds["repeats"] < 1:
+        raise _fail("seeds.repeats", "an integer >= 1", seeds["repeats"])
+    if cfg["limit"] is not None and cfg["limit"] < 1:
+        raise _fail("limit", "an integer >= 1 or null", cfg["limit"])
+    if eng["name"] not in ENGINES:
+        raise _fail("engine.name", f"one of {ENGINES}", eng["name"])
+    for key in ("max_num_seqs", "tensor_parallel_size", "cpu_kvcache_gib"):
+        if eng[key] < 1:
+            raise _fail(f"engine.{key}", "an integer >= 1", eng[key])
+    if eng["dtype"] is not None and eng["dtype"] not in DTYPES:
+        raise _fail("engine.dtype", f"one of {DTYPES} or null", eng["dtype"])
+    if model["dtype"] not in DTYPES:
+        raise _fail("model.dtype", f"one of {DTYPES}", model["dtype"])
+    if not 0 < eng["gpu_memory_utilization"] <= 1:
+        raise _fail("engine.gpu_memory_utilization", "a number in (0, 1]", eng["gpu_memory_utilization"])
+    if clu["name"] not in CLUSTERS:
+        raise _fail("cluster.name", f"one of {CLUSTERS}", clu["name"])
+    if clu["name"] == "ray" and not clu["address"]:
+        raise BadInput("cluster.address", "cluster=ray needs the address of a running Ray cluster")
+    for key in ("num_workers", "batch_size", "max_in_flight"):
+        if clu[key] < 1:
+            raise _fail(f"cluster.{key}", "an integer >= 1", clu[key])
+    scorer = task["scorer"]
+    if scorer["name"] not in SCORERS:
+        raise _fail("task.scorer.name", f"one of {SCORERS}", scorer["name"])
+    unknown = [n for n in scorer["normalize"] if n not in NORMALIZERS]
+    if unknown:
+        raise _fail("task.scorer.normalize", f"names from {NORMALIZERS}", unknown)
+    if scorer["name"] == "regex":
+        import re
+
+        if not scorer["pattern"]:
+            raise BadInput("task.scorer.pattern", "the regex scorer needs a pattern")
+        try:
+            re.compile(scorer["pattern"])
+        except re.error as exc:
+            raise BadInput("task.scorer.pattern", f"not a valid regular expression ({exc})") from exc
+    if scorer["extract"] not in ("first", "last"):
+        raise _fail("task.scorer.extract", "'first' or 'last'", scorer["extract"])
+
+
+def check_dataset(path: Path, id_field: str, target_field: str) -> int:
+    """Check a JSON Lines dataset line by line; returns the item count. Errors name file and line."""
+    seen: dict[str, int] = {}
+    with open(path, encoding="utf-8") as fh:
+        for number, line in enumerate(fh, start=1):
+            if not line.strip():
+                continue
+            where = f"{path}:{number}"
+            try:
+                item = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise BadInput(where, f"expected one JSON object per line ({exc.msg})") from exc
+            if not isinstance(item, dict):
+                raise BadInput(where, f"expected a JSON object, got {type(item).__name__}")
+            for key in (id_field, target_field):
+                if key not in item:
+                    raise BadInput(where, f"missing field {key!r}")
+            item_id = str(item[id_field])
+            if item_id in seen:
+                raise BadInput(where, f"duplicate item id {item_id!r} (first on line {seen[item_id]})")
+            seen[item_id] = number
+    if not seen:
+        raise BadInput(str(path), "the dataset has no items")
+    return len(seen)
+
+
+def validate(cfg: DictConfig) -> EvalConfig:
+    """Resolve, check values and files; raise :class:`BadInput` naming the first problem."""
+    try:
+        raw = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
+    except OmegaConfBaseException as exc:
+        key = getattr(exc, "full_key", None) or "config"
+        raise BadInput(key, f"missing or unresolvable value ({exc.msg if hasattr(exc, 'msg') else exc})") from exc
+    assert isinstance(raw, dict)
+    _check_values(raw)
+    task = raw["task"]
+    dataset_path = _resolve_path(task["dataset"], "task.dataset")
+    template_path = _resolve_path(task["template"], "task.template")
+    check_dataset(dataset_path, task["id_field"], task["target_field"])
+    try:
+        from jinja2 import Environment, StrictUndefined, TemplateSyntaxError
+
+        Environment(undefined=StrictUndefined, keep_trailing_newline=True).parse(
+            template_path.read_text(encoding="utf-8")
+        )
+    except TemplateSyntaxError as exc:
+        raise BadInput(f"{template_path}:{exc.lineno}", f"template syntax error: {exc.message}") from exc
+    model_path = None
+    if raw["model"]["path"]:
+        model_path = _resolve_path(str(Path(raw["model"]["path"])), "model.path", must_be="dir")
+    return EvalConfig(raw=raw, dataset_path=dataset_path, template_path=template_path, model_path=model_path)
+
+
+# --- composition from command-line overrides -------------------------------------------------
+
+
+def expand_multirun(overrides: list[str]) -> list[list[str]]:
+    """Hydra's basic-sweeper expansion: ``a=1,2 b=x,y`` gives the four jobs' override lists."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides)
+        (jobs,) = BasicSweeper.split_arguments(parsed, None)
+    except HydraException as exc:
+        raise BadInput("overrides", str(exc)) from exc
+    return jobs
+
+
+def compose_config(overrides: list[str], config_dir: Path = CONF_DIR) -> DictConfig:
+    """Compose ``config.yaml`` with Hydra overrides; composition errors become :class:`BadInput`."""
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(config_dir), version_base="1.3"):
+            return compose(config_name="config", overrides=overrides)
+    except (HydraException, OmegaConfBaseException) as exc:
+        where = next((o.split("=", 1)[0] for o in overrides if o.split("=", 1)[0] in str(exc)), "overrides")
+        raise BadInput(where, str(exc).strip().splitlines()[0]) from exc
+    finally:
+        GlobalHydra.instance().clear()
+
+
+def load(overrides: list[str]) -> EvalConfig:
+    return validate(compose_config(overrides))
+
+
+def to_yaml(config: EvalConfig) -> str:
+    return OmegaConf.to_yaml(OmegaConf.create(config.raw), sort_keys=True)

@@ -1,0 +1,54 @@
+"""Engines turn generation requests into completions. The harness sees only :class:`Engine`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+
+@dataclass(frozen=True)
+class SamplingSpec:
+    temperature: float
+    top_p: float
+    top_k: int
+    max_tokens: int
+    stop: tuple[str, ...]
+    seed: int
+    logprobs: bool
+
+    def as_record(self) -> dict[str, Any]:
+        """JSON-safe form (the 64-bit seed as a decimal string, since JSON numbers stop at 2**53)."""
+        return {
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "top_k": self.top_k,
+            "max_tokens": self.max_tokens,
+            "stop": list(self.stop),
+            "seed": str(self.seed),
+            "logprobs": self.logprobs,
+        }
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    prompt: str
+    sampling: SamplingSpec
+
+
+@dataclass(frozen=True)
+class Completion:
+    text: str
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]  # of the chosen tokens; empty when not requested
+    finish_reason: str
+    prompt_tokens: int
+
+
+class Engine(Protocol):
+    def generate(self, requests: list[GenerationRequest]) -> list[Completion]:
+        """One completion per request, in request order."""
+        ...
+
+    def describe(self) -> dict[str, Any]:
+        """Engine name, version and effective settings, for the manifest and output rows."""
+        ...

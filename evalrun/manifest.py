@@ -1,0 +1,105 @@
+"""The run manifest and its three-part digest (DESIGN.md "Manifest and digest").
+
+digest = sha256(prompt_pack_hash + seed_set_hash + scoring_hash): each part changes only when
+what it covers changes, so two manifests can be compared field by field.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+from evalrun.config import EvalConfig
+from evalrun.digest import canonical_hash, combine
+from evalrun.environment import evalrun_version, git_state, hardware_fingerprint, library_versions, python_version
+from evalrun.model import ResolvedModel
+from evalrun.scoring import scoring_hash
+from evalrun.tasks import Task
+
+MANIFEST_FORMAT = "evalrun.manifest/1"
+
+
+@dataclass(frozen=True)
+class Digest:
+    prompt_pack: str
+    seed_set: str
+    scoring: str
+
+    @property
+    def digest(self) -> str:
+        return combine([self.prompt_pack, self.seed_set, self.scoring])
+
+    def as_record(self) -> dict[str, str]:
+        return {
+            "prompt_pack": self.prompt_pack,
+            "seed_set": self.seed_set,
+            "scoring": self.scoring,
+            "digest": self.digest,
+        }
+
+
+def prompt_pack_hash(task: Task, decoding: dict[str, Any]) -> str:
+    """Templates (by content), few-shot files in order (none yet for this task kind), decoding settings."""
+    settings = {k: v for k, v in decoding.items() if k != "name"}
+    return canonical_hash({"templates": {"user": task.template_sha256}, "fewshot": [], "decoding": settings})
+
+
+def seed_set_hash(seeds: dict[str, Any]) -> str:
+    return canonical_hash({"master": seeds["master"], "set": list(seeds["set"]), "repeats": seeds["repeats"]})
+
+
+def compute_digest(config: EvalConfig, task: Task) -> Digest:
+    return Digest(
+        prompt_pack=prompt_pack_hash(task, config.section("decoding")),
+        seed_set=seed_set_hash(config.section("seeds")),
+        scoring=scoring_hash(config.section("task")["scorer"]),
+    )
+
+
+def generator_info() -> dict[str, Any]:
+    """Who wrote the chains; part of every episode header."""
+    return {"name": "evalrun", "version": evalrun_version(), "git_commit": git_state()["commit"]}
+
+
+def build_manifest(
+    config: EvalConfig,
+    task: Task,
+    model: ResolvedModel,
+    digest: Digest,
+    workers: list[dict[str, Any]],
+    episodes: int,
+) -> dict[str, Any]:
+    honoured = []
+    for w in workers:
+        if w["determinism"]["honoured"] not in honoured:
+            honoured.append(w["determinism"]["honoured"])
+    return {
+        "format": MANIFEST_FORMAT,
+        "digest": digest.as_record(),
+        "task": {
+            "name": task.name,
+            "dataset": {"path": str(task.dataset_path), "sha256": task.dataset_sha256, "items": len(task.items)},
+            "template": {"path": str(task.template_path), "sha256": task.template_sha256},
+            "scorer": config.section("task")["scorer"],
+        },
+        "limit": config.raw["limit"],
+        "episodes": episodes,
+        "model": model.as_record(),
+        "engine": workers[0]["engine"],
+        "decoding": config.section("decoding"),
+        "seeds": config.section("seeds"),
+        "determinism": {
+            "asked": workers[0]["determinism"]["asked"],
+            "honoured": honoured,
+            "notes": sorted({n for w in workers for n in w["determinism"]["notes"]}),
+        },
+        "cluster": config.section("cluster"),
+        "workers": [{"worker": w["worker"], "hardware": w["hardware"]} for w in workers],
+        "generator": generator_info(),
+        "libraries": library_versions(),
+        "python": python_version(),
+        "git": git_state(),
+        "hardware": hardware_fingerprint(),
+        "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }

@@ -1,0 +1,202 @@
+"""The run directory: its paths, atomic output/log parts, and the files written at the end.
+
+A part is complete or absent: its bytes go to a temporary name, are fsynced, then renamed. The
+log part is renamed before its output part, so an output part on disk always has its log.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from evalrun.digest import canonical_json, file_sha256, sha256_hex
+from evalrun.episode import EpisodeResult
+
+MANIFEST = "manifest.json"
+CONFIG = "config.yaml"
+OUTPUTS = "outputs"
+LOG = "log"
+SCORES = "scores.parquet"
+SUMMARY = "summary.json"
+RECORD = "record.json"
+PART_PATTERN = re.compile(r"^part-(\d{5})\.(parquet|jsonl)$")
+
+OUTPUT_SCHEMA = pa.schema(
+    [
+        ("episode_id", pa.string()),
+        ("task", pa.string()),
+        ("item_id", pa.string()),
+        ("seed", pa.int64()),
+        ("repeat", pa.int32()),
+        ("seeds", pa.struct([("sampling", pa.uint64())])),
+        ("prompt", pa.string()),
+        ("prompt_sha256", pa.string()),
+        ("target", pa.string()),
+        ("output", pa.string()),
+        ("token_ids", pa.list_(pa.int32())),
+        ("token_logprobs", pa.list_(pa.float64())),
+        ("finish_reason", pa.string()),
+        ("prompt_tokens", pa.int32()),
+        ("output_tokens", pa.int32()),
+        ("head", pa.string()),
+        # provenance: may differ between identical runs, never part of any chain
+        ("worker", pa.string()),
+        ("hardware", pa.string()),
+        ("batch_size", pa.int32()),
+        ("latency_s", pa.float64()),
+    ]
+)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_atomic(path: Path, data: bytes) -> str:
+    """Write ``data`` to ``path`` via a fsynced temporary file and a rename; returns its sha256."""
+    tmp = path.with_name(f".tmp-{path.name}")
+    with open(tmp, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+    return sha256_hex(data)
+
+
+def table_bytes(table: pa.Table) -> bytes:
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink, compression="zstd")
+    return sink.getvalue().to_pybytes()
+
+
+@dataclass(frozen=True)
+class Provenance:
+    worker: str
+    hardware: str  # canonical JSON of the worker's hardware fingerprint
+    batch_size: int
+    latency_s: float
+
+
+def output_rows(results: list[EpisodeResult], provenance: Provenance) -> pa.Table:
+    columns: dict[str, list[Any]] = {name: [] for name in OUTPUT_SCHEMA.names}
+    for r in results:
+        e, c = r.episode, r.completion
+        columns["episode_id"].append(e.episode_id)
+        columns["task"].append(e.task)
+        columns["item_id"].append(e.item_id)
+        columns["seed"].append(e.seed)
+        columns["repeat"].append(e.repeat)
+        columns["seeds"].append({"sampling": e.sampling.seed})
+        columns["prompt"].append(e.prompt)
+        columns["prompt_sha256"].append(e.prompt_sha256)
+        columns["target"].append(e.target)
+        columns["output"].append(c.text)
+        columns["token_ids"].append(list(c.token_ids))
+        columns["token_logprobs"].append(list(c.logprobs))
+        columns["finish_reason"].append(c.finish_reason)
+        columns["prompt_tokens"].append(c.prompt_tokens)
+        columns["output_tokens"].append(len(c.token_ids))
+        columns["head"].append(r.head)
+    n = len(results)
+    columns["worker"] = [provenance.worker] * n
+    columns["hardware"] = [provenance.hardware] * n
+    columns["batch_size"] = [provenance.batch_size] * n
+    columns["latency_s"] = [provenance.latency_s] * n
+    return pa.table(columns, schema=OUTPUT_SCHEMA)
+
+
+class RunDir:
+    """Paths of one run directory; the names are the contract of DESIGN.md."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    manifest = property(lambda self: self.path / MANIFEST)
+    config = property(lambda self: self.path / CONFIG)
+    outputs = property(lambda self: self.path / OUTPUTS)
+    log = property(lambda self: self.path / LOG)
+    scores = property(lambda self: self.path / SCORES)
+    summary = property(lambda self: self.path / SUMMARY)
+    record = property(lambda self: self.path / RECORD)
+
+    def output_part(self, index: int) -> Path:
+        return self.outputs / f"part-{index:05d}.parquet"
+
+    def log_part(self, index: int) -> Path:
+        return self.log / f"part-{index:05d}.jsonl"
+
+    def output_parts(self) -> list[Path]:
+        return sorted(p for p in self.outputs.glob("part-*.parquet") if PART_PATTERN.match(p.name))
+
+    def read_outputs(self, columns: list[str] | None = None) -> pa.Table:
+        parts = self.output_parts()
+        if not parts:
+            return OUTPUT_SCHEMA.empty_table() if columns is None else OUTPUT_SCHEMA.empty_table().select(columns)
+        return pa.concat_tables(pq.read_table(p, columns=columns, schema=OUTPUT_SCHEMA) for p in parts)
+
+    def read_json(self, name: str) -> Any:
+        return json.loads((self.path / name).read_text(encoding="utf-8"))
+
+
+def create_run_dir(root: Path, name: str, exact: Path | None = None) -> RunDir:
+    """A new, empty run directory: ``exact`` if given (it must not hold a run), else ``root/name[-k]``."""
+    if exact is not None:
+        if exact.exists() and any(exact.iterdir()):
+            from evalrun.errors import BadInput
+
+            raise BadInput("run.dir", f"{exact} already exists and is not empty")
+        path = exact
+    else:
+        path = root / name
+        k = 1
+        while path.exists():
+            k += 1
+            path = root / f"{name}-{k}"
+    path.mkdir(parents=True, exist_ok=True)
+    (path / OUTPUTS).mkdir()
+    (path / LOG).mkdir()
+    return RunDir(path)
+
+
+class PartWriter:
+    """Writes result batches as numbered parts and keeps what record.json needs."""
+
+    def __init__(self, run: RunDir) -> None:
+        self.run = run
+        self.next_index = 0
+        self.heads: dict[str, str] = {}
+        self.file_hashes: dict[str, str] = {}
+        self.output_tokens = 0
+
+    def write(self, results: list[EpisodeResult], provenance: Provenance) -> None:
+        index = self.next_index
+        log_bytes = "".join(line + "\n" for r in results for line in r.log_lines).encode("utf-8")
+        table = output_rows(results, provenance)
+        log_path, out_path = self.run.log_part(index), self.run.output_part(index)
+        self.file_hashes[f"{LOG}/{log_path.name}"] = write_atomic(log_path, log_bytes)
+        self.file_hashes[f"{OUTPUTS}/{out_path.name}"] = write_atomic(out_path, table_bytes(table))
+        for r in results:
+            self.heads[r.episode.episode_id] = r.head
+            self.output_tokens += len(r.completion.token_ids)
+        self.next_index += 1
+
+
+def write_json(path: Path, value: Any) -> str:
+    return write_atomic(path, (canonical_json(value) + "\n").encode("utf-8"))
+
+
+def hash_files(run: RunDir, names: Iterable[str]) -> dict[str, str]:
+    return {name: file_sha256(run.path / name) for name in names}

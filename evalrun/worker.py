@@ -1,0 +1,68 @@
+"""An engine worker: one engine, the determinism layer applied first, episodes in, results out.
+
+The same class runs inline in the driver or as a Ray actor; it never writes files.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from evalrun.digest import canonical_json
+from evalrun.episode import EpisodeResult, run_episodes
+from evalrun.plan import Episode
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """Everything a worker needs to build its engine; plain data, so it can cross to a Ray actor."""
+
+    model_path: str
+    model_dtype: str
+    engine: dict[str, Any]
+    determinism: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class BatchOutcome:
+    results: list[EpisodeResult]
+    worker: str
+    hardware: str
+    latency_s: float
+
+
+class EngineWorker:
+    def __init__(self, spec: WorkerSpec, name: str) -> None:
+        from evalrun import determinism
+
+        self.name = f"{name}@{socket.gethostname()}:{os.getpid()}"
+        self.determinism = determinism.apply(spec.determinism, seed=spec.engine["seed"])
+        from evalrun.environment import hardware_fingerprint
+
+        self.hardware = canonical_json(hardware_fingerprint())
+        self.engine = _build_engine(spec)
+
+    def info(self) -> dict[str, Any]:
+        return {
+            "worker": self.name,
+            "hardware": self.hardware,
+            "determinism": self.determinism,
+            "engine": self.engine.describe(),
+        }
+
+    def run(self, episodes: list[Episode], generator: dict[str, Any]) -> BatchOutcome:
+        started = time.perf_counter()
+        results = run_episodes(self.engine, episodes, generator)
+        return BatchOutcome(results, self.name, self.hardware, time.perf_counter() - started)
+
+
+def _build_engine(spec: WorkerSpec) -> Any:
+    if spec.engine["name"] == "vllm":
+        from evalrun.engines.vllm import VLLMEngine
+
+        return VLLMEngine(Path(spec.model_path), spec.model_dtype, spec.engine)
+    raise ValueError(f"unknown engine {spec.engine['name']!r}")
