@@ -1,0 +1,44 @@
+"""Shared fixtures: one Ray instance and one engine worker for the whole test session."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+
+from evalrun.config import load
+from evalrun.dispatch import Dispatcher
+from evalrun.runner import Prepared, execute, open_for, prepare
+
+
+@pytest.fixture(scope="session")
+def ray_session() -> Iterator[None]:
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def dispatcher(ray_session: None) -> Iterator[Dispatcher]:
+    """One Ray engine worker on the default model and engine settings, shared by every e2e test."""
+    d = open_for(prepare(load(["limit=1"])))
+    yield d
+    d.close()
+
+
+@pytest.fixture
+def run_eval(dispatcher: Dispatcher, tmp_path: Path):
+    """Run a config (Hydra overrides) on the shared engine; returns the run directory."""
+
+    def run(*overrides: str) -> Path:
+        prepared: Prepared = prepare(load([f"run.root={tmp_path / 'runs'}", "run.progress=false", *overrides]))
+        return execute(prepared, dispatcher)
+
+    return run

@@ -1,0 +1,111 @@
+"""Bad input is refused before any model loads: exit 2, a message naming what is wrong, no record."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from evalrun.config import BUILTIN_TASKS, REPO_ROOT, load
+from evalrun.errors import BadInput
+from evalrun.runner import prepare
+
+MODEL_DIR = REPO_ROOT / "models" / "tiny-adder"
+
+
+def evalrun(tmp_path: Path, *overrides: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "evalrun.cli", "run", f"run.root={tmp_path / 'runs'}", *overrides],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("overrides", "named"),
+    [
+        (["decoding.temperature=-1"], "decoding.temperature"),
+        (["decoding.temperature=hot"], "decoding.temperature"),
+        (["decoding.max_tokens=0"], "decoding.max_tokens"),
+        (["task=nope"], "task"),
+        (["task.dataset=missing.jsonl"], "task.dataset"),
+        (["seeds.set=[1,2,1]"], "seeds.set"),
+        (["seeds.repeats=0"], "seeds.repeats"),
+        (["engine.max_num_seqs=0"], "engine.max_num_seqs"),
+        (["decoding.temprature=0.5"], "temprature"),
+        (["task.scorer.name=bleu"], "task.scorer.name"),
+        (["cluster=ray"], "cluster.address"),
+    ],
+)
+def test_bad_config_exits_2_before_anything_is_written(tmp_path: Path, overrides: list[str], named: str) -> None:
+    result = evalrun(tmp_path, *overrides)
+    assert result.returncode == 2, result.stderr
+    assert named in result.stderr
+    assert not (tmp_path / "runs").exists()  # no run directory, let alone a record.json
+    assert "Loading" not in result.stderr and "vllm" not in result.stderr.lower()
+
+
+def test_malformed_dataset_names_file_and_line(tmp_path: Path) -> None:
+    data = tmp_path / "data.jsonl"
+    data.write_text('{"id": "a", "answer": "1", "q": "x"}\n{"id": "b", "answer": \n', encoding="utf-8")
+    template = tmp_path / "t.jinja"
+    template.write_text("{{ q }}", encoding="utf-8")
+    result = evalrun(tmp_path, "task=jsonl", "task.name=mine", f"task.dataset={data}", f"task.template={template}")
+    assert result.returncode == 2
+    assert f"{data}:2" in result.stderr
+    data.write_text('{"id": "a", "answer": "1", "q": "x"}\n{"id": "a", "answer": "2", "q": "y"}\n', encoding="utf-8")
+    result = evalrun(tmp_path, "task=jsonl", "task.name=mine", f"task.dataset={data}", f"task.template={template}")
+    assert result.returncode == 2 and f"{data}:2" in result.stderr and "duplicate item id 'a'" in result.stderr
+
+
+def test_template_variable_missing_from_items_is_bad_input(tmp_path: Path) -> None:
+    template = tmp_path / "t.jinja"
+    template.write_text("Q: {{ quesion }}\nA:", encoding="utf-8")
+    with pytest.raises(BadInput) as err:
+        prepare(load([f"task.template={template}"]))
+    assert str(template) in str(err.value) and "quesion" in str(err.value)
+
+
+def test_model_with_a_changed_file_is_refused_naming_file_and_both_hashes(tmp_path: Path) -> None:
+    model = tmp_path / "model"
+    shutil.copytree(MODEL_DIR, model)
+    config = model / "config.json"
+    config.write_text(config.read_text() + " ", encoding="utf-8")
+    result = evalrun(tmp_path, f"model.path={model}")
+    assert result.returncode == 2
+    pinned = load([]).section("model")["sha256"]["config.json"]
+    from evalrun.digest import file_sha256
+
+    assert str(config) in result.stderr and pinned in result.stderr and file_sha256(config) in result.stderr
+    # An explicitly unpinned model is accepted, and the manifest will say so.
+    prepared = prepare(load([f"model.path={model}", "model.pinned=false"]))
+    assert prepared.model.as_record()["pinned"] is False
+
+
+def test_digest_parts_move_independently(tmp_path: Path) -> None:
+    base = prepare(load(["limit=3"])).digest
+    template = tmp_path / "template.jinja"
+    text = (BUILTIN_TASKS / "addition" / "template.jinja").read_text(encoding="utf-8")
+    template.write_text(text.replace("A:", "A;"), encoding="utf-8")
+    edited = prepare(load(["limit=3", f"task.template={template}"])).digest
+    assert edited.prompt_pack != base.prompt_pack and edited.digest != base.digest
+    assert (edited.seed_set, edited.scoring) == (base.seed_set, base.scoring)
+
+    reseeded = prepare(load(["limit=3", "seeds.set=[0,1]"])).digest
+    assert reseeded.seed_set != base.seed_set
+    assert (reseeded.prompt_pack, reseeded.scoring) == (base.prompt_pack, base.scoring)
+
+    rescored = prepare(load(["limit=3", "task.scorer.name=number"])).digest
+    assert rescored.scoring != base.scoring
+    assert (rescored.prompt_pack, rescored.seed_set) == (base.prompt_pack, base.seed_set)
+
+
+def test_plan_is_items_times_seed_set_times_repeats() -> None:
+    prepared = prepare(load(["limit=5", "seeds.set=[3,4]", "seeds.repeats=3"]))
+    assert len(prepared.episodes) == 5 * 2 * 3
+    assert len({e.episode_id for e in prepared.episodes}) == 30
+    assert len({e.sampling.seed for e in prepared.episodes}) == 30
+    again = prepare(load(["limit=5", "seeds.set=[3,4]", "seeds.repeats=3"]))
+    assert [e.episode_id for e in again.episodes] == [e.episode_id for e in prepared.episodes]

@@ -1,0 +1,69 @@
+"""Hashing primitives against their written definitions (DESIGN.md), computed independently here."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+
+import pytest
+
+from evalrun.chain import GENESIS, ChainBuilder, chain_head
+from evalrun.digest import canonical_hash, canonical_json, combine
+from evalrun.merkle import EMPTY_ROOT, merkle_root
+from evalrun.seeds import derive_seed
+
+
+def test_canonical_json_is_rfc8785() -> None:
+    # Key order by UTF-16 code units, no whitespace, ES6 number forms (RFC 8785 section 3.2).
+    assert canonical_json({"b": 1, "a": [1.0, 2.5, 1e21, -0.0], "\u00e9": "x"}) == '{"a":[1,2.5,1e+21,0],"b":1,"é":"x"}'
+    assert canonical_hash({"a": 1}) == hashlib.sha256(b'{"a":1}').hexdigest()
+
+
+def test_combine_is_sha256_of_concatenated_hex() -> None:
+    parts = ["ab" * 32, "cd" * 32, "ef" * 32]
+    assert combine(parts) == hashlib.sha256("".join(parts).encode()).hexdigest()
+
+
+def test_derive_seed_follows_the_design_formula() -> None:
+    expected = int.from_bytes(hashlib.sha256(b'[7,"sampling","addition","add-001",0,2]').digest()[:8], "big")
+    assert derive_seed(7, "sampling", "addition", "add-001", 0, 2) == expected
+    seeds = {derive_seed(7, p, "x", k) for p in ("sampling", "shuffle") for k in range(50)}
+    assert len(seeds) == 100  # purpose and keys both separate the streams
+
+
+def test_chain_links_each_line_to_the_previous_hash() -> None:
+    chain = ChainBuilder("ep")
+    first = chain.append("header", format="evalrun.schedule/1")
+    second = chain.append("end", status="ok")
+    assert json.loads(first)["prev"] == GENESIS and json.loads(first)["seq"] == 0
+    h1 = hashlib.sha256((GENESIS + first).encode()).hexdigest()
+    assert json.loads(second)["prev"] == h1
+    assert chain.head == hashlib.sha256((h1 + second).encode()).hexdigest() == chain_head([first, second])
+    with pytest.raises(ValueError):
+        chain.append("nonsense")
+
+
+def _reference_root(leaves: list[bytes]) -> bytes:
+    # RFC 6962 section 2.1, written from the text.
+    if len(leaves) == 1:
+        return hashlib.sha256(b"\x00" + leaves[0]).digest()
+    k = 1
+    while k * 2 < len(leaves):
+        k *= 2
+    return hashlib.sha256(b"\x01" + _reference_root(leaves[:k]) + _reference_root(leaves[k:])).digest()
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 5, 8, 13, 64, 100])
+def test_merkle_root_is_rfc6962_over_sorted_leaves(n: int) -> None:
+    pairs = [(f"{i:064x}", hashlib.sha256(str(i).encode()).hexdigest()) for i in range(n)]
+    expected = _reference_root([f"{e}:{h}".encode() for e, h in sorted(pairs)]).hex()
+    shuffled = pairs[:]
+    random.Random(n).shuffle(shuffled)
+    assert merkle_root(pairs) == merkle_root(shuffled) == expected
+    changed = [*pairs[:-1], (pairs[-1][0], "0" * 64)]
+    assert merkle_root(changed) != expected
+
+
+def test_empty_merkle_root() -> None:
+    assert merkle_root([]) == EMPTY_ROOT == hashlib.sha256(b"").hexdigest()

@@ -1,0 +1,71 @@
+from __future__ import annotations
+
+import math
+import statistics
+
+import pyarrow as pa
+import pytest
+
+from evalrun.report import summarize
+from evalrun.scoring import make_scorer, score_outputs
+from evalrun.stats import Z_95, estimate
+
+
+def spec(**kw: object) -> dict:
+    base = {"name": "exact_match", "normalize": ["strip"], "pattern": None, "group": 1, "extract": "first",
+            "tolerance": 0.0}  # fmt: skip
+    return {**base, **kw}
+
+
+def test_exact_match_with_declared_normalisation() -> None:
+    assert make_scorer(spec())(" 42\n", "42").value == 1.0
+    assert make_scorer(spec())(" 42 ", "43").value == 0.0
+    assert make_scorer(spec())("Paris", "paris").value == 0.0
+    assert make_scorer(spec(normalize=["strip", "lower", "strip_punctuation"]))("Paris.", "paris").value == 1.0
+
+
+def test_regex_and_number_extraction() -> None:
+    regex = make_scorer(spec(name="regex", pattern=r"answer is (\w+)"))
+    assert regex("the answer is B.", "B").value == 1.0
+    assert regex("no idea", "B").extracted is None
+    number = make_scorer(spec(name="number", extract="last"))
+    assert number("3 apples and 12 pears: 15", "15").value == 1.0
+    assert make_scorer(spec(name="number"))("3 apples, 15", "15").value == 0.0
+    assert make_scorer(spec(name="number", tolerance=0.01))("x=2.004", "2").value == 1.0
+
+
+def test_scores_do_not_depend_on_row_order() -> None:
+    rows = {
+        "episode_id": ["c", "a", "b"], "task": ["t"] * 3, "item_id": ["3", "1", "2"], "seed": [0] * 3,
+        "repeat": [0] * 3, "output": [" 1", " 2", " 3"], "target": ["1", "0", "3"],
+    }  # fmt: skip
+    table = pa.table(rows)
+    reversed_table = table.take([2, 1, 0])
+    a, b = score_outputs(table, spec()), score_outputs(reversed_table, spec())
+    assert a.equals(b)
+    assert a.column("episode_id").to_pylist() == ["a", "b", "c"]
+    assert a.column("value").to_pylist() == [0.0, 1.0, 1.0]
+
+
+def test_estimate_uses_items_as_the_unit() -> None:
+    # item A: repeats 1,1 ; item B: 0,1 ; item C: 0,0  -> item means 1, .5, 0
+    obs = [("A", 0, 1.0), ("A", 1, 1.0), ("B", 0, 0.0), ("B", 1, 1.0), ("C", 0, 0.0), ("C", 1, 0.0)]
+    est = estimate(obs)
+    assert est.mean == pytest.approx(0.5)
+    se = statistics.stdev([1.0, 0.5, 0.0]) / math.sqrt(3)
+    assert est.se == pytest.approx(se)
+    assert est.ci95 == pytest.approx((0.5 - Z_95 * se, 0.5 + Z_95 * se))
+    # trial means: trial 0 -> 1/3, trial 1 -> 2/3; population std = 1/6
+    assert est.spread == pytest.approx(1 / 6)
+    assert est.n_items == 3 and est.trials_per_item == 2
+
+
+def test_summary_groups_per_task_and_overall() -> None:
+    scores = pa.table({
+        "task": ["t1", "t1", "t2"], "item_id": ["1", "2", "1"], "seed": [0, 0, 0], "repeat": [0, 0, 0],
+        "metric": ["exact_match"] * 3, "value": [1.0, 0.0, 1.0],
+    })  # fmt: skip
+    summary = summarize(scores)
+    assert summary["tasks"]["t1"]["exact_match"]["mean"] == 0.5
+    assert summary["tasks"]["t2"]["exact_match"]["ci95"] is None  # one item: no interval claimed
+    assert summary["overall"]["exact_match"]["n_items"] == 3  # t1/1 and t2/1 are different items
