@@ -147,6 +147,7 @@ SCORERS = ("exact_match", "regex", "number")
 CLUSTERS = ("local", "ray", "inline")
 ENGINES = ("vllm",)
 DTYPES = ("float32", "bfloat16", "float16", "auto")
+MAX_TEMPERATURE = 2.0  # vLLM's limit
 
 
 @dataclass(frozen=True)
@@ -184,8 +185,8 @@ def _check_values(cfg: dict[str, Any]) -> None:
     dec, seeds, eng, clu, task, model = (
         cfg["decoding"], cfg["seeds"], cfg["engine"], cfg["cluster"], cfg["task"], cfg["model"],
     )  # fmt: skip
-    if dec["temperature"] < 0:
-        raise _fail("decoding.temperature", "a number >= 0", dec["temperature"])
+    if not 0 <= dec["temperature"] <= MAX_TEMPERATURE:
+        raise _fail("decoding.temperature", f"a number in [0, {MAX_TEMPERATURE}]", dec["temperature"])
     if not 0 < dec["top_p"] <= 1:
         raise _fail("decoding.top_p", "a number in (0, 1]", dec["top_p"])
     if dec["top_k"] < 0:
@@ -328,4 +329,6 @@ def load(overrides: list[str]) -> EvalConfig:
 
 
 def to_yaml(config: EvalConfig) -> str:
-    return OmegaConf.to_yaml(OmegaConf.create(config.raw), sort_keys=True)
+    import yaml
+
+    return yaml.safe_dump(config.raw, sort_keys=True, allow_unicode=True)

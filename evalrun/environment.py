@@ -60,6 +60,7 @@ def hardware_fingerprint() -> dict[str, Any]:
     return info
 
 
+@functools.cache
 def library_versions() -> dict[str, str | None]:
     versions: dict[str, str | None] = {}
     for name in TRACKED_LIBRARIES:

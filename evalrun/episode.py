@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from evalrun.chain import SCHEDULE_FORMAT, ChainBuilder
-from evalrun.digest import canonical_hash
+from evalrun.digest import Canonical, canonical_json, sha256_hex
 from evalrun.engines import Completion, Engine, GenerationRequest
 from evalrun.plan import Episode
 
@@ -44,12 +44,12 @@ def record_episode(episode: Episode, completion: Completion, generator: dict[str
         repeat=episode.repeat,
         seeds=episode.seeds_record(),
     )
-    request = request_record(episode)
+    request = Canonical(canonical_json(request_record(episode)))  # encoded once: hashed and embedded
     chain.append(
         "model",
         call=0,
         request=request,
-        request_hash=canonical_hash(request),
+        request_hash=sha256_hex(request),
         response={
             "text": completion.text,
             "token_ids": list(completion.token_ids),

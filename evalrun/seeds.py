@@ -10,14 +10,14 @@ from __future__ import annotations
 import hashlib
 import random
 
-import rfc8785
+from evalrun.digest import canonical_json
 
 SeedKey = str | int
 
 
 def derive_seed(master: int, purpose: str, *keys: SeedKey) -> int:
     """An unsigned 64-bit seed for ``purpose`` under ``keys``."""
-    digest = hashlib.sha256(rfc8785.dumps([master, purpose, *keys])).digest()
+    digest = hashlib.sha256(canonical_json([master, purpose, *keys]).encode("utf-8")).digest()
     return int.from_bytes(digest[:8], "big")
 
 

@@ -28,6 +28,7 @@ def evalrun(tmp_path: Path, *overrides: str) -> subprocess.CompletedProcess[str]
     [
         (["decoding.temperature=-1"], "decoding.temperature"),
         (["decoding.temperature=hot"], "decoding.temperature"),
+        (["decoding.temperature=3"], "decoding.temperature"),
         (["decoding.max_tokens=0"], "decoding.max_tokens"),
         (["task=nope"], "task"),
         (["task.dataset=missing.jsonl"], "task.dataset"),

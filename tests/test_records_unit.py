@@ -7,9 +7,12 @@ import json
 import random
 
 import pytest
+import rfc8785
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from evalrun.chain import GENESIS, ChainBuilder, chain_head
-from evalrun.digest import canonical_hash, canonical_json, combine
+from evalrun.digest import CanonicalJSONError, canonical_hash, canonical_json, combine
 from evalrun.merkle import EMPTY_ROOT, merkle_root
 from evalrun.seeds import derive_seed
 
@@ -67,3 +70,30 @@ def test_merkle_root_is_rfc6962_over_sorted_leaves(n: int) -> None:
 
 def test_empty_merkle_root() -> None:
     assert merkle_root([]) == EMPTY_ROOT == hashlib.sha256(b"").hexdigest()
+
+
+json_scalars = st.none() | st.booleans() | st.integers(-(2**53) + 1, 2**53 - 1) | st.text()
+json_scalars |= st.floats(allow_nan=False, allow_infinity=False)
+json_values = st.recursive(
+    json_scalars,
+    lambda children: st.lists(children, max_size=5) | st.dictionaries(st.text(max_size=8), children, max_size=5),
+    max_leaves=30,
+)
+
+
+@settings(max_examples=3000, deadline=None)
+@given(json_values)
+def test_canonical_json_matches_the_reference_implementation(value: object) -> None:
+    assert canonical_json(value) == rfc8785.dumps(value).decode("utf-8")
+
+
+@settings(max_examples=3000, deadline=None)
+@given(st.floats(allow_nan=False, allow_infinity=False, width=64))
+def test_canonical_numbers_match_ecmascript(value: float) -> None:
+    assert canonical_json(value) == rfc8785.dumps(value).decode("ascii")
+
+
+def test_canonical_json_refuses_what_jcs_cannot_represent() -> None:
+    for bad in (float("nan"), float("inf"), 2**53, {1: "x"}, object()):
+        with pytest.raises(CanonicalJSONError):
+            canonical_json(bad)

@@ -60,9 +60,13 @@ def test_run_directory_matches_the_design(run_eval) -> None:
     assert est["n_items"] == 24 and est["ci95"][0] <= est["mean"] <= est["ci95"][1]
 
 
-def test_same_config_twice_gives_the_same_root_greedy_and_sampled(run_eval) -> None:
+def test_same_config_twice_gives_the_same_root_greedy_and_sampled(run_eval, tmp_path: Path) -> None:
     assert root(run_eval("limit=30")) == root(run_eval("limit=30", "cluster.batch_size=7"))
-    sampled = ("limit=30", "decoding=sample", "decoding.temperature=1.5", "seeds.repeats=2")
+    # A prompt format the model never saw, so that sampling has real entropy.
+    template = tmp_path / "unfamiliar.jinja"
+    template.write_text("{{ question }} =", encoding="utf-8")
+    sampled = ("limit=30", "decoding=sample", "decoding.temperature=2.0", "seeds.repeats=2",
+               f"task.template={template}")  # fmt: skip
     first, second = run_eval(*sampled), run_eval(*sampled, "cluster.batch_size=16")
     assert root(first) == root(second)
     other = run_eval(*sampled, "seeds.master=99")
@@ -73,7 +77,10 @@ def test_same_config_twice_gives_the_same_root_greedy_and_sampled(run_eval) -> N
 
     # Same trials, same seeds: identical text; another master seed really samples differently.
     assert by_trial(first) == by_trial(second)
-    assert by_trial(other).keys() == by_trial(first).keys() and by_trial(other) != by_trial(first)
+    assert by_trial(other).keys() == by_trial(first).keys()
+    differing = sum(by_trial(other)[k] != text for k, text in by_trial(first).items())
+    assert differing >= 10, differing
+    assert len(set(by_trial(first).values())) >= 10  # and the outputs are not one repeated string
 
 
 def test_default_model_is_clearly_better_than_chance(run_eval) -> None:

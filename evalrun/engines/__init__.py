@@ -39,7 +39,7 @@ class GenerationRequest:
 class Completion:
     text: str
     token_ids: tuple[int, ...]
-    logprobs: tuple[float, ...]  # of the chosen tokens; empty when not requested
+    logprobs: tuple[float | None, ...]  # of the chosen tokens (None: not finite); empty when not requested
     finish_reason: str
     prompt_tokens: int
 

@@ -14,8 +14,9 @@ from typing import Any
 from evalrun.engines import Completion, GenerationRequest
 
 
-def _finite(value: float) -> float:
-    return value if math.isfinite(value) else -1e30
+def _finite(value: float) -> float | None:
+    """JSON has no infinities: a logprob vLLM reports as -inf is recorded as null."""
+    return value if math.isfinite(value) else None
 
 
 class VLLMEngine:
