@@ -103,6 +103,9 @@ class ClusterSchema:
     gpus_per_worker: float | None = None  # None: engine.tensor_parallel_size where GPUs exist, else 0
     batch_size: int = 256
     max_in_flight: int = 2
+    max_worker_restarts: int = 3  # replacement actors per run, over all workers
+    max_batch_attempts: int = 3
+    worker_start_timeout_s: float = 600.0
 
 
 @dataclass
@@ -221,9 +224,13 @@ def _check_values(cfg: dict[str, Any]) -> None:
         raise _fail("cluster.name", f"one of {CLUSTERS}", clu["name"])
     if clu["name"] == "ray" and not clu["address"]:
         raise BadInput("cluster.address", "cluster=ray needs the address of a running Ray cluster")
-    for key in ("num_workers", "batch_size", "max_in_flight"):
+    for key in ("num_workers", "batch_size", "max_in_flight", "max_batch_attempts"):
         if clu[key] < 1:
             raise _fail(f"cluster.{key}", "an integer >= 1", clu[key])
+    if clu["max_worker_restarts"] < 0:
+        raise _fail("cluster.max_worker_restarts", "an integer >= 0", clu["max_worker_restarts"])
+    if clu["worker_start_timeout_s"] <= 0:
+        raise _fail("cluster.worker_start_timeout_s", "a number of seconds > 0", clu["worker_start_timeout_s"])
     scorer = task["scorer"]
     if scorer["name"] not in SCORERS:
         raise _fail("task.scorer.name", f"one of {SCORERS}", scorer["name"])

@@ -2,12 +2,17 @@
 
 ``InlineDispatcher`` runs one worker in this process (debugging, machines without Ray).
 ``RayDispatcher`` runs one Ray actor per worker, each owning an engine, with at most
-``max_in_flight`` batches queued per worker so a slow worker never holds up the rest.
+``max_in_flight`` batches queued per worker so a slow worker never holds up the rest. A batch
+whose worker dies or fails goes back to the queue and runs on a live or restarted worker; the
+driver only ever receives a batch's results once, from the attempt that succeeded.
 """
 
 from __future__ import annotations
 
+import time
+from collections import deque
 from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
 from evalrun.digest import canonical_hash
@@ -15,8 +20,21 @@ from evalrun.plan import Episode
 from evalrun.worker import BatchOutcome, EngineWorker, WorkerSpec
 
 
+@dataclass
+class DispatchStats:
+    """What happened while dispatching one run's batches (provenance: kept out of every hash)."""
+
+    retries: int = 0  # batches that ran again after their worker failed
+    worker_restarts: int = 0
+    events: list[dict[str, Any]] = field(default_factory=list)
+
+    def as_record(self) -> dict[str, Any]:
+        return asdict(self)
+
+
 class Dispatcher(Protocol):
     key: str
+    stats: DispatchStats
 
     def workers(self) -> list[dict[str, Any]]: ...
 
@@ -30,21 +48,21 @@ def dispatcher_key(spec: WorkerSpec, cluster: dict[str, Any]) -> str:
 
     The batch size is left out: it is the driver's choice, and results must not depend on it.
     """
-    from dataclasses import asdict
-
     workers = {k: v for k, v in cluster.items() if k != "batch_size"}
-    return canonical_hash({"worker": asdict(spec), "cluster": workers})
+    return canonical_hash({"worker": spec.as_record(), "cluster": workers})
 
 
 class InlineDispatcher:
     def __init__(self, spec: WorkerSpec, cluster: dict[str, Any]) -> None:
         self.key = dispatcher_key(spec, cluster)
+        self.stats = DispatchStats()
         self.worker = EngineWorker(spec, "inline-0")
 
     def workers(self) -> list[dict[str, Any]]:
         return [self.worker.info()]
 
     def map(self, batches: list[list[Episode]], generator: dict[str, Any]) -> Iterator[BatchOutcome]:
+        self.stats = DispatchStats()
         for batch in batches:
             yield self.worker.run(batch, generator)
 
@@ -52,11 +70,24 @@ class InlineDispatcher:
         pass
 
 
+@dataclass
+class _Slot:
+    """One worker position: its current actor, and whether that actor is serving."""
+
+    index: int
+    actor: Any
+    live: bool = False
+    load: int = 0
+    info: dict[str, Any] | None = None
+
+
 class RayDispatcher:
     def __init__(self, spec: WorkerSpec, cluster: dict[str, Any]) -> None:
         import ray
 
         self.key = dispatcher_key(spec, cluster)
+        self.stats = DispatchStats()
+        self._spec = spec
         self._started_ray = False
         if not ray.is_initialized():
             if cluster["name"] == "ray":
@@ -67,44 +98,112 @@ class RayDispatcher:
         gpus = cluster["gpus_per_worker"]
         if gpus is None:
             gpus = spec.engine["tensor_parallel_size"] if ray.cluster_resources().get("GPU", 0) > 0 else 0
-        actor = ray.remote(EngineWorker).options(num_cpus=cluster["cpus_per_worker"], num_gpus=gpus)
-        self._actors = [actor.remote(spec, f"ray-{i}") for i in range(cluster["num_workers"])]
+        self._actor_class = ray.remote(EngineWorker).options(num_cpus=cluster["cpus_per_worker"], num_gpus=gpus)
         self._max_in_flight = cluster["max_in_flight"]
-        self._infos = ray.get([a.info.remote() for a in self._actors])
+        self._max_restarts = cluster["max_worker_restarts"]
+        self._max_attempts = cluster["max_batch_attempts"]
+        self._start_timeout = cluster["worker_start_timeout_s"]
+        self._restarts_total = 0
+        self._starting: dict[Any, _Slot] = {}
+        self._slots = [_Slot(i, self._new_actor(i)) for i in range(cluster["num_workers"])]
+        refs = {slot.actor.info.remote(): slot for slot in self._slots}
+        try:
+            infos = ray.get(list(refs), timeout=self._start_timeout)
+        except ray.exceptions.GetTimeoutError:
+            self.close()
+            raise RuntimeError(
+                f"{len(refs)} engine workers did not start within {self._start_timeout}s "
+                f"(cluster resources: {ray.cluster_resources()})"
+            ) from None
+        for slot, info in zip(refs.values(), infos, strict=True):
+            slot.info, slot.live = info, True
+
+    def _new_actor(self, index: int) -> Any:
+        return self._actor_class.remote(self._spec, f"ray-{index}")
 
     def workers(self) -> list[dict[str, Any]]:
-        return list(self._infos)
+        return [slot.info for slot in self._slots if slot.info is not None]
+
+    def actors(self) -> list[Any]:
+        """The live actors, in worker order (for tests and operators that need to reach one)."""
+        return [slot.actor for slot in self._slots if slot.live]
 
     def map(self, batches: list[list[Episode]], generator: dict[str, Any]) -> Iterator[BatchOutcome]:
         import ray
 
-        pending = list(reversed(batches))
-        in_flight: dict[Any, int] = {}  # object ref -> actor index
-        load = [0] * len(self._actors)
+        self.stats = stats = DispatchStats()
+        pending: deque[tuple[int, list[Episode]]] = deque(enumerate(batches))
+        attempts = [0] * len(batches)
+        in_flight: dict[Any, tuple[_Slot, Any, int, list[Episode]]] = {}  # ref -> slot, actor, batch
+        starting = self._starting  # info() refs of replacement actors, kept across runs
+        self._restarts_total = 0  # the restart budget is per run
 
-        def submit(index: int) -> None:
-            ref = self._actors[index].run.remote(pending.pop(), generator)
-            in_flight[ref] = index
-            load[index] += 1
+        def fill(slot: _Slot) -> None:
+            while slot.live and pending and slot.load < self._max_in_flight:
+                number, batch = pending.popleft()
+                attempts[number] += 1
+                in_flight[slot.actor.run.remote(batch, generator)] = (slot, slot.actor, number, batch)
+                slot.load += 1
 
-        for index in range(len(self._actors)):
-            while pending and load[index] < self._max_in_flight:
-                submit(index)
-        while in_flight:
-            (done,), _ = ray.wait(list(in_flight), num_returns=1)
-            index = in_flight.pop(done)
-            load[index] -= 1
-            outcome = ray.get(done)
-            if pending:
-                submit(index)
+        def replace(slot: _Slot, actor: Any, error: BaseException) -> None:
+            """Retire a failed actor; start a replacement if the restart budget allows."""
+            if slot.actor is not actor or not slot.live:
+                return  # already retired: its other in-flight batches fail the same way
+            slot.live = False
+            ray.kill(slot.actor, no_restart=True)
+            stats.events.append({"worker": (slot.info or {}).get("worker"), "error": type(error).__name__})
+            if self._restarts_total < self._max_restarts:
+                self._restarts_total += 1
+                stats.worker_restarts += 1
+                slot.actor, slot.info, slot.load = self._new_actor(slot.index), None, 0
+                starting[slot.actor.info.remote()] = slot
+
+        for slot in self._slots:
+            fill(slot)
+        waiting_since = time.monotonic()
+        while in_flight or pending:
+            refs = list(in_flight) + list(starting)
+            if not refs:
+                raise RuntimeError(f"no engine worker is left to run {len(pending)} batches (restart budget spent)")
+            ready, _ = ray.wait(refs, num_returns=1, timeout=10.0)
+            if not ready:
+                if not in_flight and time.monotonic() - waiting_since > self._start_timeout:
+                    raise RuntimeError(f"no replacement worker started within {self._start_timeout}s")
+                continue
+            waiting_since = time.monotonic()
+            ref = ready[0]
+            if ref in starting:
+                slot = starting.pop(ref)
+                try:
+                    slot.info, slot.live = ray.get(ref), True
+                except ray.exceptions.RayError as exc:
+                    slot.live = True  # so that replace() retires it and counts the restart
+                    replace(slot, slot.actor, exc)
+                fill(slot)
+                continue
+            slot, actor, number, batch = in_flight.pop(ref)
+            if slot.actor is actor:
+                slot.load -= 1
+            try:
+                outcome = ray.get(ref)
+            except ray.exceptions.RayError as exc:
+                if attempts[number] >= self._max_attempts:
+                    raise RuntimeError(f"a batch of {len(batch)} episodes failed {attempts[number]} times") from exc
+                stats.retries += 1
+                pending.appendleft((number, batch))
+                replace(slot, actor, exc)
+                for other in self._slots:
+                    fill(other)
+                continue
+            fill(slot)
             yield outcome
 
     def close(self) -> None:
         import ray
 
-        for a in self._actors:
-            ray.kill(a)
-        self._actors = []
+        for slot in self._slots:
+            ray.kill(slot.actor, no_restart=True)
+        self._slots, self._starting = [], {}
         if self._started_ray:
             ray.shutdown()
 

@@ -62,6 +62,29 @@ def generator_info() -> dict[str, Any]:
     return {"name": "evalrun", "version": evalrun_version(), "git_commit": git_state()["commit"]}
 
 
+def run_identity(config: EvalConfig, task: Task, model: ResolvedModel, digest: Digest, episodes: int) -> dict[str, Any]:
+    """Everything that decides what a run computes, and nothing that legitimately varies (paths,
+    times, workers, hardware). ``evalrun resume`` refuses a run whose identity would change."""
+    return {
+        "digest": digest.as_record(),
+        "task": {
+            "name": task.name,
+            "dataset_sha256": task.dataset_sha256,
+            "items": len(task.items),
+            "template_sha256": task.template_sha256,
+            "scorer": config.section("task")["scorer"],
+        },
+        "limit": config.raw["limit"],
+        "episodes": episodes,
+        "model": {"id": model.id, "revision": model.revision, "files": model.files, "pinned": model.pinned},
+        "engine": config.section("engine"),
+        "decoding": config.section("decoding"),
+        "seeds": config.section("seeds"),
+        "determinism": config.section("determinism"),
+        "generator": generator_info(),
+    }
+
+
 def build_manifest(
     config: EvalConfig,
     task: Task,
@@ -76,6 +99,7 @@ def build_manifest(
             honoured.append(w["determinism"]["honoured"])
     return {
         "format": MANIFEST_FORMAT,
+        "identity": run_identity(config, task, model, digest, episodes),
         "digest": digest.as_record(),
         "task": {
             "name": task.name,

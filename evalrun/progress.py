@@ -11,7 +11,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 
 class RunProgress:
-    def __init__(self, total: int, description: str, enabled: bool = True) -> None:
+    def __init__(self, total: int, description: str, enabled: bool = True, done: int = 0) -> None:
         self._enabled = enabled
         self._tokens = 0
         self._started = time.perf_counter()
@@ -28,7 +28,8 @@ class RunProgress:
             console=Console(file=sys.stderr),
             disable=not enabled,
         )
-        self._task = self._progress.add_task(description, total=total, eps=0.0, tps=0.0)
+        self._done_before = done  # episodes finished by an earlier driver (resume): not in the rates
+        self._task = self._progress.add_task(description, total=total, completed=done, eps=0.0, tps=0.0)
 
     def __enter__(self) -> RunProgress:
         self._started = time.perf_counter()
@@ -38,7 +39,7 @@ class RunProgress:
     def advance(self, episodes: int, tokens: int) -> None:
         self._tokens += tokens
         elapsed = max(time.perf_counter() - self._started, 1e-9)
-        done = self._progress.tasks[0].completed + episodes
+        done = self._progress.tasks[0].completed + episodes - self._done_before
         self._progress.update(self._task, advance=episodes, eps=done / elapsed, tps=self._tokens / elapsed)
 
     def __exit__(

@@ -6,10 +6,12 @@ log part is renamed before its output part, so an output part on disk always has
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,6 +21,7 @@ import pyarrow.parquet as pq
 
 from evalrun.digest import canonical_json, file_sha256, sha256_hex
 from evalrun.episode import EpisodeResult
+from evalrun.errors import BadInput
 
 MANIFEST = "manifest.json"
 CONFIG = "config.yaml"
@@ -27,6 +30,7 @@ LOG = "log"
 SCORES = "scores.parquet"
 SUMMARY = "summary.json"
 RECORD = "record.json"
+LOCK = ".lock"
 PART_PATTERN = re.compile(r"^part-(\d{5})\.(parquet|jsonl)$")
 
 OUTPUT_SCHEMA = pa.schema(
@@ -155,8 +159,6 @@ def create_run_dir(root: Path, name: str, exact: Path | None = None) -> RunDir:
     """A new, empty run directory: ``exact`` if given (it must not hold a run), else ``root/name[-k]``."""
     if exact is not None:
         if exact.exists() and any(exact.iterdir()):
-            from evalrun.errors import BadInput
-
             raise BadInput("run.dir", f"{exact} already exists and is not empty")
         path = exact
     else:
@@ -171,6 +173,32 @@ def create_run_dir(root: Path, name: str, exact: Path | None = None) -> RunDir:
     return RunDir(path)
 
 
+@contextlib.contextmanager
+def locked(run: RunDir) -> Iterator[None]:
+    """Hold the run directory's driver lock; a second driver gets BadInput (exit 2).
+
+    ``flock`` is released by the kernel when the holder dies, so a crashed driver never leaves a
+    stale lock behind.
+    """
+    path = run.path / LOCK
+    with open(path, "a+") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            fh.seek(0)
+            holder = fh.read().strip() or "unknown"
+            message = f"another evalrun driver (pid {holder}) is using this run directory"
+            raise BadInput(str(run.path), message) from None
+        fh.seek(0)
+        fh.truncate()
+        fh.write(str(os.getpid()))
+        fh.flush()
+        try:
+            yield
+        finally:
+            path.unlink(missing_ok=True)
+
+
 class PartWriter:
     """Writes result batches as numbered parts and keeps what record.json needs."""
 
@@ -180,8 +208,51 @@ class PartWriter:
         self.heads: dict[str, str] = {}
         self.file_hashes: dict[str, str] = {}
         self.output_tokens = 0
+        self.kept_parts = 0
+
+    @classmethod
+    def recover(cls, run: RunDir) -> PartWriter:
+        """Keep every complete part of an interrupted run and discard everything else.
+
+        A part is complete when its output part exists (it is renamed into place after its log
+        part). Temporary files, log parts without an output part, and the end-of-run files
+        (scores, summary, record) are removed; they are all written again.
+        """
+        for stray in [*run.path.glob(".tmp-*"), *run.outputs.glob(".tmp-*"), *run.log.glob(".tmp-*")]:
+            stray.unlink()
+        for name in (SCORES, SUMMARY, RECORD):
+            (run.path / name).unlink(missing_ok=True)
+        writer = cls(run)
+        indices = []
+        for log_part in sorted(run.log.glob("part-*.jsonl")):
+            index = int(PART_PATTERN.match(log_part.name).group(1))  # type: ignore[union-attr]
+            if not run.output_part(index).exists():
+                log_part.unlink()
+        for out_part in run.output_parts():
+            index = int(PART_PATTERN.match(out_part.name).group(1))  # type: ignore[union-attr]
+            log_part = run.log_part(index)
+            if not log_part.exists():
+                raise BadInput(str(log_part), "output part has no log part; the run directory was altered")
+            try:
+                cols = pq.read_table(out_part, columns=["episode_id", "head", "output_tokens"]).to_pydict()
+            except (pa.ArrowException, OSError) as exc:
+                raise BadInput(str(out_part), f"unreadable output part ({exc})") from exc
+            for episode, head in zip(cols["episode_id"], cols["head"], strict=True):
+                if episode in writer.heads:
+                    raise BadInput(str(out_part), f"episode {episode} appears in more than one part")
+                writer.heads[episode] = head
+            writer.output_tokens += sum(cols["output_tokens"])
+            writer.file_hashes[f"{LOG}/{log_part.name}"] = file_sha256(log_part)
+            writer.file_hashes[f"{OUTPUTS}/{out_part.name}"] = file_sha256(out_part)
+            indices.append(index)
+        writer.kept_parts = len(indices)
+        writer.next_index = max(indices, default=-1) + 1
+        return writer
 
     def write(self, results: list[EpisodeResult], provenance: Provenance) -> None:
+        results = [r for r in results if r.episode.episode_id not in self.heads]  # never written twice
+        if not results:
+            return
         index = self.next_index
         log_bytes = "".join(line + "\n" for r in results for line in r.log_lines).encode("utf-8")
         table = output_rows(results, provenance)

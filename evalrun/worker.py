@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,12 +20,27 @@ from evalrun.plan import Episode
 
 @dataclass(frozen=True)
 class WorkerSpec:
-    """Everything a worker needs to build its engine; plain data, so it can cross to a Ray actor."""
+    """Everything a worker needs to build its engine; plain data, so it can cross to a Ray actor.
+
+    ``engine_factory`` replaces the configured engine (benchmarks of the dispatcher use a
+    fixed-latency stand-in); it must be picklable.
+    """
 
     model_path: str
     model_dtype: str
     engine: dict[str, Any]
     determinism: dict[str, Any]
+    engine_factory: Callable[[WorkerSpec], Any] | None = None
+
+    def as_record(self) -> dict[str, Any]:
+        factory = self.engine_factory
+        return {
+            "model_path": self.model_path,
+            "model_dtype": self.model_dtype,
+            "engine": self.engine,
+            "determinism": self.determinism,
+            "engine_factory": None if factory is None else f"{factory.__module__}.{factory.__qualname__}",
+        }
 
 
 @dataclass(frozen=True)
@@ -49,6 +65,8 @@ class EngineWorker:
     def info(self) -> dict[str, Any]:
         return {
             "worker": self.name,
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
             "hardware": self.hardware,
             "determinism": self.determinism,
             "engine": self.engine.describe(),
@@ -61,6 +79,8 @@ class EngineWorker:
 
 
 def _build_engine(spec: WorkerSpec) -> Any:
+    if spec.engine_factory is not None:
+        return spec.engine_factory(spec)
     if spec.engine["name"] == "vllm":
         from evalrun.engines.vllm import VLLMEngine
 

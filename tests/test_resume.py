@@ -1,0 +1,67 @@
+"""A driver SIGKILLed at any point leaves a run that `evalrun resume` finishes with the same root."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from evalrun.store import RunDir, locked
+
+CONFIG = ("limit=30", "decoding=sample", "cluster=inline", "cluster.batch_size=5")  # 6 parts
+
+
+def evalrun(cwd: Path, *args: str, failpoint: str | None = None) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "EVALRUN_FAILPOINT"}
+    if failpoint:
+        env["EVALRUN_FAILPOINT"] = failpoint
+    return subprocess.run(
+        [sys.executable, "-m", "evalrun.cli", *args], capture_output=True, text=True, timeout=600, cwd=cwd, env=env
+    )
+
+
+def root(run: Path) -> str:
+    return json.loads((run / "record.json").read_text())["merkle_root"]
+
+
+@pytest.mark.parametrize("failpoint", ["before-first-part", "after-part-2", "before-record"])
+def test_resume_after_a_killed_driver_gives_the_uninterrupted_root(run_eval, tmp_path: Path, failpoint: str) -> None:
+    expected = root(run_eval(*CONFIG[:2]))  # same episodes on the shared Ray worker, other batch size
+    run = tmp_path / "run"
+    killed = evalrun(tmp_path, "run", *CONFIG, f"run.dir={run}", "run.progress=false", failpoint=failpoint)
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    assert not (run / "record.json").exists()
+    parts_before = {p.name: p.read_bytes() for p in RunDir(run).output_parts()}
+
+    resumed = evalrun(tmp_path, "resume", str(run), "run.progress=false")
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert resumed.stdout.strip().splitlines()[-1] == str(run)
+    assert root(run) == expected
+    rec = json.loads((run / "record.json").read_text())
+    assert rec["dispatch"]["kept_parts"] == len(parts_before)
+    for name, data in parts_before.items():  # complete parts were kept as they were
+        assert (run / "outputs" / name).read_bytes() == data
+    ids = RunDir(run).read_outputs(["episode_id"]).column("episode_id").to_pylist()
+    assert len(ids) == len(set(ids)) == 30
+    assert not list(run.rglob(".tmp-*")) and not (run / ".lock").exists()
+
+
+def test_second_driver_and_changed_config_are_refused(run_eval, tmp_path: Path) -> None:
+    run = run_eval("limit=5")
+    (run / "record.json").unlink()  # as if interrupted during the final writes
+    with locked(RunDir(run)):
+        busy = evalrun(tmp_path, "resume", str(run))
+    assert busy.returncode == 2 and "another evalrun driver" in busy.stderr
+
+    config = run / "config.yaml"
+    config.write_text(config.read_text().replace("temperature: 0.0", "temperature: 0.5"))
+    changed = evalrun(tmp_path, "resume", str(run))
+    assert changed.returncode == 2 and "decoding" in changed.stderr and "manifest.json" in changed.stderr
+    assert not (run / "record.json").exists()
+
+    wrong = evalrun(tmp_path, "resume", str(run), "decoding.temperature=0")
+    assert wrong.returncode == 2 and "decoding.temperature" in wrong.stderr
