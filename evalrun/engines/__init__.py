@@ -33,6 +33,10 @@ class SamplingSpec:
 class GenerationRequest:
     prompt: str
     sampling: SamplingSpec
+    # Which episode and which of its model calls this is: a live engine ignores them, a replay engine
+    # uses them to find the recorded response.
+    episode_id: str | None = None
+    call: int = 0
 
 
 @dataclass(frozen=True)

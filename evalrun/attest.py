@@ -1,0 +1,158 @@
+"""In-toto Statement v1 for a finished run, optionally signed with Ed25519 in a DSSE envelope.
+
+``RUN_DIR/attestation.intoto.json`` holds either the Statement itself (unsigned) or a DSSE
+envelope (https://github.com/secure-systems-lab/dsse) whose payload is the Statement. Subjects
+are record.json and every file record.json lists, each with its sha256; the predicate carries the
+manifest digest and the Merkle root. Signing needs ``cryptography`` and a PEM Ed25519 private key
+(``openssl genpkey -algorithm ed25519 -out key.pem``; public half: ``openssl pkey -in key.pem
+-pubout -out key.pub``); ``evalrun run`` signs when ``EVALRUN_SIGNING_KEY`` names such a key.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from evalrun import store
+from evalrun.digest import canonical_json, file_sha256, sha256_hex
+from evalrun.errors import BadInput, CheckFailed
+
+ATTESTATION = "attestation.intoto.json"
+STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
+PREDICATE_TYPE = "https://evalrun.dev/attestation/run/v1"
+PAYLOAD_TYPE = "application/vnd.in-toto+json"
+SIGNING_KEY_ENV = "EVALRUN_SIGNING_KEY"
+
+
+def build_statement(run: store.RunDir, record: dict[str, Any]) -> dict[str, Any]:
+    subjects = [{"name": store.RECORD, "digest": {"sha256": file_sha256(run.record)}}]
+    subjects += [{"name": rel, "digest": {"sha256": sha}} for rel, sha in sorted(record["files"].items())]
+    return {
+        "_type": STATEMENT_TYPE,
+        "subject": subjects,
+        "predicateType": PREDICATE_TYPE,
+        "predicate": {
+            "merkle_root": record["merkle_root"],
+            "digest": record["digest"],
+            "manifest_sha256": record["manifest_sha256"],
+            "episodes": record["episodes"],
+            "record_format": record["format"],
+        },
+    }
+
+
+def pae(payload_type: str, payload: bytes) -> bytes:
+    """DSSE pre-authentication encoding: what is signed."""
+    kind = payload_type.encode("utf-8")
+    return b"DSSEv1 %d %s %d %s" % (len(kind), kind, len(payload), payload)
+
+
+def _load_key(path: Path, private: bool) -> Any:
+    try:
+        from cryptography.hazmat.primitives import serialization
+        from cryptography.hazmat.primitives.asymmetric import ed25519
+    except ImportError as exc:  # pragma: no cover - cryptography ships with the dev environment
+        raise BadInput(str(path), "signing needs the 'cryptography' package (pip install cryptography)") from exc
+    try:
+        data = path.read_bytes()
+        key = (serialization.load_pem_private_key(data, password=None) if private
+               else serialization.load_pem_public_key(data))  # fmt: skip
+    except (OSError, ValueError, TypeError) as exc:
+        raise BadInput(str(path), f"expected a PEM Ed25519 {'private' if private else 'public'} key ({exc})") from exc
+    wanted = ed25519.Ed25519PrivateKey if private else ed25519.Ed25519PublicKey
+    if not isinstance(key, wanted):
+        raise BadInput(str(path), f"expected an Ed25519 key, got {type(key).__name__}")
+    return key
+
+
+def _keyid(public_key: Any) -> str:
+    from cryptography.hazmat.primitives import serialization
+
+    raw = public_key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    return sha256_hex(raw)
+
+
+def write_attestation(run: store.RunDir, record: dict[str, Any], key_path: Path | None = None) -> Path:
+    """Write the attestation for a finished run (record.json already written)."""
+    statement = build_statement(run, record)
+    document: dict[str, Any] = statement
+    if key_path is not None:
+        key = _load_key(key_path, private=True)
+        payload = canonical_json(statement).encode("utf-8")
+        signature = key.sign(pae(PAYLOAD_TYPE, payload))
+        document = {
+            "payloadType": PAYLOAD_TYPE,
+            "payload": base64.b64encode(payload).decode("ascii"),
+            "signatures": [{"keyid": _keyid(key.public_key()), "sig": base64.b64encode(signature).decode("ascii")}],
+        }
+    path = run.path / ATTESTATION
+    store.write_json(path, document)
+    return path
+
+
+def attest_finished_run(run_path: Path) -> Path:
+    """Called by the runner after record.json: sign when ``EVALRUN_SIGNING_KEY`` names a key."""
+    run = store.RunDir(run_path)
+    key = os.environ.get(SIGNING_KEY_ENV)
+    return write_attestation(run, run.read_json(store.RECORD), Path(key) if key else None)
+
+
+def _fail(message: str) -> CheckFailed:
+    return CheckFailed(f"{ATTESTATION}: {message}")
+
+
+def check_attestation(run: store.RunDir, record: dict[str, Any], public_key: Path | None) -> str:
+    """Check the attestation against the run (whose files are already verified); returns its status."""
+    path = run.path / ATTESTATION
+    if not path.exists():
+        if public_key is not None:
+            raise _fail("missing, but a public key was given to check its signature")
+        return "absent"
+    key = _load_key(public_key, private=False) if public_key is not None else None
+    try:
+        document = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise _fail(f"not valid JSON ({exc})") from exc
+    signed = isinstance(document, dict) and "payloadType" in document
+    status = "checked"
+    if signed:
+        try:
+            payload = base64.b64decode(document["payload"], validate=True)
+            signatures = [base64.b64decode(s["sig"], validate=True) for s in document["signatures"]]
+            statement = json.loads(payload)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise _fail(f"malformed DSSE envelope ({exc})") from exc
+        if document["payloadType"] != PAYLOAD_TYPE:
+            raise _fail(f"payloadType {document['payloadType']!r}, expected {PAYLOAD_TYPE!r}")
+        status = "signed, signature not checked"
+        if key is not None:
+            from cryptography.exceptions import InvalidSignature
+
+            message = pae(PAYLOAD_TYPE, payload)
+            for sig in signatures:
+                try:
+                    key.verify(sig, message)
+                    break
+                except InvalidSignature:
+                    continue
+            else:
+                raise _fail("no signature verifies with the given public key")
+            status = "signature checked"
+    elif key is not None:
+        raise _fail("not signed, but a public key was given")
+    else:
+        statement = document
+    expected = build_statement(run, record)
+    if not isinstance(statement, dict) or statement.get("_type") != STATEMENT_TYPE:
+        raise _fail(f"not an in-toto Statement ({STATEMENT_TYPE})")
+    if statement.get("subject") != expected["subject"]:
+        names = {s["name"]: s["digest"] for s in expected["subject"]}
+        got = {s.get("name"): s.get("digest") for s in statement.get("subject") or [] if isinstance(s, dict)}
+        differing = sorted(n for n in names.keys() | got.keys() if names.get(n) != got.get(n))
+        raise _fail(f"subject {differing[0] if differing else '?'} does not match the run's files")
+    if statement.get("predicate") != expected["predicate"]:
+        raise _fail("predicate does not match record.json (merkle_root, digest, episodes)")
+    return status

@@ -1,0 +1,77 @@
+"""The replay engine: serves the responses a run recorded, never a model.
+
+Each request must name its episode (``GenerationRequest.episode_id``) and call index; the engine
+finds that recorded model call and compares the request's hash with the recorded
+``request_hash``. A mismatch raises :class:`Divergence` naming episode, seq, expected and got.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from evalrun.digest import canonical_json, sha256_hex
+from evalrun.engines import Completion, GenerationRequest
+
+
+@dataclass(frozen=True)
+class RecordedCall:
+    episode_id: str
+    seq: int
+    call: int
+    request: dict[str, Any]
+    request_hash: str
+    response: dict[str, Any]
+    prompt_tokens: int
+
+
+class Divergence(Exception):
+    """Replay and record part ways: the first differing (episode, seq, expected, got)."""
+
+    def __init__(self, episode: str, seq: int | None, expected: str, got: str) -> None:
+        super().__init__(f"episode {episode} seq {seq}: expected {expected}, got {got}")
+        self.episode, self.seq, self.expected, self.got = episode, seq, expected, got
+
+
+def first_difference(expected: Any, got: Any, where: str = "request") -> tuple[str, str, str]:
+    """(field path, expected, got) of the first difference between two JSON values."""
+    if isinstance(expected, dict) and isinstance(got, dict):
+        for key in sorted(expected.keys() | got.keys()):
+            if expected.get(key) != got.get(key):
+                return first_difference(expected.get(key), got.get(key), f"{where}.{key}")
+    return where, repr(expected), repr(got)
+
+
+class ReplayEngine:
+    def __init__(self, calls: dict[tuple[str, int], RecordedCall]) -> None:
+        self.calls = calls
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": "replay", "version": "1", "settings": {"recorded_calls": len(self.calls)}}
+
+    def generate(self, requests: list[GenerationRequest]) -> list[Completion]:
+        return [self._serve(r) for r in requests]
+
+    def _serve(self, request: GenerationRequest) -> Completion:
+        from evalrun.episode import request_fields  # the harness's own request record
+
+        if request.episode_id is None:
+            raise ValueError("a replayed request must name its episode")
+        recorded = self.calls.get((request.episode_id, request.call))
+        if recorded is None:
+            raise Divergence(request.episode_id, None, f"no model call {request.call} recorded", "a model call")
+        fields = request_fields(request.prompt, request.sampling)
+        if sha256_hex(canonical_json(fields)) != recorded.request_hash:
+            where, expected, got = first_difference(recorded.request, fields)
+            raise Divergence(
+                request.episode_id, recorded.seq,
+                f"request_hash {recorded.request_hash} ({where} = {expected})", f"{where} = {got}",
+            )  # fmt: skip
+        r = recorded.response
+        return Completion(
+            text=r["text"],
+            token_ids=tuple(r["token_ids"]),
+            logprobs=tuple(None if v is None else float(v) for v in r["logprobs"]),
+            finish_reason=r["finish_reason"],
+            prompt_tokens=recorded.prompt_tokens,
+        )

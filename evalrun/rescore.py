@@ -1,0 +1,136 @@
+"""``evalrun rescore``: score the stored outputs again with the current scorer code, no engine.
+
+With the run's own scorer (same name, version and parameters) the new table must equal
+scores.parquet exactly; a difference means the scorer code changed without a version bump (exit 1).
+With a changed scorer (overrides such as ``normalize=[strip,lower]`` or ``name=number``, or a new
+version in the code) the new scores go beside the old ones, under
+``RUN_DIR/rescore/<scoring hash>/``, and the per-task differences are reported: "was it the
+grader?" answered without a single model call.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import yaml
+
+from evalrun import store
+from evalrun.errors import BadInput, CheckFailed
+from evalrun.report import summarize
+from evalrun.scoring import SCORER_VERSIONS, make_scorer, score_outputs, scoring_hash
+from evalrun.verify import open_run
+
+RESCORE_DIR = "rescore"
+SCORE_INPUTS = ["episode_id", "task", "item_id", "seed", "repeat", "output", "target"]
+
+
+@dataclass(frozen=True)
+class TaskDiff:
+    task: str
+    metric: str
+    old_mean: float | None
+    new_mean: float | None
+    changed_episodes: int
+
+
+@dataclass(frozen=True)
+class RescoreReport:
+    rows: int
+    scorer_changed: bool
+    identical: bool  # the new table equals scores.parquet, value for value
+    bytes_identical: bool  # and its Parquet bytes equal the file's
+    diffs: tuple[TaskDiff, ...]
+    written: Path | None
+
+
+def recorded_scorer(run: store.RunDir) -> dict[str, Any]:
+    try:
+        raw = yaml.safe_load(run.config.read_text(encoding="utf-8"))
+        return dict(raw["task"]["scorer"])
+    except (OSError, yaml.YAMLError, KeyError, TypeError) as exc:
+        raise BadInput(store.CONFIG, f"expected the run's resolved config with task.scorer ({exc})") from exc
+
+
+def apply_overrides(spec: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """``KEY=VALUE`` over the scorer spec; KEY may be written ``task.scorer.KEY`` or ``scorer.KEY``."""
+    spec = dict(spec)
+    for override in overrides:
+        key, sep, value = override.partition("=")
+        key = key.removeprefix("task.").removeprefix("scorer.")
+        if not sep or key not in spec:
+            raise BadInput(override, f"expected KEY=VALUE with KEY one of {sorted(spec)}")
+        spec[key] = yaml.safe_load(value)
+    try:
+        make_scorer(spec)
+    except (ValueError, KeyError, TypeError) as exc:
+        raise BadInput("scorer", f"not a valid scorer ({exc})") from exc
+    return spec
+
+
+def _diffs(old: pa.Table, new: pa.Table) -> tuple[TaskDiff, ...]:
+    old_summary, new_summary = summarize(old), summarize(new)
+    key = ["episode_id", "metric"]
+    before = {tuple(k): v for *k, v in zip(*(old.column(c).to_pylist() for c in [*key, "value"]), strict=True)}
+    changed: dict[tuple[str, str], int] = {}
+    for eid, metric, task, value in zip(*(new.column(c).to_pylist() for c in [*key, "task", "value"]), strict=True):
+        if before.get((eid, metric)) != value:
+            changed[(task, metric)] = changed.get((task, metric), 0) + 1
+    pairs = sorted({(t, m) for s in (old_summary, new_summary) for t, metrics in s["tasks"].items() for m in metrics})
+    return tuple(
+        TaskDiff(
+            task=t,
+            metric=m,
+            old_mean=old_summary["tasks"].get(t, {}).get(m, {}).get("mean"),
+            new_mean=new_summary["tasks"].get(t, {}).get(m, {}).get("mean"),
+            changed_episodes=changed.get((t, m), 0),
+        )
+        for t, m in pairs
+    )
+
+
+def rescore_run(path: Path, overrides: list[str]) -> RescoreReport:
+    run = open_run(path)
+    recorded = recorded_scorer(run)
+    spec = apply_overrides(recorded, overrides)
+    new = score_outputs(run.read_outputs(SCORE_INPUTS), spec)
+    old_bytes = run.scores.read_bytes()
+    old = pq.read_table(pa.BufferReader(old_bytes))
+    old_versions = set(old.column("scorer_version").to_pylist()) if "scorer_version" in old.column_names else set()
+    scorer_changed = spec != recorded or old_versions - {SCORER_VERSIONS[spec["name"]]} != set()
+    identical = old.schema.equals(new.schema) and old.equals(new)
+    new_bytes = store.table_bytes(new)
+    if identical:
+        return RescoreReport(new.num_rows, scorer_changed, True, new_bytes == old_bytes, (), None)
+    out_dir = run.path / RESCORE_DIR / scoring_hash(spec)[:16]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    store.write_atomic(out_dir / store.SCORES, new_bytes)
+    store.write_json(out_dir / store.SUMMARY, summarize(new))
+    store.write_json(out_dir / "scorer.json", spec)
+    diffs = _diffs(old, new)
+    report = RescoreReport(new.num_rows, scorer_changed, False, False, diffs, out_dir)
+    if not scorer_changed:
+        changed = sum(d.changed_episodes for d in diffs)
+        raise CheckFailed(
+            f"{store.SCORES}: rescoring with the recorded scorer {spec['name']} version "
+            f"{SCORER_VERSIONS[spec['name']]} gives different scores ({changed} rows differ; new scores in "
+            f"{out_dir}): the scorer code changed without a version bump, or the outputs changed"
+        )
+    return report
+
+
+def format_report(report: RescoreReport) -> str:
+    if report.identical:
+        kind = "bit-identical" if report.bytes_identical else "identical values (Parquet bytes differ)"
+        return f"rescored {report.rows} rows: {kind} to scores.parquet"
+    lines = [f"rescored {report.rows} rows with a changed scorer; new scores in {report.written}",
+             f"{'task':<20} {'metric':<16} {'old':>9} {'new':>9} {'delta':>9} {'changed':>8}"]  # fmt: skip
+    for d in report.diffs:
+        delta = None if d.old_mean is None or d.new_mean is None else d.new_mean - d.old_mean
+        cells = [f"{v:+.4f}" if v is not None and i == 2 else (f"{v:.4f}" if v is not None else "-")
+                 for i, v in enumerate((d.old_mean, d.new_mean, delta))]  # fmt: skip
+        lines.append(f"{d.task:<20} {d.metric:<16} {cells[0]:>9} {cells[1]:>9} {cells[2]:>9} {d.changed_episodes:>8}")
+    return "\n".join(lines)

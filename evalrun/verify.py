@@ -1,0 +1,359 @@
+"""``evalrun verify``: recompute everything in a run directory that can be recomputed.
+
+Order of checks (the first failure is reported, naming file, line, episode and seq where known):
+
+1. record.json is present, canonical, of a known format; the parts on disk are the parts it lists.
+2. Each log part, with its output part (one process per part, in parallel): every line belongs to
+   a chain that starts with a ``evalrun.schedule/1`` header at seq 0, runs seq 0, 1, 2, ... with
+   each ``prev`` equal to the hash before it, and ends with an ``end`` entry; chains do not
+   interleave. Each model entry's ``request_hash`` and ``prompt_sha256`` are recomputed. Each
+   output row's head equals its chain's head and its fields equal what the chain recorded.
+3. The sha256 of every file record.json lists (this also catches changes the structure allows,
+   such as two whole chains swapped).
+4. Counts, the Merkle root (and ``--expect-root``), the manifest digest from its parts, scores
+   against outputs, summary.json from scores.parquet.
+5. attestation.intoto.json if present (and its Ed25519 signature when a public key is given).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from evalrun import store
+from evalrun.chain import GENESIS, SCHEDULE_FORMAT, link
+from evalrun.digest import canonical_hash, canonical_json, combine, file_sha256, sha256_hex
+from evalrun.errors import BadInput, CheckFailed
+from evalrun.merkle import merkle_root
+
+RECORD_FORMAT = "evalrun.record/1"
+ROW_COLUMNS = ["episode_id", "task", "item_id", "seed", "repeat", "seeds", "prompt", "prompt_sha256", "output",
+               "token_ids", "token_logprobs", "finish_reason", "output_tokens", "head"]  # fmt: skip
+
+
+@dataclass(frozen=True)
+class PartResult:
+    heads: dict[str, str]
+    entries: int
+    output_tokens: int
+
+
+@dataclass(frozen=True)
+class VerifyReport:
+    run: Path
+    episodes: int
+    log_entries: int
+    parts: int
+    merkle_root: str
+    attestation: str  # absent | checked | signature checked | signed, signature not checked
+
+
+def _fail(where: str, message: str) -> CheckFailed:
+    return CheckFailed(f"{where}: {message}")
+
+
+# --- run directory and record.json -----------------------------------------------------------
+
+
+def open_run(path: Path) -> store.RunDir:
+    """The run directory at ``path``; BadInput if it is not one."""
+    if not path.is_dir():
+        raise BadInput(str(path), "no such run directory")
+    run = store.RunDir(path)
+    if not run.record.exists() and not run.manifest.exists():
+        raise BadInput(str(path), "not a run directory (expected manifest.json and record.json)")
+    return run
+
+
+def load_record(run: store.RunDir) -> dict[str, Any]:
+    if not run.record.is_file():
+        raise _fail(store.RECORD, "missing: the run did not finish, or the file was removed")
+    text = run.record.read_text(encoding="utf-8", errors="replace")
+    try:
+        record = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise _fail(store.RECORD, f"not valid JSON ({exc.msg}, line {exc.lineno})") from exc
+    if not isinstance(record, dict) or text != canonical_json(record) + "\n":
+        raise _fail(store.RECORD, "not a canonical JSON object")
+    if record.get("format") != RECORD_FORMAT:
+        raise BadInput(store.RECORD, f"unknown record format {record.get('format')!r}; expected {RECORD_FORMAT!r}")
+    for key in ("files", "merkle_root", "episodes", "parts", "digest", "manifest_sha256"):
+        if key not in record:
+            raise _fail(store.RECORD, f"missing field {key!r}")
+    return record
+
+
+def part_pairs(run: store.RunDir, record: dict[str, Any]) -> list[tuple[str, str]]:
+    """(log part, output part) relative paths; every part on disk must be listed and vice versa."""
+    listed = set(record["files"])
+    on_disk = {f"{d}/{p.name}" for d in (store.LOG, store.OUTPUTS) for p in (run.path / d).glob("*") if p.is_file()}
+    for rel in sorted(on_disk - listed):
+        raise _fail(rel, "present in the run directory but not listed in record.json")
+    for rel in sorted(r for r in listed if r.startswith((f"{store.LOG}/", f"{store.OUTPUTS}/")) and r not in on_disk):
+        raise _fail(rel, "listed in record.json but missing")
+    logs = sorted(r for r in listed if r.startswith(f"{store.LOG}/"))
+    outs = sorted(r for r in listed if r.startswith(f"{store.OUTPUTS}/"))
+    for rel in logs + outs:
+        if not store.PART_PATTERN.match(rel.split("/", 1)[1]):
+            raise _fail(rel, "not a part name (part-NNNNN.jsonl / part-NNNNN.parquet)")
+    pairs = []
+    for log_rel in logs:
+        out_rel = f"{store.OUTPUTS}/{Path(log_rel).stem}.parquet"
+        if out_rel not in listed:
+            raise _fail(out_rel, f"missing: {log_rel} has no output part")
+        pairs.append((log_rel, out_rel))
+    if len(outs) != len(pairs) or record["parts"] != len(pairs):
+        raise _fail(
+            store.RECORD, f"parts is {record['parts']}, the run lists {len(logs)} log and {len(outs)} output parts"
+        )
+    return pairs
+
+
+# --- one part: chains and output rows --------------------------------------------------------
+
+
+Chain = tuple[str, list[dict[str, Any]], list[str], str, int]
+
+
+def iter_chains(path: Path, rel: str, known_format_only: bool = False) -> Iterator[Chain]:
+    """Yield ``(episode, entries, lines, head, first_line_number)`` per chain, checking each link.
+
+    A header of another schedule format fails the check; with ``known_format_only`` (replay, which
+    must not interpret a schedule it does not know) it is a BadInput instead.
+    """
+    with open(path, "rb") as fh:
+        data = fh.read()
+    if data and not data.endswith(b"\n"):
+        last = data.count(b"\n") + 1
+        raise _fail(f"{rel}:{last}", "truncated: the last line has no newline")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line_no = data[: exc.start].count(b"\n") + 1
+        raise _fail(f"{rel}:{line_no}", "not valid UTF-8") from exc
+    episode: str | None = None
+    entries: list[dict[str, Any]] = []
+    lines: list[str] = []
+    head = GENESIS
+    start = 0
+    for number, line in enumerate(text.split("\n")[:-1], start=1):
+        where = f"{rel}:{number}"
+        try:
+            entry = json.loads(line)
+            eid, seq, kind, prev = entry["episode"], entry["seq"], entry["kind"], entry["prev"]
+        except (json.JSONDecodeError, KeyError, TypeError) as exc:
+            raise _fail(where, f"not a chain entry ({exc})") from exc
+        if episode is None:
+            if seq != 0 or kind != "header":
+                raise _fail(where, f"episode {eid} seq {seq}: a chain must start with a header at seq 0")
+            if entry.get("format") != SCHEDULE_FORMAT:
+                error = BadInput if known_format_only else _fail
+                raise error(where, f"unknown schedule format {entry.get('format')!r}; expected {SCHEDULE_FORMAT!r}")
+            episode, start = eid, number
+        elif eid != episode:
+            raise _fail(where, f"episode {eid} seq {seq}: inside the chain of episode {episode}, which has not ended")
+        if seq != len(entries):
+            raise _fail(where, f"episode {eid} seq {seq}: expected seq {len(entries)}")
+        if prev != head:
+            raise _fail(where, f"episode {eid} seq {seq}: prev does not match the hash of the entry before it")
+        if kind == "model":
+            _check_model_entry(entry, line, where)
+        head = link(head, line)
+        entries.append(entry)
+        lines.append(line)
+        if kind == "end":
+            yield episode, entries, lines, head, start
+            episode, entries, lines, head = None, [], [], GENESIS
+    if episode is not None:
+        raise _fail(f"{rel}:{start}", f"episode {episode}: chain has no end entry (truncated?)")
+
+
+def _check_model_entry(entry: dict[str, Any], line: str, where: str) -> None:
+    request = entry.get("request")
+    marker = line.find('"request":')
+    stop = line.find(',"request_hash":"', marker)
+    if not isinstance(request, dict) or marker < 0 or stop < 0:
+        raise _fail(where, f"episode {entry['episode']} seq {entry['seq']}: model entry without a request")
+    if sha256_hex(line[marker + len('"request":') : stop]) != entry.get("request_hash"):
+        raise _fail(where, f"episode {entry['episode']} seq {entry['seq']}: request_hash does not match the request")
+    if sha256_hex(str(request.get("prompt"))) != request.get("prompt_sha256"):
+        raise _fail(where, f"episode {entry['episode']} seq {entry['seq']}: prompt_sha256 does not match the prompt")
+
+
+def _row_mismatch(row: dict[str, Any], entries: list[dict[str, Any]]) -> str | None:
+    """The first output column that disagrees with the chain, or None."""
+    header = entries[0]
+    expected: dict[str, Any] = {"task": header.get("task"), "item_id": header.get("item"),
+                                "seed": header.get("seed"), "repeat": header.get("repeat")}  # fmt: skip
+    models = [e for e in entries if e["kind"] == "model"]
+    if models:
+        request, response = models[-1]["request"], models[-1]["response"]
+        expected.update(
+            prompt=request["prompt"], prompt_sha256=request["prompt_sha256"], output=response["text"],
+            token_ids=response["token_ids"], token_logprobs=response["logprobs"],
+            finish_reason=response["finish_reason"], output_tokens=len(response["token_ids"]),
+        )  # fmt: skip
+    for column, value in expected.items():
+        if row[column] != value:
+            return column
+    sampling = (header.get("seeds") or {}).get("sampling")
+    if row["seeds"] is not None and sampling is not None and str(row["seeds"]["sampling"]) != sampling:
+        return "seeds"
+    return None
+
+
+def read_output_part(path: Path, rel: str) -> list[dict[str, Any]]:
+    try:
+        table = pq.read_table(path)
+        missing = [c for c in ROW_COLUMNS if c not in table.column_names]
+        if missing:
+            raise _fail(rel, f"missing output columns {missing}")
+        return table.select(ROW_COLUMNS).to_pylist()
+    except (pa.ArrowException, OSError, ValueError, IndexError, KeyError) as exc:
+        raise _fail(rel, f"unreadable Parquet part ({type(exc).__name__}: {exc})") from exc
+
+
+def verify_part(run_path: str, log_rel: str, out_rel: str) -> PartResult:
+    root = Path(run_path)
+    chains = {}
+    entries_count = 0
+    for eid, entries, _lines, head, start in iter_chains(root / log_rel, log_rel):
+        if eid in chains:
+            raise _fail(f"{log_rel}:{start}", f"episode {eid}: a second chain in the same part")
+        chains[eid] = (entries, head, start)
+        entries_count += len(entries)
+    rows = read_output_part(root / out_rel, out_rel)
+    heads: dict[str, str] = {}
+    tokens = 0
+    for index, row in enumerate(rows):
+        eid = row["episode_id"]
+        where = f"{out_rel} row {index}"
+        if eid in heads:
+            raise _fail(where, f"episode {eid}: a second output row")
+        if eid not in chains:
+            raise _fail(where, f"episode {eid}: no chain in {log_rel}")
+        entries, head, start = chains[eid]
+        if row["head"] != head:
+            raise _fail(where, f"episode {eid}: head {row['head']} differs from its chain's head {head} "
+                               f"({log_rel}:{start})")  # fmt: skip
+        column = _row_mismatch(row, entries)
+        if column is not None:
+            raise _fail(where, f"episode {eid}: column {column!r} differs from the chain ({log_rel}:{start})")
+        heads[eid] = head
+        tokens += row["output_tokens"]
+    for eid, (_entries, _head, start) in chains.items():
+        if eid not in heads:
+            raise _fail(f"{log_rel}:{start}", f"episode {eid}: chain without an output row in {out_rel}")
+    return PartResult(heads=heads, entries=entries_count, output_tokens=tokens)
+
+
+def verify_parts(run: store.RunDir, pairs: list[tuple[str, str]], jobs: int) -> list[PartResult]:
+    jobs = jobs or (os.cpu_count() or 1)
+    if jobs <= 1 or len(pairs) <= 1:
+        return [verify_part(str(run.path), log_rel, out_rel) for log_rel, out_rel in pairs]
+    import multiprocessing
+
+    with ProcessPoolExecutor(min(jobs, len(pairs)), mp_context=multiprocessing.get_context("fork")) as pool:
+        futures = [pool.submit(verify_part, str(run.path), log_rel, out_rel) for log_rel, out_rel in pairs]
+        return [f.result() for f in futures]  # in part order: the first broken part is reported
+
+
+# --- whole-run checks ------------------------------------------------------------------------
+
+
+def check_file_hashes(run: store.RunDir, record: dict[str, Any]) -> None:
+    for rel, expected in sorted(record["files"].items()):
+        path = run.path / rel
+        if not path.is_file():
+            raise _fail(rel, "listed in record.json but missing")
+        if file_sha256(path) != expected:
+            raise _fail(rel, "sha256 differs from record.json")
+
+
+def check_manifest(run: store.RunDir, record: dict[str, Any]) -> dict[str, Any]:
+    if file_sha256(run.manifest) != record["manifest_sha256"]:
+        raise _fail(store.MANIFEST, "sha256 differs from record.json manifest_sha256")
+    manifest = run.read_json(store.MANIFEST)
+    digest = manifest.get("digest", {})
+    parts = [digest.get("prompt_pack"), digest.get("seed_set"), digest.get("scoring")]
+    if not all(isinstance(p, str) for p in parts) or combine(parts) != digest.get("digest"):
+        raise _fail(store.MANIFEST, "digest is not sha256(prompt_pack + seed_set + scoring)")
+    if digest["digest"] != record["digest"]:
+        raise _fail(store.RECORD, "digest differs from the manifest's")
+    decoding, seeds = manifest.get("decoding"), manifest.get("seeds")
+    template = (manifest.get("task") or {}).get("template") or {}
+    if isinstance(decoding, dict) and "sha256" in template:
+        settings = {k: v for k, v in decoding.items() if k != "name"}
+        pack = canonical_hash({"templates": {"user": template["sha256"]}, "fewshot": [], "decoding": settings})
+        if pack != digest["prompt_pack"]:
+            raise _fail(store.MANIFEST, "digest.prompt_pack does not match the template sha256 and decoding settings")
+    if isinstance(seeds, dict):
+        seed_set = canonical_hash({"master": seeds["master"], "set": list(seeds["set"]), "repeats": seeds["repeats"]})
+        if seed_set != digest["seed_set"]:
+            raise _fail(store.MANIFEST, "digest.seed_set does not match the seeds")
+    return manifest
+
+
+def check_scores(run: store.RunDir, heads: dict[str, str]) -> None:
+    from evalrun.report import summarize
+
+    try:
+        scores = pq.read_table(run.scores)
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        raise _fail(store.SCORES, f"unreadable ({exc})") from exc
+    scored = set(scores.column("episode_id").to_pylist())
+    if scored != set(heads):
+        missing = sorted(set(heads) - scored)[:1] or sorted(scored - set(heads))[:1]
+        raise _fail(store.SCORES, f"episode {missing[0]}: scored episodes differ from the output rows")
+    if run.summary.exists() and canonical_json(summarize(scores)) != canonical_json(run.read_json(store.SUMMARY)):
+        raise _fail(store.SUMMARY, "does not match the summary recomputed from scores.parquet")
+
+
+def verify_run(
+    path: Path, expect_root: str | None = None, public_key: Path | None = None, jobs: int = 0
+) -> VerifyReport:
+    """Check the run at ``path``; raises CheckFailed naming the first broken thing."""
+    from evalrun import attest
+
+    run = open_run(path)
+    record = load_record(run)
+    pairs = part_pairs(run, record)
+    results = verify_parts(run, pairs, jobs)
+    heads: dict[str, str] = {}
+    for (log_rel, _out_rel), part in zip(pairs, results, strict=True):
+        for eid, head in part.heads.items():
+            if eid in heads:
+                raise _fail(log_rel, f"episode {eid}: appears in more than one part")
+            heads[eid] = head
+    check_file_hashes(run, record)
+    written = record["episodes"].get("written")
+    if written != len(heads):
+        raise _fail(store.RECORD, f"episodes.written is {written}, the parts hold {len(heads)} episodes")
+    if record["episodes"].get("planned") != written:
+        raise _fail(store.RECORD, f"{record['episodes'].get('planned')} episodes planned, {written} written")
+    tokens = sum(p.output_tokens for p in results)
+    if "output_tokens" in record and record["output_tokens"] != tokens:
+        raise _fail(store.RECORD, f"output_tokens is {record['output_tokens']}, the rows hold {tokens}")
+    root = merkle_root(heads.items())
+    if root != record["merkle_root"]:
+        raise _fail(store.RECORD, f"merkle_root {record['merkle_root']} differs from the root of the heads {root}")
+    if expect_root is not None and root != expect_root.lower():
+        raise _fail("--expect-root", f"the run's root is {root}, not {expect_root}")
+    manifest = check_manifest(run, record)
+    if isinstance(manifest.get("episodes"), int) and manifest["episodes"] != written:
+        raise _fail(store.MANIFEST, f"plans {manifest['episodes']} episodes, the run holds {written}")
+    if store.SCORES in record["files"]:
+        check_scores(run, heads)
+    status = attest.check_attestation(run, record, public_key)
+    return VerifyReport(
+        run=run.path, episodes=len(heads), log_entries=sum(p.entries for p in results), parts=len(pairs),
+        merkle_root=root, attestation=status,
+    )  # fmt: skip
