@@ -1,6 +1,18 @@
 """The ``evalrun`` command.
 
     evalrun run [-m] [KEY=VALUE ...]     Hydra overrides; -m sweeps (a=1,2) as one multirun
+    evalrun verify RUN_DIR [--expect-root HEX] [--public-key PEM] [--jobs N]
+                                         recompute chains, heads, root, digest, file hashes
+    evalrun rescore RUN_DIR [KEY=VALUE ...]
+                                         score stored outputs again (scorer overrides), no engine
+    evalrun replay RUN_DIR [KEY=VALUE ...]
+                                         re-run the harness on the recorded responses
+    evalrun prove RUN_DIR EPISODE_ID [-o PROOF.json]
+                                         audit path from one episode to the run's Merkle root
+    evalrun verify-proof PROOF.json --root HEX
+    evalrun attest RUN_DIR [--key PEM]   (re)write attestation.intoto.json, signed with --key
+    evalrun resume RUN_DIR [cluster.KEY=VALUE ...]
+                                         finish an interrupted run (keeps its complete parts)
 
 The last line on stdout of ``run`` is the run directory (one line per job with -m). Exit codes:
 0 success, 1 a check failed, 2 bad input or usage (the message names the file, field or line).
@@ -9,6 +21,8 @@ The last line on stdout of ``run`` is the run directory (one line per job with -
 from __future__ import annotations
 
 import sys
+from pathlib import Path
+from typing import Any
 
 from evalrun.errors import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EXIT_OK, BadInput, CheckFailed
 
@@ -51,7 +65,126 @@ def _run(args: list[str]) -> int:
     return EXIT_OK
 
 
-COMMANDS = {"run": _run}
+def _resume(args: list[str]) -> int:
+    from pathlib import Path
+
+    from evalrun.runner import resume
+
+    if not args or args[0].startswith("-") or "=" in args[0]:
+        raise BadInput("RUN_DIR", "usage: evalrun resume RUN_DIR [cluster.KEY=VALUE ...]")
+    run_dir = Path(args[0])
+    if not run_dir.is_dir():
+        raise BadInput(str(run_dir), "no such run directory")
+    print(resume(run_dir, args[1:]), flush=True)
+    return EXIT_OK
+
+
+COMMANDS = {"run": _run, "resume": _resume}
+
+
+def _parser(command: str, run_dir: bool = True) -> Any:
+    import argparse
+
+    class Parser(argparse.ArgumentParser):
+        def error(self, message: str) -> Any:  # usage errors are exit 2 with a named field
+            raise BadInput(command, f"{message}\n{self.format_usage().strip()}")
+
+    parser = Parser(prog=f"evalrun {command}")
+    if run_dir:
+        parser.add_argument("run_dir", type=Path)
+    return parser
+
+
+def _verify(args: list[str]) -> int:
+    from evalrun.verify import verify_run
+
+    parser = _parser("verify")
+    parser.add_argument("--expect-root", help="a Merkle root kept elsewhere; the run's must equal it")
+    parser.add_argument("--public-key", type=Path, help="PEM Ed25519 public key: check the attestation's signature")
+    parser.add_argument("--jobs", type=int, default=0, help="processes for the parts (0: one per CPU)")
+    ns = parser.parse_args(args)
+    report = verify_run(ns.run_dir, expect_root=ns.expect_root, public_key=ns.public_key, jobs=ns.jobs)
+    print(f"ok: {report.episodes} episodes, {report.log_entries} log entries, {report.parts} parts; "
+          f"merkle root {report.merkle_root}; attestation {report.attestation}")  # fmt: skip
+    return EXIT_OK
+
+
+def _rescore(args: list[str]) -> int:
+    from evalrun.rescore import format_report, rescore_run
+
+    parser = _parser("rescore")
+    parser.add_argument("overrides", nargs="*", help="scorer fields, e.g. normalize=[strip,lower] or name=number")
+    ns = parser.parse_args(args)
+    print(format_report(rescore_run(ns.run_dir, ns.overrides)))
+    return EXIT_OK
+
+
+def _replay(args: list[str]) -> int:
+    from evalrun.replay import replay_run
+
+    parser = _parser("replay")
+    parser.add_argument("overrides", nargs="*", help="config overrides, e.g. task.template=PATH")
+    ns = parser.parse_args(args)
+    report = replay_run(ns.run_dir, ns.overrides)
+    for d in report.divergences[:10]:
+        print(f"divergence: episode {d.episode} seq {d.seq}\n  expected: {d.expected}\n  got:      {d.got}")
+    if report.divergences:
+        first = report.divergences[0]
+        raise CheckFailed(f"{len(report.divergences)} of {report.episodes} episodes diverge; first: "
+                          f"episode {first.episode} seq {first.seq}")  # fmt: skip
+    if not report.root_matches or not report.scores_identical:
+        raise CheckFailed(f"heads reproduced but root matches: {report.root_matches}, "
+                          f"scores identical: {report.scores_identical}")  # fmt: skip
+    print(f"ok: {report.reproduced} episodes replayed; every head, the Merkle root and the scores reproduced")
+    return EXIT_OK
+
+
+def _prove(args: list[str]) -> int:
+    from evalrun.digest import canonical_json
+    from evalrun.proofs import prove
+
+    parser = _parser("prove")
+    parser.add_argument("episode_id")
+    parser.add_argument("-o", "--output", type=Path, help="write the proof here instead of stdout")
+    ns = parser.parse_args(args)
+    text = canonical_json(prove(ns.run_dir, ns.episode_id).as_record())
+    if ns.output:
+        ns.output.write_text(text + "\n", encoding="utf-8")
+    else:
+        print(text)
+    return EXIT_OK
+
+
+def _verify_proof(args: list[str]) -> int:
+    from evalrun.proofs import check_proof, load_proof
+
+    parser = _parser("verify-proof", run_dir=False)
+    parser.add_argument("proof", type=Path)
+    parser.add_argument("--root", required=True, help="the run's Merkle root, obtained independently")
+    ns = parser.parse_args(args)
+    proof = load_proof(ns.proof)
+    check_proof(proof, ns.root)
+    print(f"ok: episode {proof.episode_id} (head {proof.head}) is leaf {proof.leaf_index} of {proof.tree_size} "
+          f"under root {ns.root}")  # fmt: skip
+    return EXIT_OK
+
+
+def _attest(args: list[str]) -> int:
+    from evalrun.attest import write_attestation
+    from evalrun.verify import load_record, open_run
+
+    parser = _parser("attest")
+    parser.add_argument("--key", type=Path, help="PEM Ed25519 private key to sign with")
+    ns = parser.parse_args(args)
+    run = open_run(ns.run_dir)
+    print(write_attestation(run, load_record(run), ns.key))
+    return EXIT_OK
+
+
+COMMANDS.update(
+    {"verify": _verify, "rescore": _rescore, "replay": _replay, "prove": _prove, "verify-proof": _verify_proof,
+     "attest": _attest}
+)  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -6,14 +6,19 @@ so a run directory without it is not a result.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from evalrun import store
-from evalrun.config import REPO_ROOT, EvalConfig, to_yaml
+from omegaconf import OmegaConf
+
+from evalrun import failpoints, store
+from evalrun.config import REPO_ROOT, EvalConfig, Schema, to_yaml, validate
+from evalrun.digest import file_sha256
 from evalrun.dispatch import Dispatcher, dispatcher_key, open_dispatcher
-from evalrun.manifest import Digest, build_manifest, compute_digest, generator_info
+from evalrun.errors import BadInput
+from evalrun.manifest import Digest, build_manifest, compute_digest, generator_info, run_identity
 from evalrun.merkle import merkle_root
 from evalrun.model import ResolvedModel, resolve_model
 from evalrun.plan import Episode, build_plan
@@ -67,47 +72,93 @@ def _batches(episodes: list[Episode], size: int) -> list[list[Episode]]:
     return [episodes[i : i + size] for i in range(0, len(episodes), size)]
 
 
-def execute(prepared: Prepared, dispatcher: Dispatcher | None = None) -> Path:
-    """Run a prepared plan and return the run directory. A given dispatcher is reused, not closed."""
-    config = prepared.config
-    cluster = config.section("cluster")
-    if dispatcher is not None and dispatcher.key != dispatcher_key(prepared.worker_spec, cluster):
-        raise ValueError("the dispatcher was opened for another model, engine, determinism or cluster setting")
-    own = dispatcher is None
+def _checked_dispatcher(prepared: Prepared, dispatcher: Dispatcher | None) -> tuple[Dispatcher, bool]:
+    """The given dispatcher (checked to fit the run) or a new one; True when the caller must close it."""
     if dispatcher is None:
-        dispatcher = open_for(prepared)
+        return open_for(prepared), True
+    if dispatcher.key != dispatcher_key(prepared.worker_spec, prepared.config.section("cluster")):
+        raise ValueError("the dispatcher was opened for another model, engine, determinism or cluster setting")
+    return dispatcher, False
+
+
+def execute(prepared: Prepared, dispatcher: Dispatcher | None = None) -> Path:
+    """Run a prepared plan in a new run directory and return it. A given dispatcher is reused, not closed."""
+    dispatcher, own = _checked_dispatcher(prepared, dispatcher)
     try:
-        return _execute(prepared, dispatcher)
+        config, task = prepared.config, prepared.task
+        manifest = build_manifest(
+            config, task, prepared.model, prepared.digest, dispatcher.workers(), len(prepared.episodes)
+        )
+        run_cfg = config.section("run")
+        stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+        run = store.create_run_dir(
+            Path(run_cfg["root"]),
+            f"{task.name}-{stamp}-{prepared.digest.digest[:8]}",
+            exact=Path(run_cfg["dir"]) if run_cfg["dir"] else None,
+        )
+        with store.locked(run):
+            store.write_atomic(run.config, to_yaml(config).encode("utf-8"))
+            store.write_json(run.manifest, manifest)
+            failpoints.hit("before-first-part")
+            _complete(run, prepared, dispatcher, store.PartWriter(run))
+        return run.path
     finally:
         if own:
             dispatcher.close()
 
 
-def _execute(prepared: Prepared, dispatcher: Dispatcher) -> Path:
-    config, task, digest = prepared.config, prepared.task, prepared.digest
-    workers = dispatcher.workers()
-    manifest = build_manifest(config, task, prepared.model, digest, workers, len(prepared.episodes))
+def load_run_config(run: store.RunDir, overrides: list[str]) -> EvalConfig:
+    """The config a run was made with (its config.yaml), with ``cluster.*``/``run.progress`` overrides."""
+    if not run.config.is_file() or not run.manifest.is_file():
+        raise BadInput(str(run.path), "not an evalrun run directory (config.yaml or manifest.json is missing)")
+    allowed = [o for o in overrides if o.startswith(("cluster.", "run.progress="))]
+    if allowed != overrides:
+        bad = next(o for o in overrides if o not in allowed)
+        raise BadInput(bad, "resume accepts only cluster.* and run.progress overrides; the rest is the run's own")
+    stored = OmegaConf.load(run.config)
+    merged = OmegaConf.merge(OmegaConf.structured(Schema), stored, OmegaConf.from_dotlist(allowed))
+    return validate(merged)
 
-    run_cfg = config.section("run")
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
-    run = store.create_run_dir(
-        Path(run_cfg["root"]),
-        f"{task.name}-{stamp}-{digest.digest[:8]}",
-        exact=Path(run_cfg["dir"]) if run_cfg["dir"] else None,
-    )
-    files = {store.CONFIG: store.write_atomic(run.config, to_yaml(config).encode("utf-8"))}
-    files[store.MANIFEST] = store.write_json(run.manifest, manifest)
 
-    writer = store.PartWriter(run)
+def resume(run_path: Path, overrides: list[str] | None = None, dispatcher: Dispatcher | None = None) -> Path:
+    """Finish an interrupted run: keep its complete parts, run only the missing episodes."""
+    run = store.RunDir(run_path)
+    prepared = prepare(load_run_config(run, overrides or []))
+    with store.locked(run):
+        if run.record.is_file():
+            return run.path  # already complete
+        recorded = json.loads(run.manifest.read_text(encoding="utf-8")).get("identity", {})
+        current = run_identity(prepared.config, prepared.task, prepared.model, prepared.digest, len(prepared.episodes))
+        changed = sorted(k for k in set(recorded) | set(current) if recorded.get(k) != current.get(k))
+        if changed:
+            raise BadInput(str(run.manifest), f"the run would now be made differently: {', '.join(changed)} changed")
+        dispatcher, own = _checked_dispatcher(prepared, dispatcher)
+        try:
+            _complete(run, prepared, dispatcher, store.PartWriter.recover(run))
+        finally:
+            if own:
+                dispatcher.close()
+    return run.path
+
+
+def _complete(run: store.RunDir, prepared: Prepared, dispatcher: Dispatcher, writer: store.PartWriter) -> None:
+    """Run every planned episode the writer does not have yet, then score, summarise and record."""
+    config = prepared.config
+    remaining = [e for e in prepared.episodes if e.episode_id not in writer.heads]
     generator = generator_info()
-    batches = _batches(prepared.episodes, config.section("cluster")["batch_size"])
-    with RunProgress(len(prepared.episodes), task.name, enabled=run_cfg["progress"]) as progress:
+    batches = _batches(remaining, config.section("cluster")["batch_size"])
+    progress = RunProgress(
+        len(prepared.episodes), prepared.task.name, enabled=config.section("run")["progress"],
+        done=len(prepared.episodes) - len(remaining),
+    )  # fmt: skip
+    with progress:
         for outcome in dispatcher.map(batches, generator):
             provenance = store.Provenance(
                 worker=outcome.worker, hardware=outcome.hardware,
                 batch_size=len(outcome.results), latency_s=outcome.latency_s,
             )  # fmt: skip
             writer.write(outcome.results, provenance)
+            failpoints.hit(f"after-part-{writer.next_index - 1}")
             progress.advance(len(outcome.results), sum(len(r.completion.token_ids) for r in outcome.results))
 
     planned = {e.episode_id for e in prepared.episodes}
@@ -116,20 +167,25 @@ def _execute(prepared: Prepared, dispatcher: Dispatcher) -> Path:
 
     scores = score_outputs(run.read_outputs(["episode_id", "task", "item_id", "seed", "repeat", "output", "target"]),
                            config.section("task")["scorer"])  # fmt: skip
+    files = {name: file_sha256(run.path / name) for name in (store.CONFIG, store.MANIFEST)}
     files[store.SCORES] = store.write_atomic(run.scores, store.table_bytes(scores))
     files[store.SUMMARY] = store.write_json(run.summary, summarize(scores))
     files.update(writer.file_hashes)
+    failpoints.hit("before-record")
 
     record = {
         "format": RECORD_FORMAT,
         "episodes": {"planned": len(planned), "written": len(writer.heads)},
-        "parts": writer.next_index,
+        "parts": len(writer.file_hashes) // 2,
         "output_tokens": writer.output_tokens,
         "merkle_root": merkle_root(writer.heads.items()),
-        "digest": digest.digest,
+        "digest": prepared.digest.digest,
         "manifest_sha256": files[store.MANIFEST],
         "files": dict(sorted(files.items())),
+        "dispatch": {**dispatcher.stats.as_record(), "resumed": writer.kept_parts > 0, "kept_parts": writer.kept_parts},
         "ended_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
     store.write_json(run.record, record)
-    return run.path
+    from evalrun.attest import attest_finished_run
+
+    attest_finished_run(run.path)  # in-toto Statement over the record files (signed if EVALRUN_SIGNING_KEY)

@@ -20,7 +20,8 @@ from evalrun.runner import Prepared, execute, open_for, prepare
 def ray_session() -> Iterator[None]:
     import ray
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    # Logical CPUs: the shared worker plus the two-worker pool of the dispatch tests (2 real cores).
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()
 
@@ -42,3 +43,19 @@ def run_eval(dispatcher: Dispatcher, tmp_path: Path):
         return execute(prepared, dispatcher)
 
     return run
+
+
+@pytest.fixture(scope="session")
+def two_workers(ray_session: None) -> Iterator[Dispatcher]:
+    """Two Ray engine workers (the placement and failure tests); ``cluster.num_workers=2`` configs."""
+    d = open_for(prepare(load(["limit=1", "cluster.num_workers=2"])))
+    yield d
+    d.close()
+
+
+@pytest.fixture(scope="session")
+def audit_run(dispatcher: Dispatcher, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A small finished run (12 episodes in 3 parts) shared by the audit tests: copy it before changing it."""
+    root = tmp_path_factory.mktemp("audit")
+    prepared = prepare(load([f"run.root={root}", "run.progress=false", "limit=12", "cluster.batch_size=5"]))
+    return execute(prepared, dispatcher)
