@@ -37,6 +37,7 @@ class ModelSchema:
     id: str = "???"
     path: str | None = None
     revision: str | None = None
+    cache_dir: str | None = None  # hub cache to resolve id + revision in (None: Hugging Face's default)
     pinned: bool = True
     dtype: str = "float32"
     sha256: dict[str, str] = field(default_factory=dict)

@@ -52,12 +52,12 @@ def write_pins(config_file: Path, hashes: dict[str, str]) -> None:
     config_file.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
 
 
-def _hub_cache_dir(model_id: str, revision: str) -> Path:
+def _hub_cache_dir(model_id: str, revision: str, cache_dir: str | None) -> Path:
     """A hub id + revision resolved from the local Hugging Face cache (nothing is downloaded)."""
     from huggingface_hub import snapshot_download
 
     try:
-        return Path(snapshot_download(model_id, revision=revision, local_files_only=True))
+        return Path(snapshot_download(model_id, revision=revision, cache_dir=cache_dir, local_files_only=True))
     except Exception as exc:  # huggingface_hub raises several types for "not in cache"
         raise BadInput(
             "model.id", f"{model_id!r} at revision {revision!r} is not in the local hub cache ({exc})"
@@ -70,6 +70,7 @@ def resolve_model(
     path: str | None,
     revision: str | None,
     pins: dict[str, str],
+    cache_dir: str | None = None,
     pinned: bool,
     repo_root: Path,
 ) -> ResolvedModel:
@@ -83,7 +84,7 @@ def resolve_model(
     else:
         if not revision:
             raise BadInput("model.revision", "a hub model id needs a revision (commit hash) to be pinned")
-        directory = _hub_cache_dir(model_id, revision)
+        directory = _hub_cache_dir(model_id, revision, cache_dir)
 
     actual = hash_model_dir(directory)
     if pinned:

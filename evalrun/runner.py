@@ -48,6 +48,7 @@ def prepare(config: EvalConfig) -> Prepared:
     m = config.section("model")
     model = resolve_model(
         model_id=m["id"], path=m["path"], revision=m["revision"], pins=m["sha256"], pinned=m["pinned"],
+        cache_dir=m["cache_dir"],
         repo_root=REPO_ROOT,
     )  # fmt: skip
     task = load_task(config)

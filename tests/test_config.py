@@ -110,3 +110,18 @@ def test_plan_is_items_times_seed_set_times_repeats() -> None:
     assert len({e.sampling.seed for e in prepared.episodes}) == 30
     again = prepare(load(["limit=5", "seeds.set=[3,4]", "seeds.repeats=3"]))
     assert [e.episode_id for e in again.episodes] == [e.episode_id for e in prepared.episodes]
+
+
+def test_hub_id_and_revision_resolve_from_the_local_cache_only(tmp_path: Path) -> None:
+    revision = "0123456789abcdef0123456789abcdef01234567"
+    snapshot = tmp_path / "hub" / "models--acme--adder" / "snapshots" / revision
+    shutil.copytree(MODEL_DIR, snapshot)
+    hub = ["model.path=null", "model.id=acme/adder", f"model.cache_dir={tmp_path / 'hub'}"]
+    prepared = prepare(load(["limit=2", *hub, f"model.revision={revision}"]))
+    assert prepared.model.path == snapshot.resolve() and prepared.model.revision == revision
+    with pytest.raises(BadInput) as missing:
+        prepare(load(["limit=2", *hub, "model.revision=" + "f" * 40]))
+    assert missing.value.where == "model.id" and "not in the local hub cache" in missing.value.message
+    with pytest.raises(BadInput) as unpinned_revision:
+        prepare(load(["limit=2", *hub]))
+    assert unpinned_revision.value.where == "model.revision"
