@@ -12,7 +12,6 @@ escapes are exactly JCS's (the two-character escapes, other control characters a
 from __future__ import annotations
 
 import hashlib
-import math
 from collections.abc import Iterable
 from json.encoder import encode_basestring  # type: ignore[attr-defined]
 from pathlib import Path
@@ -31,32 +30,41 @@ class CanonicalJSONError(ValueError):
 
 
 def _es6_number(x: float) -> str:
-    """ECMAScript Number::toString for a finite double (RFC 8785 section 3.2.2.3)."""
-    if x == 0:
-        return "0"
-    if not math.isfinite(x):
-        raise CanonicalJSONError(f"{x} is not representable in canonical JSON")
+    """ECMAScript Number::toString for a finite double (RFC 8785 section 3.2.2.3).
+
+    ``repr`` gives the same shortest round-trip digits as ECMAScript; only the notation differs.
+    Python writes ``d.ddde±XX`` below 1e-4 and from 1e16 on, ECMAScript below 1e-6 and from 1e21
+    on, so the common case (a small logprob such as -2.4676019165781327e-05) is a rewrite of the
+    exponent or a shift of the point.
+    """
     text = repr(x)
-    if "e" not in text and not text.endswith(".0"):
+    if "e" not in text:
+        if text[-2:] == ".0":
+            return "0" if x == 0 else text[:-2]  # integral, below 1e16 (-0.0 is "0")
+        if text[-1] in "fn":  # inf, -inf, nan
+            raise CanonicalJSONError(f"{x} is not representable in canonical JSON")
         return text  # Python's fixed notation range lies inside ECMAScript's; digits agree
-    sign = "-" if x < 0 else ""
-    mantissa, _, exp = text.lstrip("-").partition("e")
-    whole, _, frac = mantissa.partition(".")
-    raw = whole + frac
-    digits = raw.lstrip("0")
-    point = len(whole) + int(exp or 0) - (len(raw) - len(digits))  # value = 0.DIGITS x 10**point
-    digits = digits.rstrip("0")
-    k = len(digits)
-    if k <= point <= 21:
-        body = digits + "0" * (point - k)
-    elif 0 < point <= 21:
-        body = digits[:point] + "." + digits[point:]
-    elif -6 < point <= 0:
-        body = "0." + "0" * -point + digits
-    else:
-        e = point - 1
-        body = (digits if k == 1 else digits[0] + "." + digits[1:]) + ("e+" if e > 0 else "e-") + str(abs(e))
-    return sign + body
+    if text[-4:-2] == "e-":  # Python's exponent has two digits at least: e-05 ... e-99
+        if text[-2] != "0":
+            return text  # e-10 ... e-99: the same in ECMAScript
+        last = text[-1]
+        if last > "6":
+            return text[:-2] + last  # e-07 ... e-09: ECMAScript writes e-7 ... e-9
+        point = "0.0000" if last == "5" else "0.00000"  # e-05, e-06: ECMAScript writes them in full
+        if text[0] == "-":
+            return f"-{point}{text[1]}{text[3:-4]}"  # the mantissa's digits without its point
+        return f"{point}{text[0]}{text[2:-4]}"
+    mantissa, _, exp = text.partition("e")
+    e = int(exp)  # value = D.DDD x 10**e, the mantissa without trailing zeros
+    if e < -6:
+        return f"{mantissa}e{e}"
+    if e >= 21:
+        return f"{mantissa}e+{e}"
+    sign = "-" if mantissa[0] == "-" else ""
+    digits = mantissa.lstrip("-").replace(".", "")
+    if e < 0:  # -6 <= e <= -5
+        return f"{sign}0.{'0' * (-e - 1)}{digits}"
+    return sign + digits + "0" * (e + 1 - len(digits))  # 16 <= e <= 20: an integer of e + 1 digits
 
 
 def _utf16_key(key: str) -> bytes:

@@ -7,11 +7,12 @@ depend only on the episodes and the engine's completions: no clocks, workers or 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from hashlib import sha256 as _sha256
 from json.encoder import encode_basestring  # type: ignore[attr-defined]
 from typing import Any
 
-from evalrun.chain import GENESIS, SCHEDULE_FORMAT, link
-from evalrun.digest import Canonical, canonical_json, sha256_hex
+from evalrun.chain import GENESIS, SCHEDULE_FORMAT
+from evalrun.digest import MAX_SAFE_INTEGER, Canonical, _es6_number, canonical_json, sha256_hex
 from evalrun.engines import Completion, Engine, GenerationRequest, SamplingSpec
 from evalrun.plan import Episode
 
@@ -41,6 +42,49 @@ def encode_generator(generator: dict[str, Any] | Canonical) -> Canonical:
     return generator if isinstance(generator, Canonical) else Canonical(canonical_json(generator))
 
 
+def _sampling_text(sampling: SamplingSpec) -> str:
+    """Canonical JSON of ``sampling.as_record()``, from a per-settings template (only the seed varies)."""
+    if type(sampling) is not SamplingSpec:
+        return canonical_json(sampling.as_record())
+    t, p, k, m, lp, stop = (sampling.temperature, sampling.top_p, sampling.top_k, sampling.max_tokens,
+                            sampling.logprobs, sampling.stop)  # fmt: skip
+    try:
+        # Types are part of the key: 1 == 1.0 == True, but they encode differently.
+        key = (type(t), t, type(p), p, type(k), k, type(m), m, type(lp), lp, type(stop), stop, *map(type, stop))
+        pre, post = _SAMPLING_TEMPLATES[key]
+    except TypeError:  # unhashable settings
+        return canonical_json(sampling.as_record())
+    except KeyError:
+        # A NUL never appears literally in canonical JSON (strings escape it), so it marks the seed.
+        record = {**sampling.as_record(), "seed": Canonical("\x00")}
+        pre, post = canonical_json(record).split("\x00")
+        if len(_SAMPLING_TEMPLATES) < 1024:
+            _SAMPLING_TEMPLATES[key] = (pre, post)
+    return f"{pre}{_string(str(sampling.seed))}{post}"
+
+
+_SAMPLING_TEMPLATES: dict[tuple[Any, ...], tuple[str, str]] = {}
+
+
+def _array(values: tuple[Any, ...] | list[Any]) -> str:
+    """Canonical JSON of a list of token ids or logprobs."""
+    kinds = set(map(type, values))
+    if kinds == _FLOAT:
+        return f"[{','.join(map(_es6_number, values))}]"
+    if kinds == _INT and min(values) >= -MAX_SAFE_INTEGER and max(values) <= MAX_SAFE_INTEGER:
+        return f"[{','.join(map(str, values))}]"
+    return canonical_json(list(values))
+
+
+_FLOAT, _INT = {float}, {int}
+
+
+def _integer(value: Any) -> str:
+    if type(value) is int and -MAX_SAFE_INTEGER <= value <= MAX_SAFE_INTEGER:
+        return str(value)
+    return canonical_json(value)
+
+
 def record_episode(episode: Episode, completion: Completion, generator: dict[str, Any] | Canonical) -> EpisodeResult:
     """The chain of one single-turn episode: header, one model call, end.
 
@@ -49,25 +93,34 @@ def record_episode(episode: Episode, completion: Completion, generator: dict[str
     test checks them byte for byte against :class:`evalrun.chain.ChainBuilder`.
     """
     eid = _string(episode.episode_id)
+    seeds = (
+        f'{{"sampling":{_string(str(episode.sampling.seed))}}}'
+        if type(episode) is Episode
+        else canonical_json(episode.seeds_record())
+    )
     header = (
         f'{{"episode":{eid},"format":{_FORMAT},"generator":{encode_generator(generator)},'
         f'"item":{_string(episode.item_id)},"kind":"header","prev":"{GENESIS}",'
-        f'"repeat":{canonical_json(episode.repeat)},"seed":{canonical_json(episode.seed)},'
-        f'"seeds":{canonical_json(episode.seeds_record())},"seq":0,"task":{_string(episode.task)}}}'
+        f'"repeat":{_integer(episode.repeat)},"seed":{_integer(episode.seed)},'
+        f'"seeds":{seeds},"seq":0,"task":{_string(episode.task)}}}'
     )
-    h0 = link(GENESIS, header)
-    request = canonical_json(request_record(episode))
+    h0 = _sha256(f"{GENESIS}{header}".encode()).hexdigest()
+    prompt = episode.prompt
+    request = (
+        f'{{"prompt":{_string(prompt)},"prompt_sha256":"{_sha256(prompt.encode()).hexdigest()}",'
+        f'"sampling":{_sampling_text(episode.sampling)}}}'
+    )
     response = (
-        f'{{"finish_reason":{_string(completion.finish_reason)},"logprobs":{canonical_json(list(completion.logprobs))},'
-        f'"text":{_string(completion.text)},"token_ids":{canonical_json(list(completion.token_ids))}}}'
+        f'{{"finish_reason":{_string(completion.finish_reason)},"logprobs":{_array(completion.logprobs)},'
+        f'"text":{_string(completion.text)},"token_ids":{_array(completion.token_ids)}}}'
     )
     model = (
         f'{{"call":0,"episode":{eid},"kind":"model","prev":"{h0}","request":{request},'
-        f'"request_hash":"{sha256_hex(request)}","response":{response},"seq":1}}'
+        f'"request_hash":"{_sha256(request.encode()).hexdigest()}","response":{response},"seq":1}}'
     )
-    h1 = link(h0, model)
+    h1 = _sha256(f"{h0}{model}".encode()).hexdigest()
     end = f'{{"episode":{eid},"kind":"end","model_calls":1,"prev":"{h1}","seq":2,"status":"ok"}}'
-    return EpisodeResult(episode=episode, completion=completion, log_lines=(header, model, end), head=link(h1, end))
+    return EpisodeResult(episode, completion, (header, model, end), _sha256(f"{h1}{end}".encode()).hexdigest())
 
 
 def run_episodes(engine: Engine, episodes: list[Episode], generator: dict[str, Any] | Canonical) -> list[EpisodeResult]:

@@ -13,6 +13,7 @@ import os
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from itertools import chain
 from pathlib import Path
 from typing import Any
 
@@ -254,7 +255,7 @@ class PartWriter:
         if not results:
             return
         index = self.next_index
-        log_bytes = "".join(line + "\n" for r in results for line in r.log_lines).encode("utf-8")
+        log_bytes = ("\n".join(chain.from_iterable(r.log_lines for r in results)) + "\n").encode("utf-8")
         table = output_rows(results, provenance)
         log_path, out_path = self.run.log_part(index), self.run.output_part(index)
         self.file_hashes[f"{LOG}/{log_path.name}"] = write_atomic(log_path, log_bytes)
