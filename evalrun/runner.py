@@ -154,13 +154,9 @@ def _complete(run: store.RunDir, prepared: Prepared, dispatcher: Dispatcher, wri
     )  # fmt: skip
     with progress:
         for outcome in dispatcher.map(batches, generator):
-            provenance = store.Provenance(
-                worker=outcome.worker, hardware=outcome.hardware,
-                batch_size=len(outcome.results), latency_s=outcome.latency_s,
-            )  # fmt: skip
-            writer.write(outcome.results, provenance)
-            failpoints.hit(f"after-part-{writer.next_index - 1}")
-            progress.advance(len(outcome.results), sum(len(r.completion.token_ids) for r in outcome.results))
+            if writer.write(outcome.part):
+                failpoints.hit(f"after-part-{writer.next_index - 1}")
+                progress.advance(outcome.episodes, outcome.part.output_tokens)
 
     planned = {e.episode_id for e in prepared.episodes}
     if set(writer.heads) != planned:

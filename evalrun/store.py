@@ -123,6 +123,29 @@ def output_rows(results: list[EpisodeResult], provenance: Provenance) -> pa.Tabl
     return pa.table(columns, schema=OUTPUT_SCHEMA)
 
 
+@dataclass(frozen=True)
+class EncodedPart:
+    """A batch's results as the bytes of its log part and output part.
+
+    Encoded where the results are (a worker), so the driver only commits bytes to disk and never
+    does per-episode work.
+    """
+
+    log: bytes
+    table: bytes
+    heads: tuple[tuple[str, str], ...]  # (episode_id, head)
+    output_tokens: int
+
+
+def encode_part(results: list[EpisodeResult], provenance: Provenance) -> EncodedPart:
+    return EncodedPart(
+        log=("\n".join(chain.from_iterable(r.log_lines for r in results)) + "\n").encode("utf-8"),
+        table=table_bytes(output_rows(results, provenance)),
+        heads=tuple((r.episode.episode_id, r.head) for r in results),
+        output_tokens=sum(len(r.completion.token_ids) for r in results),
+    )
+
+
 class RunDir:
     """Paths of one run directory; the names are the contract of DESIGN.md."""
 
@@ -150,7 +173,7 @@ class RunDir:
         parts = self.output_parts()
         if not parts:
             return OUTPUT_SCHEMA.empty_table() if columns is None else OUTPUT_SCHEMA.empty_table().select(columns)
-        return pa.concat_tables(pq.read_table(p, columns=columns, schema=OUTPUT_SCHEMA) for p in parts)
+        return pq.read_table([str(p) for p in parts], columns=columns, schema=OUTPUT_SCHEMA)
 
     def read_json(self, name: str) -> Any:
         return json.loads((self.path / name).read_text(encoding="utf-8"))
@@ -250,20 +273,21 @@ class PartWriter:
         writer.next_index = max(indices, default=-1) + 1
         return writer
 
-    def write(self, results: list[EpisodeResult], provenance: Provenance) -> None:
-        results = [r for r in results if r.episode.episode_id not in self.heads]  # never written twice
-        if not results:
-            return
+    def write(self, part: EncodedPart) -> bool:
+        """Commit one part: log part first, then output part. False for a batch already written."""
+        written = sum(episode in self.heads for episode, _ in part.heads)
+        if written == len(part.heads):
+            return False  # never written twice
+        if written:
+            raise RuntimeError(f"a batch overlaps {written} episodes that are already written")
         index = self.next_index
-        log_bytes = ("\n".join(chain.from_iterable(r.log_lines for r in results)) + "\n").encode("utf-8")
-        table = output_rows(results, provenance)
         log_path, out_path = self.run.log_part(index), self.run.output_part(index)
-        self.file_hashes[f"{LOG}/{log_path.name}"] = write_atomic(log_path, log_bytes)
-        self.file_hashes[f"{OUTPUTS}/{out_path.name}"] = write_atomic(out_path, table_bytes(table))
-        for r in results:
-            self.heads[r.episode.episode_id] = r.head
-            self.output_tokens += len(r.completion.token_ids)
+        self.file_hashes[f"{LOG}/{log_path.name}"] = write_atomic(log_path, part.log)
+        self.file_hashes[f"{OUTPUTS}/{out_path.name}"] = write_atomic(out_path, part.table)
+        self.heads.update(part.heads)
+        self.output_tokens += part.output_tokens
         self.next_index += 1
+        return True
 
 
 def write_json(path: Path, value: Any) -> str:

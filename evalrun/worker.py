@@ -14,8 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from evalrun.digest import canonical_json
-from evalrun.episode import EpisodeResult, run_episodes
+from evalrun.episode import run_episodes
 from evalrun.plan import Episode
+from evalrun.store import EncodedPart, Provenance, encode_part
 
 
 @dataclass(frozen=True)
@@ -45,10 +46,9 @@ class WorkerSpec:
 
 @dataclass(frozen=True)
 class BatchOutcome:
-    results: list[EpisodeResult]
+    part: EncodedPart
+    episodes: int
     worker: str
-    hardware: str
-    latency_s: float
 
 
 class EngineWorker:
@@ -75,7 +75,8 @@ class EngineWorker:
     def run(self, episodes: list[Episode], generator: dict[str, Any]) -> BatchOutcome:
         started = time.perf_counter()
         results = run_episodes(self.engine, episodes, generator)
-        return BatchOutcome(results, self.name, self.hardware, time.perf_counter() - started)
+        provenance = Provenance(self.name, self.hardware, len(results), time.perf_counter() - started)
+        return BatchOutcome(encode_part(results, provenance), len(results), self.name)
 
 
 def _build_engine(spec: WorkerSpec) -> Any:
@@ -85,4 +86,8 @@ def _build_engine(spec: WorkerSpec) -> Any:
         from evalrun.engines.vllm import VLLMEngine
 
         return VLLMEngine(Path(spec.model_path), spec.model_dtype, spec.engine)
+    if spec.engine["name"] == "hf":
+        from evalrun.engines.hf import HFEngine
+
+        return HFEngine(Path(spec.model_path), spec.model_dtype, spec.engine)
     raise ValueError(f"unknown engine {spec.engine['name']!r}")

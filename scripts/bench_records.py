@@ -71,7 +71,7 @@ def write_run(path: Path, episodes: list[Episode], completions: list[Completion]
     started = time.perf_counter()
     for lo in range(0, len(episodes), part_size):
         batch = zip(episodes[lo : lo + part_size], completions[lo : lo + part_size], strict=True)
-        writer.write([record_episode(e, c, generator) for e, c in batch], provenance)
+        writer.write(store.encode_part([record_episode(e, c, generator) for e, c in batch], provenance))
     write_s = time.perf_counter() - started
     scores = score_outputs(run.read_outputs(["episode_id", "task", "item_id", "seed", "repeat", "output", "target"]),
                            SCORER)  # fmt: skip
