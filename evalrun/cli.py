@@ -13,6 +13,13 @@
     evalrun attest RUN_DIR [--key PEM]   (re)write attestation.intoto.json, signed with --key
     evalrun resume RUN_DIR [cluster.KEY=VALUE ...]
                                          finish an interrupted run (keeps its complete parts)
+    evalrun compare RUN_A RUN_B [--json] [--interval clustered|bootstrap]
+                                         manifest diff, then paired B - A per task and overall
+    evalrun digest RUN_DIR [--json]      the six-field release-gate record
+    evalrun gate CANDIDATE BASELINE [--rule range|paired] [--factor F] [--metric M] [--json]
+                                         exit 1 (blocked) unless digests match and the margin is beaten
+    evalrun nondet RUN RUN [RUN ...] [--metric M] [--json]
+                                         TARr/TARa, divergence, accuracy spread over equal-digest runs
 
 The last line on stdout of ``run`` is the run directory (one line per job with -m). Exit codes:
 0 success, 1 a check failed, 2 bad input or usage (the message names the file, field or line).
@@ -185,6 +192,83 @@ COMMANDS.update(
     {"verify": _verify, "rescore": _rescore, "replay": _replay, "prove": _prove, "verify-proof": _verify_proof,
      "attest": _attest}
 )  # fmt: skip
+
+
+def _print_json(record: object) -> None:
+    from evalrun.digest import canonical_json
+
+    print(canonical_json(record))
+
+
+def _compare(args: list[str]) -> int:
+    from evalrun.compare import compare_paths, format_report
+
+    parser = _parser("compare", run_dir=False)
+    parser.add_argument("run_a", type=Path)
+    parser.add_argument("run_b", type=Path)
+    parser.add_argument("--json", action="store_true", help="the full report as canonical JSON")
+    parser.add_argument("--interval", choices=["clustered", "bootstrap"], default="clustered",
+                        help="paired interval shown in the table (JSON holds both)")  # fmt: skip
+    ns = parser.parse_args(args)
+    report = compare_paths(ns.run_a, ns.run_b)
+    if ns.json:
+        _print_json(report.as_record())
+    else:
+        print(format_report(report, ns.interval))
+    if report.warning:
+        print(f"evalrun compare: {report.warning}", file=sys.stderr)
+    return EXIT_OK
+
+
+def _digest(args: list[str]) -> int:
+    from evalrun.gate import digest_record, format_digest
+    from evalrun.runs import load_run
+
+    parser = _parser("digest")
+    parser.add_argument("--json", action="store_true")
+    ns = parser.parse_args(args)
+    record = digest_record(load_run(ns.run_dir))
+    _print_json(record) if ns.json else print(format_digest(record))
+    return EXIT_OK
+
+
+def _gate(args: list[str]) -> int:
+    from evalrun.gate import RULES, format_decision, gate_paths
+
+    parser = _parser("gate", run_dir=False)
+    parser.add_argument("candidate", type=Path)
+    parser.add_argument("baseline", type=Path)
+    parser.add_argument("--rule", choices=RULES, default="range", help="margin rule (default: range)")
+    parser.add_argument("--factor", type=float, default=2.0, help="range rule: margin = FACTOR x pooled range")
+    parser.add_argument("--interval", choices=["clustered", "bootstrap"], default="clustered",
+                        help="paired rule: which 95%% interval")  # fmt: skip
+    parser.add_argument("--metric", help="metric to gate on (default: the runs' only metric)")
+    parser.add_argument("--json", action="store_true")
+    ns = parser.parse_args(args)
+    if ns.factor <= 0:
+        raise BadInput("--factor", f"expected a number > 0, got {ns.factor}")
+    decision = gate_paths(ns.candidate, ns.baseline, rule=ns.rule, metric=ns.metric, factor=ns.factor,
+                          interval=ns.interval)  # fmt: skip
+    _print_json(decision.as_record()) if ns.json else print(format_decision(decision))
+    if not decision.passed:
+        raise CheckFailed(f"blocked: {decision.reason} [{decision.margin_rule}]")
+    return EXIT_OK
+
+
+def _nondet(args: list[str]) -> int:
+    from evalrun.nondet import format_report, nondet_paths
+
+    parser = _parser("nondet", run_dir=False)
+    parser.add_argument("runs", type=Path, nargs="+")
+    parser.add_argument("--metric", help="metric for TARa and accuracy (default: the runs' only metric)")
+    parser.add_argument("--json", action="store_true")
+    ns = parser.parse_args(args)
+    report = nondet_paths(ns.runs, ns.metric)
+    _print_json(report.as_record()) if ns.json else print(format_report(report))
+    return EXIT_OK
+
+
+COMMANDS.update({"compare": _compare, "digest": _digest, "gate": _gate, "nondet": _nondet})
 
 
 def main(argv: list[str] | None = None) -> int:

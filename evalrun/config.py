@@ -9,6 +9,7 @@ values and files and turns the result into an immutable :class:`EvalConfig`.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -55,6 +56,7 @@ class EngineSchema:
     gpu_memory_utilization: float = 0.85
     cpu_kvcache_gib: int = 1
     seed: int = 0
+    device: str | None = None  # engine=hf only: cpu | cuda | cuda:N (None: cuda where available, else cpu)
 
 
 @dataclass
@@ -149,7 +151,7 @@ if not OmegaConf.has_resolver("evalrun.root"):
 NORMALIZERS = ("strip", "lower", "collapse_whitespace", "strip_punctuation")
 SCORERS = ("exact_match", "regex", "number")
 CLUSTERS = ("local", "ray", "inline")
-ENGINES = ("vllm",)
+ENGINES = ("vllm", "hf")
 DTYPES = ("float32", "bfloat16", "float16", "auto")
 MAX_TEMPERATURE = 2.0  # vLLM's limit
 
@@ -215,6 +217,10 @@ def _check_values(cfg: dict[str, Any]) -> None:
     for key in ("max_num_seqs", "tensor_parallel_size", "cpu_kvcache_gib"):
         if eng[key] < 1:
             raise _fail(f"engine.{key}", "an integer >= 1", eng[key])
+    if eng["name"] == "hf" and (eng["tensor_parallel_size"] != 1 or eng["enable_prefix_caching"]):
+        raise BadInput("engine", "engine=hf supports tensor_parallel_size=1 and enable_prefix_caching=false only")
+    if eng["device"] is not None and (eng["name"] != "hf" or not re.fullmatch(r"cpu|cuda(:\d+)?", eng["device"])):
+        raise _fail("engine.device", "null, or cpu | cuda | cuda:N with engine=hf", eng["device"])
     if eng["dtype"] is not None and eng["dtype"] not in DTYPES:
         raise _fail("engine.dtype", f"one of {DTYPES} or null", eng["dtype"])
     if model["dtype"] not in DTYPES:
@@ -239,8 +245,6 @@ def _check_values(cfg: dict[str, Any]) -> None:
     if unknown:
         raise _fail("task.scorer.normalize", f"names from {NORMALIZERS}", unknown)
     if scorer["name"] == "regex":
-        import re
-
         if not scorer["pattern"]:
             raise BadInput("task.scorer.pattern", "the regex scorer needs a pattern")
         try:

@@ -54,3 +54,189 @@ def estimate(observations: Iterable[tuple[Hashable, Hashable, float]]) -> Estima
         trials_per_item=n / len(item_means),
         n_observations=n,
     )
+
+
+# --- paired statistics: two runs on the same items ------------------------------------------------
+
+BOOTSTRAP_RESAMPLES = 2000
+PERMUTATION_RESAMPLES = 10000
+
+
+def item_means(observations: Iterable[tuple[Hashable, Hashable, float]]) -> dict[Hashable, float]:
+    """``(item, trial, value)`` -> each item's mean over its trials (repeats averaged first)."""
+    by_item: dict[Hashable, list[float]] = defaultdict(list)
+    for item, _trial, value in observations:
+        by_item[item].append(value)
+    return {item: math.fsum(v) / len(v) for item, v in by_item.items()}
+
+
+def trial_means(observations: Iterable[tuple[Hashable, Hashable, float]]) -> dict[Hashable, float]:
+    """``(item, trial, value)`` -> each trial's (seed, repeat) mean over items."""
+    by_trial: dict[Hashable, list[float]] = defaultdict(list)
+    for _item, trial, value in observations:
+        by_trial[trial].append(value)
+    return {trial: math.fsum(v) / len(v) for trial, v in by_trial.items()}
+
+
+def _normal_ci(mean: float, se: float | None) -> tuple[float, float] | None:
+    return None if se is None else (mean - Z_95 * se, mean + Z_95 * se)
+
+
+def _se(values: list[float]) -> float | None:
+    return statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else None
+
+
+def bootstrap_ci(values: list[float], seed: int, resamples: int = BOOTSTRAP_RESAMPLES) -> tuple[float, float] | None:
+    """95% percentile interval of the mean, resampling ``values`` (one per item) with replacement.
+
+    ``seed`` comes from :func:`evalrun.seeds.derive_seed`; the interval depends on nothing else.
+    """
+    import numpy as np
+
+    if len(values) < 2:
+        return None
+    data = np.asarray(values, dtype=np.float64)
+    rng = np.random.default_rng(seed)
+    means = np.empty(resamples, dtype=np.float64)
+    block = max(1, 2_000_000 // len(data))
+    for start in range(0, resamples, block):
+        stop = min(resamples, start + block)
+        means[start:stop] = data[rng.integers(0, len(data), size=(stop - start, len(data)))].mean(axis=1)
+    low, high = np.quantile(means, [0.025, 0.975])
+    return float(low), float(high)
+
+
+@dataclass(frozen=True)
+class McNemar:
+    """Exact (binomial) and asymptotic (chi-square, continuity-corrected) McNemar test."""
+
+    a_only: int  # items right in A, wrong in B
+    b_only: int  # items wrong in A, right in B
+    p_exact: float
+    chi2: float | None
+    p_asymptotic: float | None
+
+
+def mcnemar(a_only: int, b_only: int) -> McNemar:
+    """Two-sided McNemar test on the discordant pairs; concordant pairs carry no information."""
+    from fractions import Fraction
+
+    n = a_only + b_only
+    if n == 0:
+        return McNemar(a_only, b_only, 1.0, None, None)
+    tail = sum(math.comb(n, k) for k in range(min(a_only, b_only) + 1))
+    p_exact = float(min(Fraction(1), Fraction(2 * tail, 2**n)))
+    chi2 = (abs(a_only - b_only) - 1) ** 2 / n if a_only != b_only else 0.0
+    return McNemar(a_only, b_only, p_exact, chi2, math.erfc(math.sqrt(chi2 / 2)))
+
+
+def sign_flip_test(diffs: list[float], seed: int, resamples: int = PERMUTATION_RESAMPLES) -> float:
+    """Two-sided paired permutation test: flip the sign of each item's difference at random.
+
+    p = (1 + #{|mean of flipped| >= |observed mean|}) / (1 + resamples); exact enumeration when
+    2**n <= resamples.
+    """
+    import numpy as np
+
+    n = len(diffs)
+    data = np.asarray(diffs, dtype=np.float64)
+    observed = abs(float(data.mean())) if n else 0.0
+    if n == 0 or not np.any(data):
+        return 1.0
+    tolerance = 1e-12 * max(1.0, observed)
+    if 2**n <= resamples:
+        signs = 1 - 2 * ((np.arange(2**n)[:, None] >> np.arange(n)) & 1)
+        extreme = np.abs((signs * data).mean(axis=1)) >= observed - tolerance
+        return float(extreme.mean())
+    rng = np.random.default_rng(seed)
+    count = 0
+    block = max(1, 2_000_000 // n)
+    for start in range(0, resamples, block):
+        size = min(resamples, start + block) - start
+        signs = rng.integers(0, 2, size=(size, n)) * 2 - 1
+        count += int(np.count_nonzero(np.abs((signs * data).mean(axis=1)) >= observed - tolerance))
+    return (1 + count) / (1 + resamples)
+
+
+@dataclass(frozen=True)
+class PairedTest:
+    name: str  # "mcnemar" (every per-item value is 0 or 1) or "permutation" (sign flip)
+    p_value: float
+    statistic: float | None  # McNemar chi2, or the paired t statistic
+    details: dict[str, float | int | None]
+
+
+@dataclass(frozen=True)
+class PairedEstimate:
+    """B - A over the items both runs have, repeats averaged within each item first."""
+
+    n_items: int
+    mean_a: float
+    mean_b: float
+    diff: float
+    se_paired: float | None
+    ci95_paired: tuple[float, float] | None
+    ci95_paired_bootstrap: tuple[float, float] | None
+    se_unpaired: float | None
+    ci95_unpaired: tuple[float, float] | None
+    correlation: float | None  # of the per-item means: pairing helps when it is positive
+    test: PairedTest
+    bootstrap_seed: str  # the 64-bit derived seed, as a decimal string (JSON numbers stop at 2**53)
+
+
+def _correlation(a: list[float], b: list[float]) -> float | None:
+    if len(a) < 2:
+        return None
+    sa, sb = statistics.pstdev(a), statistics.pstdev(b)
+    if sa == 0 or sb == 0:
+        return None
+    ma, mb = math.fsum(a) / len(a), math.fsum(b) / len(b)
+    return math.fsum((x - ma) * (y - mb) for x, y in zip(a, b, strict=True)) / (len(a) * sa * sb)
+
+
+def paired_test(a: list[float], b: list[float], seed: int) -> PairedTest:
+    """McNemar when every per-item value is 0 or 1, else a sign-flip permutation test on B - A."""
+    if all(v in (0.0, 1.0) for v in (*a, *b)):
+        m = mcnemar(
+            sum(1 for x, y in zip(a, b, strict=True) if x == 1.0 and y == 0.0),
+            sum(1 for x, y in zip(a, b, strict=True) if x == 0.0 and y == 1.0),
+        )
+        details = {"a_only": m.a_only, "b_only": m.b_only, "p_exact": m.p_exact, "p_asymptotic": m.p_asymptotic}
+        return PairedTest("mcnemar", m.p_exact, m.chi2, details)
+    diffs = [y - x for x, y in zip(a, b, strict=True)]
+    se = _se(diffs)
+    t = None if not se else (math.fsum(diffs) / len(diffs)) / se
+    p = sign_flip_test(diffs, seed)
+    return PairedTest("permutation", p, t, {"resamples": PERMUTATION_RESAMPLES, "t": t, "df": len(diffs) - 1})
+
+
+def paired(a: dict[Hashable, float], b: dict[Hashable, float], seed: int) -> PairedEstimate:
+    """Paired difference B - A of per-item means over the items both have.
+
+    Intervals: paired (1.96 x SE of the per-item differences), its item bootstrap (``seed``), and
+    the unpaired one (1.96 x sqrt(SE_A^2 + SE_B^2), as if the two runs had used different items).
+    """
+    common = sorted(set(a) & set(b), key=repr)
+    if not common:
+        raise ValueError("the two runs have no item in common")
+    xa, xb = [a[k] for k in common], [b[k] for k in common]
+    diffs = [y - x for x, y in zip(xa, xb, strict=True)]
+    mean_a, mean_b = math.fsum(xa) / len(xa), math.fsum(xb) / len(xb)
+    diff = math.fsum(diffs) / len(diffs)
+    se_p = _se(diffs)
+    se_a, se_b = _se(xa), _se(xb)
+    se_u = None if se_a is None or se_b is None else math.sqrt(se_a**2 + se_b**2)
+    return PairedEstimate(
+        n_items=len(common),
+        mean_a=mean_a,
+        mean_b=mean_b,
+        diff=diff,
+        se_paired=se_p,
+        ci95_paired=_normal_ci(diff, se_p),
+        ci95_paired_bootstrap=bootstrap_ci(diffs, seed),
+        se_unpaired=se_u,
+        ci95_unpaired=_normal_ci(diff, se_u),
+        correlation=_correlation(xa, xb),
+        test=paired_test(xa, xb, seed),
+        bootstrap_seed=str(seed),
+    )

@@ -1,0 +1,195 @@
+"""``evalrun compare RUN_A RUN_B``: what changed between two runs, then B - A per item.
+
+First the manifest diff: every recorded field that differs, grouped into the things a user
+changes (model, prompt pack, seed set, scorer, dataset, engine, determinism, hardware, software),
+with a loud warning when more than one thing changed. Then, per task and overall, the paired
+difference of per-item means (repeats averaged within an item first) with its interval and a
+paired test, and the unpaired interval beside it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from evalrun.runs import OVERALL, Run, load_run
+from evalrun.seeds import derive_seed
+from evalrun.stats import PairedEstimate, item_means, paired
+
+COMPARE_FORMAT = "evalrun.compare/1"
+
+# Manifest field prefix -> the thing it belongs to. The first matching prefix wins; fields
+# matching none of these (paths, worker names, start time, the identity copy) are not compared.
+CATEGORIES: tuple[tuple[str, str], ...] = (
+    ("model.path", ""),
+    ("model.", "model"),
+    ("digest.digest", ""),
+    ("digest.prompt_pack", "prompt pack"),
+    ("task.template.sha256", "prompt pack"),
+    ("decoding.", "prompt pack"),
+    ("digest.seed_set", "seed set"),
+    ("seeds.", "seed set"),
+    ("digest.scoring", "scorer"),
+    ("task.scorer.", "scorer"),
+    ("task.dataset.sha256", "dataset"),
+    ("task.dataset.items", "dataset"),
+    ("task.name", "dataset"),
+    ("limit", "dataset"),
+    ("episodes", "dataset"),
+    ("engine.", "engine"),
+    ("determinism.", "determinism"),
+    ("hardware.", "hardware"),
+    ("libraries.", "software"),
+    ("python", "software"),
+    ("generator.", "software"),
+    ("git.", "software"),
+    ("cluster.batch_size", "dispatch"),
+)
+# Dispatch settings are listed but do not count as a change: results must not depend on them.
+NOT_COUNTED = ("dispatch",)
+
+
+@dataclass(frozen=True)
+class FieldDiff:
+    category: str
+    field: str
+    a: Any
+    b: Any
+
+
+def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(value, dict):
+        flat: dict[str, Any] = {}
+        for key, sub in value.items():
+            flat.update(_flatten(sub, f"{prefix}{key}."))
+        return flat or {prefix.rstrip("."): {}}
+    if isinstance(value, list) and any(isinstance(v, dict) for v in value):
+        flat = {}
+        for index, sub in enumerate(value):
+            flat.update(_flatten(sub, f"{prefix}{index}."))
+        return flat
+    return {prefix.rstrip("."): value}
+
+
+def _category(field: str) -> str:
+    for prefix, category in CATEGORIES:
+        if field == prefix.rstrip(".") or field.startswith(prefix):
+            return category
+    return ""
+
+
+def manifest_diff(a: dict[str, Any], b: dict[str, Any]) -> tuple[FieldDiff, ...]:
+    """Every compared manifest field whose value differs (a missing field reads as None)."""
+    fa, fb = _flatten(a), _flatten(b)
+    diffs = []
+    for field in sorted(set(fa) | set(fb)):
+        category = _category(field)
+        if category and fa.get(field) != fb.get(field):
+            diffs.append(FieldDiff(category, field, fa.get(field), fb.get(field)))
+    return tuple(diffs)
+
+
+def changed_things(diffs: tuple[FieldDiff, ...]) -> list[str]:
+    return sorted({d.category for d in diffs if d.category not in NOT_COUNTED})
+
+
+@dataclass(frozen=True)
+class CompareRow:
+    task: str
+    metric: str
+    items_only_a: int
+    items_only_b: int
+    estimate: PairedEstimate
+
+
+@dataclass(frozen=True)
+class CompareReport:
+    run_a: str
+    run_b: str
+    diffs: tuple[FieldDiff, ...]
+    changed: tuple[str, ...]
+    warning: str | None
+    rows: tuple[CompareRow, ...]
+
+    def as_record(self) -> dict[str, Any]:
+        record = asdict(self)
+        record["format"] = COMPARE_FORMAT
+        record["direction"] = "B - A"
+        record["method"] = (
+            "per-item means (repeats averaged within an item first) over the items both runs have; "
+            "paired 95% CI = diff +/- 1.96 x SE of per-item differences, and its item bootstrap "
+            "(percentile, seeded); unpaired = diff +/- 1.96 x sqrt(SE_A^2 + SE_B^2); test: McNemar "
+            "(exact) when every per-item value is 0/1, else a sign-flip permutation test"
+        )
+        return record
+
+
+def warning_for(changed: list[str]) -> str | None:
+    if len(changed) <= 1:
+        return None
+    return (
+        f"WARNING: {len(changed)} things changed between the runs ({', '.join(changed)}); a difference "
+        "below cannot be attributed to any one of them. Compare only when manifests differ in one field."
+    )
+
+
+def compare_runs(a: Run, b: Run) -> CompareReport:
+    diffs = manifest_diff(a.manifest, b.manifest)
+    changed = changed_things(diffs)
+    obs_a, obs_b = a.observations(), b.observations()
+    rows = []
+    for task, metric in sorted(set(obs_a) & set(obs_b), key=lambda k: (k[0] == OVERALL, k)):
+        ma, mb = item_means(obs_a[(task, metric)]), item_means(obs_b[(task, metric)])
+        if not set(ma) & set(mb):
+            continue
+        seed = derive_seed(a.master_seed, "bootstrap", task, metric)
+        rows.append(CompareRow(task, metric, len(set(ma) - set(mb)), len(set(mb) - set(ma)), paired(ma, mb, seed)))
+    return CompareReport(str(a.path), str(b.path), diffs, tuple(changed), warning_for(changed), tuple(rows))
+
+
+def compare_paths(path_a: Path, path_b: Path) -> CompareReport:
+    return compare_runs(load_run(path_a), load_run(path_b))
+
+
+def _short(value: Any, width: int = 40) -> str:
+    text = "-" if value is None else str(value)
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def _ci(ci: tuple[float, float] | None) -> str:
+    return "-" if ci is None else f"[{ci[0]:+.4f}, {ci[1]:+.4f}]"
+
+
+def format_diff(diffs: tuple[FieldDiff, ...], changed: tuple[str, ...] | list[str], warning: str | None) -> list[str]:
+    lines = [f"manifest diff (A -> B): {len(diffs)} fields differ; things changed: {', '.join(changed) or 'none'}"]
+    for d in diffs:
+        lines.append(f"  {d.category:<12} {d.field:<44} {_short(d.a)} -> {_short(d.b)}")
+    if warning:
+        bar = "!" * 100
+        lines += [bar, f"!!! {warning}", bar]
+    return lines
+
+
+def format_report(report: CompareReport, interval: str = "clustered") -> str:
+    lines = [f"A: {report.run_a}", f"B: {report.run_b}", *format_diff(report.diffs, report.changed, report.warning)]
+    paired_label = "paired 95% CI (bootstrap)" if interval == "bootstrap" else "paired 95% CI"
+    lines.append(
+        f"{'task':<16} {'metric':<14} {'items':>5} {'A':>7} {'B':>7} {'B-A':>8} {paired_label:>26} "
+        f"{'unpaired 95% CI':>22} {'width':>6} {'test':<11} {'p':>8}"
+    )
+    for row in report.rows:
+        e = row.estimate
+        ci_p = e.ci95_paired_bootstrap if interval == "bootstrap" else e.ci95_paired
+        ratio = "-"
+        if ci_p is not None and e.ci95_unpaired is not None and e.ci95_unpaired[1] > e.ci95_unpaired[0]:
+            ratio = f"{(ci_p[1] - ci_p[0]) / (e.ci95_unpaired[1] - e.ci95_unpaired[0]):.2f}"
+        lines.append(
+            f"{row.task:<16} {row.metric:<14} {e.n_items:>5} {e.mean_a:>7.4f} {e.mean_b:>7.4f} {e.diff:>+8.4f} "
+            f"{_ci(ci_p):>26} {_ci(e.ci95_unpaired):>22} {ratio:>6} {e.test.name:<11} {e.test.p_value:>8.4g}"
+        )
+        if row.items_only_a or row.items_only_b:
+            only = f"{row.items_only_a} items only in A, {row.items_only_b} only in B"
+            lines.append(f"  ({only}: left out of the pairing)")
+    lines.append("width = paired / unpaired interval width (below 1: pairing narrows the interval)")
+    return "\n".join(lines)

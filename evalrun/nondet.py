@@ -1,0 +1,314 @@
+"""``evalrun nondet RUN RUN ...``: measured nondeterminism over runs with equal digests.
+
+The runs asked the model the same questions with the same seeds (equal digests, matched by
+episode id), so any difference between their outputs comes from what differs between them:
+batch size, engine, dtype, hardware, determinism flags. Definitions (after Atil et al., "LLM
+Stability: A detailed analysis with some surprises", 2024), over N runs:
+
+- TARr@N: share of items whose N raw outputs are all identical (every episode of the item);
+- TARa@N: the same on parsed answers (the scorer's ``extracted`` value);
+- distinct completions: the number of different raw outputs an episode got over the N runs;
+- first divergent token: the first position where the N token sequences are not all equal;
+- max |logprob difference| before divergence: over positions where all N chose the same token;
+- accuracy per run (mean of per-item means); best/worst = max/min over runs, spread = best - worst;
+  best/worst possible: an episode counts its best (any run right) / worst (all runs right) value.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import Counter, defaultdict
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from evalrun.compare import manifest_diff
+from evalrun.errors import BadInput
+from evalrun.runs import Run, load_run, pick_metric
+
+NONDET_FORMAT = "evalrun.nondet/1"
+SETTING_CATEGORIES = ("engine", "determinism", "hardware", "software", "dispatch")
+OUTPUT_COLUMNS = ["episode_id", "task", "item_id", "output", "token_ids", "token_logprobs", "batch_size"]
+
+
+@dataclass(frozen=True)
+class EpisodeOutputs:
+    """One episode as recorded by each of the N runs."""
+
+    task: str
+    item_id: str
+    outputs: tuple[str, ...]
+    answers: tuple[str | None, ...]
+    values: tuple[float, ...]
+    token_ids: tuple[tuple[int, ...], ...]
+    logprobs: tuple[tuple[float | None, ...], ...]
+
+
+@dataclass(frozen=True)
+class EpisodeNondet:
+    identical_raw: bool
+    identical_answer: bool
+    distinct: int
+    first_divergence: int | None  # None: all N token sequences equal
+    max_abs_logprob_diff: float | None  # None: no position with a logprob from every run
+
+
+@dataclass(frozen=True)
+class ItemNondet:
+    task: str
+    item_id: str
+    episodes: int
+    identical_raw: bool
+    identical_answer: bool
+    distinct: int  # most distinct completions of any of its episodes
+    first_divergence: int | None
+    max_abs_logprob_diff: float | None
+
+
+@dataclass(frozen=True)
+class SettingDiff:
+    category: str
+    field: str
+    values: tuple[Any, ...]  # one per run, in run order
+
+
+@dataclass(frozen=True)
+class NondetReport:
+    runs: tuple[str, ...]
+    metric: str
+    n_runs: int
+    items: int
+    episodes: int
+    unmatched_episodes: int  # in some runs but not all: left out
+    tarr: float
+    tara: float
+    distinct_mean: float
+    distinct_max: int
+    distinct_histogram: dict[str, int]  # distinct completions -> episodes
+    diverged_episodes: int
+    first_divergence_min: int | None
+    first_divergence_median: float | None
+    max_abs_logprob_diff: float | None
+    median_max_abs_logprob_diff: float | None
+    accuracy: tuple[float, ...]  # per run
+    accuracy_best: float
+    accuracy_worst: float
+    accuracy_spread: float
+    accuracy_best_possible: float
+    accuracy_worst_possible: float
+    batch_sizes: tuple[tuple[int, ...], ...]  # per run: the dispatch batch sizes its rows came in
+    settings: tuple[SettingDiff, ...]
+    per_item: tuple[ItemNondet, ...]
+
+    def as_record(self) -> dict[str, Any]:
+        return {"format": NONDET_FORMAT, **asdict(self)}
+
+
+def episode_nondet(e: EpisodeOutputs) -> EpisodeNondet:
+    seqs = e.token_ids
+    shortest = min(len(s) for s in seqs)
+    first = next((j for j in range(shortest) if len({s[j] for s in seqs}) > 1), None)
+    if first is None and len({len(s) for s in seqs}) > 1:
+        first = shortest
+    agree = shortest if first is None else first
+    worst: float | None = None
+    for j in range(agree):
+        column = [lp[j] for lp in e.logprobs if j < len(lp)]
+        if len(column) == len(e.logprobs) and all(v is not None for v in column):
+            finite = [float(v) for v in column if v is not None]
+            gap = max(finite) - min(finite)
+            worst = gap if worst is None else max(worst, gap)
+    return EpisodeNondet(
+        identical_raw=len(set(e.outputs)) == 1,
+        identical_answer=len(set(e.answers)) == 1,
+        distinct=len(set(e.outputs)),
+        first_divergence=first,
+        max_abs_logprob_diff=worst,
+    )
+
+
+def _max_optional(values: list[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return max(present) if present else None
+
+
+def _min_optional(values: list[int | None]) -> int | None:
+    present = [v for v in values if v is not None]
+    return min(present) if present else None
+
+
+def _item_mean_accuracy(episodes: list[EpisodeOutputs], pick: Any) -> float:
+    by_item: dict[tuple[str, str], list[float]] = defaultdict(list)
+    for e in episodes:
+        by_item[(e.task, e.item_id)].append(pick(e.values))
+    return math.fsum(math.fsum(v) / len(v) for v in by_item.values()) / len(by_item)
+
+
+def analyse(
+    episodes: list[EpisodeOutputs], runs: tuple[str, ...], metric: str, unmatched: int = 0,
+    settings: tuple[SettingDiff, ...] = (), batch_sizes: tuple[tuple[int, ...], ...] = (),
+) -> NondetReport:  # fmt: skip
+    """The report over episodes matched across N runs (pure: no files)."""
+    if not episodes:
+        raise ValueError("no episode is in every run")
+    n = len(runs)
+    per_episode = [(e, episode_nondet(e)) for e in episodes]
+    by_item: dict[tuple[str, str], list[EpisodeNondet]] = defaultdict(list)
+    for e, nd in per_episode:
+        by_item[(e.task, e.item_id)].append(nd)
+    items = tuple(
+        ItemNondet(
+            task=task,
+            item_id=item,
+            episodes=len(nds),
+            identical_raw=all(nd.identical_raw for nd in nds),
+            identical_answer=all(nd.identical_answer for nd in nds),
+            distinct=max(nd.distinct for nd in nds),
+            first_divergence=_min_optional([nd.first_divergence for nd in nds]),
+            max_abs_logprob_diff=_max_optional([nd.max_abs_logprob_diff for nd in nds]),
+        )
+        for (task, item), nds in sorted(by_item.items())
+    )
+    nds = [nd for _, nd in per_episode]
+    divergences = [nd.first_divergence for nd in nds if nd.first_divergence is not None]
+    gaps = [nd.max_abs_logprob_diff for nd in nds if nd.max_abs_logprob_diff is not None]
+    accuracy = tuple(_item_mean_accuracy(episodes, lambda v, k=k: v[k]) for k in range(n))
+    return NondetReport(
+        runs=runs,
+        metric=metric,
+        n_runs=n,
+        items=len(items),
+        episodes=len(episodes),
+        unmatched_episodes=unmatched,
+        tarr=sum(i.identical_raw for i in items) / len(items),
+        tara=sum(i.identical_answer for i in items) / len(items),
+        distinct_mean=math.fsum(nd.distinct for nd in nds) / len(nds),
+        distinct_max=max(nd.distinct for nd in nds),
+        distinct_histogram={str(k): v for k, v in sorted(Counter(nd.distinct for nd in nds).items())},
+        diverged_episodes=len(divergences),
+        first_divergence_min=min(divergences) if divergences else None,
+        first_divergence_median=float(statistics.median(divergences)) if divergences else None,
+        max_abs_logprob_diff=max(gaps) if gaps else None,
+        median_max_abs_logprob_diff=float(statistics.median(gaps)) if gaps else None,
+        accuracy=accuracy,
+        accuracy_best=max(accuracy),
+        accuracy_worst=min(accuracy),
+        accuracy_spread=max(accuracy) - min(accuracy),
+        accuracy_best_possible=_item_mean_accuracy(episodes, max),
+        accuracy_worst_possible=_item_mean_accuracy(episodes, min),
+        batch_sizes=batch_sizes,
+        settings=settings,
+        per_item=items,
+    )
+
+
+def setting_diffs(runs: list[Run]) -> tuple[SettingDiff, ...]:
+    """Recorded settings (engine, determinism, hardware, software, dispatch) that differ between runs."""
+    fields: dict[str, str] = {}
+    for other in runs[1:]:
+        for d in manifest_diff(runs[0].manifest, other.manifest):
+            if d.category in SETTING_CATEGORIES:
+                fields[d.field] = d.category
+    diffs = []
+    for field, category in sorted(fields.items(), key=lambda kv: (SETTING_CATEGORIES.index(kv[1]), kv[0])):
+        values = []
+        for run in runs:
+            value: Any = run.manifest
+            for part in field.split("."):
+                if isinstance(value, list) and part.isdigit() and int(part) < len(value):
+                    value = value[int(part)]
+                else:
+                    value = value.get(part) if isinstance(value, dict) else None
+            values.append(value)
+        diffs.append(SettingDiff(category, field, tuple(values)))
+    return tuple(diffs)
+
+
+def _check_digests(runs: list[Run]) -> None:
+    first = runs[0].digest["digest"]
+    for run in runs[1:]:
+        if run.digest["digest"] != first:
+            parts = [p for p in ("prompt_pack", "seed_set", "scoring") if run.digest[p] != runs[0].digest[p]]
+            raise BadInput(
+                str(run.path),
+                f"digest {run.digest['digest'][:12]} differs from {runs[0].path}'s {first[:12]} "
+                f"({', '.join(parts)}): nondet compares runs of the same prompts, seeds and scorer only",
+            )
+
+
+def nondet_runs(runs: list[Run], metric: str | None = None) -> NondetReport:
+    if len(runs) < 2:
+        raise BadInput("RUN", "nondet needs two or more runs")
+    _check_digests(runs)
+    metric = pick_metric(runs, metric)
+    tables = []
+    for run in runs:
+        out = run.read_outputs(OUTPUT_COLUMNS).to_pydict()
+        scores = run.scores.filter([m == metric for m in run.scores.column("metric").to_pylist()])
+        score_by = dict(zip(scores.column("episode_id").to_pylist(),
+                            zip(scores.column("value").to_pylist(), scores.column("extracted").to_pylist(),
+                                strict=True), strict=True))  # fmt: skip
+        rows = {}
+        for i, eid in enumerate(out["episode_id"]):
+            rows[eid] = (out["task"][i], out["item_id"][i], out["output"][i], tuple(out["token_ids"][i]),
+                         tuple(out["token_logprobs"][i]), score_by[eid])  # fmt: skip
+        tables.append((rows, tuple(sorted(set(out["batch_size"])))))
+    common = set.intersection(*(set(rows) for rows, _ in tables))
+    everywhere = set.union(*(set(rows) for rows, _ in tables))
+    episodes = []
+    for eid in sorted(common):
+        recs = [rows[eid] for rows, _ in tables]
+        episodes.append(EpisodeOutputs(
+            task=recs[0][0], item_id=recs[0][1],
+            outputs=tuple(r[2] for r in recs), answers=tuple(r[5][1] for r in recs),
+            values=tuple(r[5][0] for r in recs), token_ids=tuple(r[3] for r in recs),
+            logprobs=tuple(r[4] for r in recs),
+        ))  # fmt: skip
+    return analyse(
+        episodes, tuple(str(r.path) for r in runs), metric, unmatched=len(everywhere - common),
+        settings=setting_diffs(runs), batch_sizes=tuple(b for _, b in tables),
+    )  # fmt: skip
+
+
+def nondet_paths(paths: list[Path], metric: str | None = None) -> NondetReport:
+    return nondet_runs([load_run(p) for p in paths], metric)
+
+
+def _fmt(value: float | None, spec: str = ".4f") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def format_report(r: NondetReport, max_items: int = 10) -> str:
+    lines = [f"nondet over {r.n_runs} runs with equal digests; metric {r.metric}; {r.items} items, "
+             f"{r.episodes} episodes matched ({r.unmatched_episodes} unmatched, left out)"]  # fmt: skip
+    lines.append(f"{'#':<3} {'run':<48} {'accuracy':>9}  dispatch batch sizes")
+    for k, run in enumerate(r.runs):
+        sizes = ",".join(map(str, r.batch_sizes[k])) if r.batch_sizes else "-"
+        lines.append(f"{k:<3} {Path(run).name:<48} {r.accuracy[k]:>9.4f}  {sizes}")
+    lines.append("settings that differ between the runs:" if r.settings else "settings that differ: none recorded")
+    for s in r.settings:
+        values = " | ".join(str(v) if len(str(v)) <= 30 else str(v)[:27] + "..." for v in s.values)
+        lines.append(f"  {s.category:<12} {s.field:<40} {values}")
+    n = r.n_runs
+    lines += [
+        f"TARr@{n} (raw outputs identical)       {r.tarr:.4f}",
+        f"TARa@{n} (parsed answers identical)    {r.tara:.4f}",
+        f"distinct completions per episode   mean {r.distinct_mean:.3f}, max {r.distinct_max}, "
+        f"histogram {r.distinct_histogram}",
+        f"episodes with a divergent token    {r.diverged_episodes}; first position "
+        f"min {_fmt(r.first_divergence_min, 'd')}, median {_fmt(r.first_divergence_median, '.1f')}",
+        f"max |logprob diff| before divergence  {_fmt(r.max_abs_logprob_diff, '.3e')} "
+        f"(median over episodes {_fmt(r.median_max_abs_logprob_diff, '.3e')})",
+        f"accuracy best {r.accuracy_best:.4f}, worst {r.accuracy_worst:.4f}, spread {r.accuracy_spread:.4f}; "
+        f"best possible {r.accuracy_best_possible:.4f}, worst possible {r.accuracy_worst_possible:.4f}",
+    ]
+    unstable = [i for i in r.per_item if not i.identical_raw]
+    if unstable:
+        lines.append(f"items whose outputs differ (first {min(max_items, len(unstable))} of {len(unstable)}):")
+        header = f"{'task':<14} {'item':<12} {'distinct':>8} {'first div':>9} {'max |dlp|':>10} {'answers same':>12}"
+        lines.append(f"  {header}")
+        for i in unstable[:max_items]:
+            lines.append(f"  {i.task:<14} {i.item_id:<12} {i.distinct:>8} {_fmt(i.first_divergence, 'd'):>9} "
+                         f"{_fmt(i.max_abs_logprob_diff, '.2e'):>10} {i.identical_answer!s:>12}")  # fmt: skip
+    return "\n".join(lines)

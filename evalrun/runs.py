@@ -1,0 +1,84 @@
+"""Finished run directories as read by compare, gate and nondet (read only; never an engine).
+
+A run is its manifest plus scores.parquet; observations are ``(item, trial, value)`` triples with
+``item = (task, item_id)`` and ``trial = (seed, repeat)``, the shape :mod:`evalrun.stats` takes.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from evalrun import store
+from evalrun.digest import canonical_hash
+from evalrun.errors import BadInput
+from evalrun.verify import open_run
+
+Observation = tuple[tuple[str, str], tuple[int, int], float]
+OVERALL = "(overall)"
+
+
+@dataclass(frozen=True)
+class Run:
+    path: Path
+    manifest: dict[str, Any]
+    scores: pa.Table
+
+    @property
+    def digest(self) -> dict[str, str]:
+        return self.manifest["digest"]
+
+    @property
+    def master_seed(self) -> int:
+        return int(self.manifest["seeds"]["master"])
+
+    @property
+    def metrics(self) -> list[str]:
+        return sorted(set(self.scores.column("metric").to_pylist()))
+
+    def observations(self) -> dict[tuple[str, str], list[Observation]]:
+        """``(task, metric)`` -> observations, plus ``(OVERALL, metric)`` over every task."""
+        cols = self.scores.select(["task", "item_id", "seed", "repeat", "metric", "value"]).to_pydict()
+        grouped: dict[tuple[str, str], list[Observation]] = defaultdict(list)
+        for task, item, seed, repeat, metric, value in zip(*cols.values(), strict=True):
+            obs = ((task, item), (seed, repeat), value)
+            grouped[(task, metric)].append(obs)
+            grouped[(OVERALL, metric)].append(obs)
+        return dict(grouped)
+
+    def read_outputs(self, columns: list[str]) -> pa.Table:
+        return store.RunDir(self.path).read_outputs(columns)
+
+
+def load_run(path: Path) -> Run:
+    """A finished run: manifest.json, record.json and scores.parquet must exist (else exit 2)."""
+    run = open_run(path)
+    for required in (run.manifest, run.record, run.scores):
+        if not required.is_file():
+            raise BadInput(str(required), "missing: compare, gate and nondet read finished runs only")
+    manifest = run.read_json(store.MANIFEST)
+    if not isinstance(manifest, dict) or "digest" not in manifest or "identity" not in manifest:
+        raise BadInput(str(run.manifest), "expected an evalrun manifest with 'digest' and 'identity'")
+    return Run(path=path, manifest=manifest, scores=pq.read_table(run.scores))
+
+
+def model_hash(manifest: dict[str, Any]) -> str:
+    """The model checkpoint hash: sha256 of the canonical JSON of {file name: sha256}."""
+    return canonical_hash(manifest["identity"]["model"]["files"])
+
+
+def pick_metric(runs: list[Run], metric: str | None) -> str:
+    """``metric`` if every run has it; else the one metric all runs share (exit 2 when ambiguous)."""
+    shared = sorted(set.intersection(*(set(r.metrics) for r in runs)))
+    if metric is not None:
+        if metric not in shared:
+            raise BadInput("--metric", f"expected one of the runs' shared metrics {shared}, got {metric!r}")
+        return metric
+    if len(shared) != 1:
+        raise BadInput("--metric", f"expected --metric, one of {shared}")
+    return shared[0]
