@@ -12,6 +12,11 @@ def leaf(episode_id: str, head: str) -> bytes:
     return f"{episode_id}:{head}".encode()
 
 
+def leaf_hash(episode_id: str, head: str) -> bytes:
+    """RFC 6962 leaf hash of one episode, for callers that hash leaves in parallel."""
+    return _leaf_hash(leaf(episode_id, head))
+
+
 def _leaf_hash(data: bytes) -> bytes:
     return hashlib.sha256(b"\x00" + data).digest()
 
@@ -27,9 +32,11 @@ def _tree_hash(hashes: Sequence[bytes]) -> bytes:
     return _node_hash(_tree_hash(hashes[:split]), _tree_hash(hashes[split:]))
 
 
+def root_of_leaf_hashes(leaf_hashes: Sequence[bytes]) -> str:
+    """Root over leaf hashes already in episode-id order."""
+    return _tree_hash(leaf_hashes).hex() if leaf_hashes else EMPTY_ROOT
+
+
 def merkle_root(heads: Iterable[tuple[str, str]]) -> str:
     """Root over ``(episode_id, head)`` pairs, sorted by episode id; order of arrival is irrelevant."""
-    leaves = [_leaf_hash(leaf(eid, head)) for eid, head in sorted(heads)]
-    if not leaves:
-        return EMPTY_ROOT
-    return _tree_hash(leaves).hex()
+    return root_of_leaf_hashes([leaf_hash(eid, head) for eid, head in sorted(heads)])

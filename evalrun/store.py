@@ -96,31 +96,36 @@ class Provenance:
 
 
 def output_rows(results: list[EpisodeResult], provenance: Provenance) -> pa.Table:
-    columns: dict[str, list[Any]] = {name: [] for name in OUTPUT_SCHEMA.names}
-    for r in results:
-        e, c = r.episode, r.completion
-        columns["episode_id"].append(e.episode_id)
-        columns["task"].append(e.task)
-        columns["item_id"].append(e.item_id)
-        columns["seed"].append(e.seed)
-        columns["repeat"].append(e.repeat)
-        columns["seeds"].append({"sampling": e.sampling.seed})
-        columns["prompt"].append(e.prompt)
-        columns["prompt_sha256"].append(e.prompt_sha256)
-        columns["target"].append(e.target)
-        columns["output"].append(c.text)
-        columns["token_ids"].append(list(c.token_ids))
-        columns["token_logprobs"].append(list(c.logprobs))
-        columns["finish_reason"].append(c.finish_reason)
-        columns["prompt_tokens"].append(c.prompt_tokens)
-        columns["output_tokens"].append(len(c.token_ids))
-        columns["head"].append(r.head)
+    episodes = [r.episode for r in results]
+    completions = [r.completion for r in results]
     n = len(results)
-    columns["worker"] = [provenance.worker] * n
-    columns["hardware"] = [provenance.hardware] * n
-    columns["batch_size"] = [provenance.batch_size] * n
-    columns["latency_s"] = [provenance.latency_s] * n
+    seeds = pa.array([e.sampling.seed for e in episodes], _SAMPLING_SEED.type)
+    columns: dict[str, Any] = {
+        "episode_id": [e.episode_id for e in episodes],
+        "task": [e.task for e in episodes],
+        "item_id": [e.item_id for e in episodes],
+        "seed": [e.seed for e in episodes],
+        "repeat": [e.repeat for e in episodes],
+        "seeds": pa.StructArray.from_arrays([seeds], fields=[_SAMPLING_SEED]),
+        "prompt": [e.prompt for e in episodes],
+        "prompt_sha256": [e.prompt_sha256 for e in episodes],
+        "target": [e.target for e in episodes],
+        "output": [c.text for c in completions],
+        "token_ids": [list(c.token_ids) for c in completions],
+        "token_logprobs": [list(c.logprobs) for c in completions],
+        "finish_reason": [c.finish_reason for c in completions],
+        "prompt_tokens": [c.prompt_tokens for c in completions],
+        "output_tokens": [len(c.token_ids) for c in completions],
+        "head": [r.head for r in results],
+        "worker": [provenance.worker] * n,
+        "hardware": [provenance.hardware] * n,
+        "batch_size": [provenance.batch_size] * n,
+        "latency_s": [provenance.latency_s] * n,
+    }
     return pa.table(columns, schema=OUTPUT_SCHEMA)
+
+
+_SAMPLING_SEED = OUTPUT_SCHEMA.field("seeds").type.field("sampling")
 
 
 @dataclass(frozen=True)

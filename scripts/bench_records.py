@@ -1,10 +1,19 @@
 """Throughput of the record path: write (chains + output parts), verify and rescore a large run.
 
-A synthetic run of single-call episodes goes through the real code: ``evalrun.episode.record_episode``
-builds each chain, ``evalrun.store.PartWriter`` writes the log and Parquet parts, then scores,
-summary and record.json are written as ``evalrun.runner`` writes them. The engine is the only
-thing left out (completions are generated here, before the clock starts). Then ``evalrun verify``
-and ``evalrun rescore`` run on that directory, each timed.
+A synthetic run of single-call episodes goes through the real code. The engine is the only thing
+left out: completions are generated here, before any clock starts, and stand for what an engine
+returns inside its worker.
+
+* write: as in a real run, the per-episode work (``evalrun.episode.record_episode`` and
+  ``evalrun.store.encode_part``: chain lines, log bytes, Parquet bytes) runs in a pool of worker
+  processes, one per core like engine workers; the driver sends each worker its batch of episodes
+  and only commits the returned ``EncodedPart`` bytes with ``store.PartWriter.write``. Timed end to
+  end: first batch sent to last part on disk. The single-process figure (everything in one
+  process) is measured too, on a second run directory, and printed beside it; both directories
+  must come out byte-identical. Then scores, summary and record.json are written as
+  ``evalrun.runner`` writes them (not timed).
+* verify: ``evalrun verify`` on that directory with ``--jobs 1`` and with ``--jobs N``.
+* rescore: ``evalrun rescore`` with the unchanged scorer (must be bit-identical).
 
     .venv/bin/python scripts/bench_records.py [--episodes 1000000] [--part-size 10000] [--jobs N]
 
@@ -15,14 +24,18 @@ Targets (issue 4): write >= 50,000 episodes/s, verify >= 200,000 log entries/s, 
 from __future__ import annotations
 
 import argparse
+import multiprocessing
+import os
 import random
 import tempfile
 import time
+from collections import deque
+from concurrent.futures import Future, ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from evalrun import store
-from evalrun.digest import canonical_json
+from evalrun.digest import Canonical, canonical_json
 from evalrun.engines import Completion, SamplingSpec
 from evalrun.episode import encode_generator, record_episode
 from evalrun.manifest import Digest, seed_set_hash
@@ -37,6 +50,7 @@ DECODING = {"name": "greedy", "temperature": 0.0, "top_p": 1.0, "top_k": 0, "max
             "logprobs": True}  # fmt: skip
 SEEDS = {"master": 1234, "set": [0], "repeats": 1}
 TEMPLATE_SHA = "0" * 64
+GENERATOR = {"name": "evalrun", "version": "bench", "git_commit": None}
 
 
 def synthetic(n: int) -> tuple[list[Episode], list[Completion]]:
@@ -55,7 +69,46 @@ def synthetic(n: int) -> tuple[list[Episode], list[Completion]]:
     return episodes, completions
 
 
-def write_run(path: Path, episodes: list[Episode], completions: list[Completion], part_size: int) -> float:
+# The stand-in engine's output, by episode index. Pool workers are forked after it is filled, so
+# each holds it as an engine holds its completions: in the worker, never sent by the driver.
+_COMPLETIONS: list[Completion] = []
+
+
+def _encode_batch(lo: int, episodes: list[Episode], generator: Canonical) -> store.EncodedPart:
+    """What an engine worker does with a batch once the engine has answered (evalrun.worker)."""
+    completions = _COMPLETIONS[lo : lo + len(episodes)]
+    results = [record_episode(e, c, generator) for e, c in zip(episodes, completions, strict=True)]
+    provenance = store.Provenance(worker="bench", hardware="{}", batch_size=len(results), latency_s=0.0)
+    return store.encode_part(results, provenance)
+
+
+def _ready(_: int) -> int:
+    time.sleep(0.05)  # long enough that every worker gets one
+    return os.getpid()
+
+
+def write_parts_inline(writer: store.PartWriter, episodes: list[Episode], part_size: int) -> None:
+    """Single process: encode and commit each batch in the driver."""
+    generator = encode_generator(GENERATOR)
+    for lo in range(0, len(episodes), part_size):
+        writer.write(_encode_batch(lo, episodes[lo : lo + part_size], generator))
+
+
+def write_parts_pool(writer: store.PartWriter, episodes: list[Episode], part_size: int, pool: ProcessPoolExecutor,
+                     window: int) -> None:  # fmt: skip
+    """Workers encode, the driver commits in batch order; at most ``window`` batches in flight."""
+    generator = encode_generator(GENERATOR)
+    pending: deque[Future[store.EncodedPart]] = deque()
+    for lo in range(0, len(episodes), part_size):
+        if len(pending) >= window:
+            writer.write(pending.popleft().result())
+        pending.append(pool.submit(_encode_batch, lo, episodes[lo : lo + part_size], generator))
+    while pending:
+        writer.write(pending.popleft().result())
+
+
+def write_run(path: Path, episodes: list[Episode], part_size: int, pool: ProcessPoolExecutor | None,
+              window: int = 0) -> float:  # fmt: skip
     """Write the run directory; returns the seconds spent in chains + output parts."""
     run = store.create_run_dir(path.parent, path.name, exact=path)
     digest = Digest(prompt_pack=_prompt_pack(), seed_set=seed_set_hash(SEEDS), scoring=scoring_hash(SCORER))
@@ -65,13 +118,12 @@ def write_run(path: Path, episodes: list[Episode], completions: list[Completion]
     raw_config = {"task": {"name": "addition", "scorer": SCORER}, "decoding": DECODING, "seeds": SEEDS}
     files = {store.CONFIG: store.write_atomic(run.config, canonical_json(raw_config).encode())}
     files[store.MANIFEST] = store.write_json(run.manifest, manifest)
-    generator = encode_generator({"name": "evalrun", "version": "bench", "git_commit": None})
-    provenance = store.Provenance(worker="bench", hardware="{}", batch_size=part_size, latency_s=0.0)
     writer = store.PartWriter(run)
     started = time.perf_counter()
-    for lo in range(0, len(episodes), part_size):
-        batch = zip(episodes[lo : lo + part_size], completions[lo : lo + part_size], strict=True)
-        writer.write(store.encode_part([record_episode(e, c, generator) for e, c in batch], provenance))
+    if pool is None:
+        write_parts_inline(writer, episodes, part_size)
+    else:
+        write_parts_pool(writer, episodes, part_size, pool, window)
     write_s = time.perf_counter() - started
     scores = score_outputs(run.read_outputs(["episode_id", "task", "item_id", "seed", "repeat", "output", "target"]),
                            SCORER)  # fmt: skip
@@ -100,7 +152,7 @@ def _prompt_pack() -> str:
     return canonical_hash({"templates": {"user": TEMPLATE_SHA}, "fewshot": [], "decoding": settings})
 
 
-def timed(label: str, fn: Any) -> float:
+def timed(fn: Any) -> float:
     started = time.perf_counter()
     fn()
     return time.perf_counter() - started
@@ -110,33 +162,63 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--episodes", type=int, default=1_000_000)
     parser.add_argument("--part-size", type=int, default=10_000)
-    parser.add_argument("--jobs", type=int, default=0, help="verify processes (0: one per CPU)")
-    parser.add_argument("--dir", type=Path, default=None, help="keep the run here (default: a temp dir)")
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=0,
+        help="worker processes of the write path and of the parallel verify (0: one per CPU)",
+    )
+    parser.add_argument("--dir", type=Path, default=None, help="keep the runs under this folder (default: a temp dir)")
     args = parser.parse_args()
+    jobs = args.jobs or (os.cpu_count() or 1)
 
     from evalrun.rescore import rescore_run
     from evalrun.verify import verify_run
 
     started = time.perf_counter()
     episodes, completions = synthetic(args.episodes)
-    print(f"generated {args.episodes:,} synthetic episodes in {time.perf_counter() - started:.1f} s (not timed)")
+    _COMPLETIONS[:] = completions
+    del completions
+    n = args.episodes
+    print(f"generated {n:,} synthetic episodes in {time.perf_counter() - started:.1f} s (not timed); "
+          f"{os.cpu_count()} CPUs, load average {_load()}")  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
-        path = args.dir or Path(tmp) / "run"
-        write_s = write_run(path, episodes, completions, args.part_size)
-        del episodes, completions
-        n = args.episodes
-        print(f"write   : {n:,} episodes (chains + output parts) in {write_s:.2f} s = {n / write_s:,.0f} episodes/s"
-              "  [target >= 50,000]")  # fmt: skip
+        root = args.dir or Path(tmp)
+        path, inline_path = root / "run", root / "run-single-process"
+        # Workers are forked now (after the completions exist) and warmed up before the clock starts.
+        with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("fork")) as pool:
+            assert len(set(pool.map(_ready, range(2 * jobs)))) == jobs, "every worker is started"
+            write_s = write_run(path, episodes, args.part_size, pool, window=4 * jobs)
+        print(f"write   : {n:,} episodes (chains + output parts) in {write_s:.2f} s = {n / write_s:,.0f} episodes/s "
+              f"({jobs} worker processes encode, the driver commits)  [target >= 50,000]")  # fmt: skip
+        inline_s = write_run(inline_path, episodes, args.part_size, None)
+        print(f"          single process for reference: {inline_s:.2f} s = {n / inline_s:,.0f} episodes/s")
+        del episodes
+        _COMPLETIONS.clear()
+        assert _same_files(path, inline_path), "the pool and the single process must write identical bytes"
         report: dict[str, Any] = {}
-        verify_s = timed("verify", lambda: report.update(verify=verify_run(path, jobs=args.jobs)))
-        entries = report["verify"].log_entries
-        print(f"verify  : {entries:,} log entries, {n:,} rows in {verify_s:.2f} s = {entries / verify_s:,.0f} "
-              "entries/s  [target >= 200,000]")  # fmt: skip
-        rescore_s = timed("rescore", lambda: report.update(rescore=rescore_run(path, [])))
+        for verify_jobs in sorted({1, jobs}):
+            verify_s = timed(lambda j=verify_jobs: report.update(verify=verify_run(path, jobs=j)))
+            entries = report["verify"].log_entries
+            print(f"verify  : {entries:,} log entries, {n:,} rows in {verify_s:.2f} s = {entries / verify_s:,.0f} "
+                  f"entries/s (--jobs {verify_jobs})  [target >= 200,000]")  # fmt: skip
+        rescore_s = timed(lambda: report.update(rescore=rescore_run(path, [])))
         rows = report["rescore"].rows
         print(f"rescore : {rows:,} rows in {rescore_s:.2f} s = {rows / rescore_s * 10:,.0f} rows per 10 s"
               "  [target >= 1,000,000]")  # fmt: skip
         assert report["rescore"].identical, "rescoring an unchanged scorer must be bit-identical"
+    print(f"load average after: {_load()}")
+
+
+def _same_files(a: Path, b: Path) -> bool:
+    names = sorted(str(p.relative_to(a)) for p in a.rglob("*") if p.is_file())
+    return names == sorted(str(p.relative_to(b)) for p in b.rglob("*") if p.is_file()) and all(
+        (a / name).read_bytes() == (b / name).read_bytes() for name in names
+    )
+
+
+def _load() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
 if __name__ == "__main__":
