@@ -1,4 +1,4 @@
-"""RFC 6962 Merkle tree hash over a run's episodes (DESIGN.md "Run root")."""
+"""RFC 6962 Merkle tree hash over a run's episodes (DESIGN.md "Run root"), and audit paths for inclusion proofs."""
 
 from __future__ import annotations
 
@@ -40,3 +40,31 @@ def root_of_leaf_hashes(leaf_hashes: Sequence[bytes]) -> str:
 def merkle_root(heads: Iterable[tuple[str, str]]) -> str:
     """Root over ``(episode_id, head)`` pairs, sorted by episode id; order of arrival is irrelevant."""
     return root_of_leaf_hashes([leaf_hash(eid, head) for eid, head in sorted(heads)])
+
+
+def audit_path(index: int, hashes: Sequence[bytes]) -> list[bytes]:
+    """RFC 6962 PATH(m, D[n]) over leaf hashes, leaf to root."""
+    if len(hashes) <= 1:
+        return []
+    split = 1 << ((len(hashes) - 1).bit_length() - 1)
+    if index < split:
+        return [*audit_path(index, hashes[:split]), _tree_hash(hashes[split:])]
+    return [*audit_path(index - split, hashes[split:]), _tree_hash(hashes[:split])]
+
+
+def root_from_path(leaf_data: bytes, index: int, size: int, path: Sequence[bytes]) -> bytes | None:
+    """The root an audit path leads to, or None if the path cannot belong to a tree of ``size``."""
+    if not 0 <= index < size:
+        return None
+    fn, sn, r = index, size - 1, _leaf_hash(leaf_data)
+    for p in path:
+        if sn == 0:
+            return None
+        if fn & 1 or fn == sn:
+            r = _node_hash(p, r)
+            while not fn & 1 and fn != 0:
+                fn, sn = fn >> 1, sn >> 1
+        else:
+            r = _node_hash(r, p)
+        fn, sn = fn >> 1, sn >> 1
+    return r if sn == 0 else None

@@ -9,7 +9,6 @@ the path (RFC 9162 section 2.1.3.2).
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,7 +16,7 @@ from typing import Any
 from evalrun import store
 from evalrun.chain import GENESIS, link
 from evalrun.errors import BadInput, CheckFailed
-from evalrun.merkle import _leaf_hash, _node_hash, _tree_hash, leaf
+from evalrun.merkle import audit_path, leaf, leaf_hash, root_from_path, root_of_leaf_hashes
 
 PROOF_FORMAT = "evalrun.proof/1"
 _HEX64 = frozenset("0123456789abcdef")
@@ -46,34 +45,6 @@ class InclusionProof:
         }
 
 
-def audit_path(index: int, hashes: Sequence[bytes]) -> list[bytes]:
-    """RFC 6962 PATH(m, D[n]) over leaf hashes, leaf to root."""
-    if len(hashes) <= 1:
-        return []
-    split = 1 << ((len(hashes) - 1).bit_length() - 1)
-    if index < split:
-        return [*audit_path(index, hashes[:split]), _tree_hash(hashes[split:])]
-    return [*audit_path(index - split, hashes[split:]), _tree_hash(hashes[:split])]
-
-
-def root_from_path(leaf_data: bytes, index: int, size: int, path: Sequence[bytes]) -> bytes | None:
-    """The root an audit path leads to, or None if the path cannot belong to a tree of ``size``."""
-    if not 0 <= index < size:
-        return None
-    fn, sn, r = index, size - 1, _leaf_hash(leaf_data)
-    for p in path:
-        if sn == 0:
-            return None
-        if fn & 1 or fn == sn:
-            r = _node_hash(p, r)
-            while not fn & 1 and fn != 0:
-                fn, sn = fn >> 1, sn >> 1
-        else:
-            r = _node_hash(r, p)
-        fn, sn = fn >> 1, sn >> 1
-    return r if sn == 0 else None
-
-
 def episode_lines(run: store.RunDir, episode_id: str) -> tuple[str, ...]:
     needle = f'"episode":"{episode_id}"'
     for part in sorted(run.log.glob("part-*.jsonl")):
@@ -94,8 +65,8 @@ def prove(path: Path, episode_id: str) -> InclusionProof:
     index = next((i for i, (eid, _) in enumerate(heads) if eid == episode_id), None)
     if index is None:
         raise BadInput(episode_id, f"no such episode in {run.path}")
-    hashes = [_leaf_hash(leaf(eid, head)) for eid, head in heads]
-    root = _tree_hash(hashes).hex()
+    hashes = [leaf_hash(eid, head) for eid, head in heads]
+    root = root_of_leaf_hashes(hashes)
     if root != record["merkle_root"]:
         raise CheckFailed(f"{store.RECORD}: merkle_root differs from the root of the output heads; run verify")
     return InclusionProof(

@@ -11,9 +11,9 @@ from evalrun.digest import Canonical, canonical_json, sha256_hex
 from evalrun.engines import Completion, SamplingSpec
 from evalrun.episode import record_episode, request_record
 from evalrun.errors import CheckFailed
-from evalrun.merkle import _leaf_hash, leaf, merkle_root
+from evalrun.merkle import audit_path, leaf, leaf_hash, merkle_root, root_from_path
 from evalrun.plan import Episode, episode_id
-from evalrun.proofs import InclusionProof, audit_path, check_proof, root_from_path
+from evalrun.proofs import InclusionProof, check_proof
 
 GENERATOR = {"name": "evalrun", "version": "0.1.0", "git_commit": "b71fef766ef34b5bab2f1f70cff2107470327a8b"}
 TEXTS = ["", " 86", 'naïve \u2028 \x00 \x1f \\ " / 😀', "a\nb\tc\r", "\ud7ff\ue000 Z ü"]
@@ -62,7 +62,7 @@ def test_fast_record_episode_is_byte_identical_to_the_generic_encoding() -> None
 def test_every_audit_path_leads_to_the_merkle_root(size: int) -> None:
     pairs = sorted((sha256_hex(f"e{i}"), sha256_hex(f"h{i}")) for i in range(size))
     root = merkle_root(pairs)
-    hashes = [_leaf_hash(leaf(e, h)) for e, h in pairs]
+    hashes = [leaf_hash(e, h) for e, h in pairs]
     for index, (eid, head) in enumerate(pairs):
         path = audit_path(index, hashes)
         assert root_from_path(leaf(eid, head), index, size, path).hex() == root
