@@ -168,10 +168,6 @@ class EvalConfig:
     def section(self, name: str) -> dict[str, Any]:
         return self.raw[name]
 
-    @property
-    def task_name(self) -> str:
-        return self.raw["task"]["name"]
-
 
 def _fail(field_name: str, expected: str, got: Any) -> BadInput:
     return BadInput(field_name, f"expected {expected}, got {got!r}")
@@ -334,6 +330,26 @@ def compose_config(overrides: list[str], config_dir: Path = CONF_DIR) -> DictCon
         raise BadInput(where, str(exc).strip().splitlines()[0]) from exc
     finally:
         GlobalHydra.instance().clear()
+
+
+def load_stored(path: Path, overrides: list[str]) -> DictConfig:
+    """A run's resolved ``config.yaml`` over the current schema, then ``KEY=VALUE`` overrides.
+
+    Not yet validated: callers adjust it (replay drops the model path) and then call :func:`validate`.
+    """
+    try:
+        cfg = OmegaConf.merge(OmegaConf.structured(Schema), OmegaConf.load(path))
+    except (OSError, ValueError, OmegaConfBaseException) as exc:
+        raise BadInput(str(path), f"expected a resolved evalrun config ({str(exc).splitlines()[0]})") from exc
+    for override in overrides:
+        if "=" not in override:
+            raise BadInput(override, "expected KEY=VALUE")
+        try:
+            cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist([override]))
+        except (ValueError, OmegaConfBaseException) as exc:
+            raise BadInput(override, str(exc).splitlines()[0]) from exc
+    assert isinstance(cfg, DictConfig)
+    return cfg
 
 
 def load(overrides: list[str]) -> EvalConfig:

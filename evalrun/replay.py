@@ -17,16 +17,12 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow.parquet as pq
-import yaml
-from omegaconf import OmegaConf
-from omegaconf.errors import OmegaConfBaseException
 
 from evalrun import store
 from evalrun.chain import link
 from evalrun.digest import Canonical, canonical_json
 from evalrun.engines.replay import Divergence, RecordedCall, ReplayEngine
 from evalrun.episode import EpisodeResult, run_episodes
-from evalrun.errors import BadInput
 from evalrun.merkle import merkle_root
 from evalrun.plan import Episode, build_plan
 from evalrun.scoring import score_outputs
@@ -70,21 +66,9 @@ def load_recording(run: store.RunDir) -> tuple[dict[str, Recorded], dict[tuple[s
 
 def replay_config(run: store.RunDir, overrides: list[str]) -> Any:
     """The run's resolved config over the current schema, with overrides; the model is not needed."""
-    from evalrun.config import Schema, validate
+    from evalrun.config import load_stored, validate
 
-    try:
-        raw = yaml.safe_load(run.config.read_text(encoding="utf-8"))
-        cfg = OmegaConf.merge(OmegaConf.structured(Schema), raw)
-    except (OSError, yaml.YAMLError, OmegaConfBaseException) as exc:
-        raise BadInput(store.CONFIG, f"expected the run's resolved config ({exc})") from exc
-    for override in overrides:
-        key, sep, value = override.partition("=")
-        if not sep:
-            raise BadInput(override, "expected KEY=VALUE")
-        try:
-            OmegaConf.update(cfg, key, yaml.safe_load(value), merge=False)
-        except (OmegaConfBaseException, yaml.YAMLError) as exc:
-            raise BadInput(override, str(exc).splitlines()[0]) from exc
+    cfg = load_stored(run.config, overrides)
     cfg.model.path = None  # replay serves recorded responses: the weights need not be here
     return validate(cfg)
 

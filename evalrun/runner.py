@@ -11,10 +11,8 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from omegaconf import OmegaConf
-
 from evalrun import failpoints, store
-from evalrun.config import REPO_ROOT, EvalConfig, Schema, to_yaml, validate
+from evalrun.config import REPO_ROOT, EvalConfig, load_stored, to_yaml, validate
 from evalrun.digest import file_sha256
 from evalrun.dispatch import Dispatcher, dispatcher_key, open_dispatcher
 from evalrun.errors import BadInput
@@ -116,9 +114,7 @@ def load_run_config(run: store.RunDir, overrides: list[str]) -> EvalConfig:
     if allowed != overrides:
         bad = next(o for o in overrides if o not in allowed)
         raise BadInput(bad, "resume accepts only cluster.* and run.progress overrides; the rest is the run's own")
-    stored = OmegaConf.load(run.config)
-    merged = OmegaConf.merge(OmegaConf.structured(Schema), stored, OmegaConf.from_dotlist(allowed))
-    return validate(merged)
+    return validate(load_stored(run.config, allowed))
 
 
 def resume(run_path: Path, overrides: list[str] | None = None, dispatcher: Dispatcher | None = None) -> Path:

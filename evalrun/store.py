@@ -11,7 +11,7 @@ import fcntl
 import json
 import os
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from itertools import chain
 from pathlib import Path
@@ -297,7 +297,3 @@ class PartWriter:
 
 def write_json(path: Path, value: Any) -> str:
     return write_atomic(path, (canonical_json(value) + "\n").encode("utf-8"))
-
-
-def hash_files(run: RunDir, names: Iterable[str]) -> dict[str, str]:
-    return {name: file_sha256(run.path / name) for name in names}

@@ -435,10 +435,6 @@ def _json_value(text: str) -> Any:
     return value
 
 
-def verify_parts(run: store.RunDir, pairs: list[tuple[str, str]], jobs: int) -> list[PartResult]:
-    return _verify_parts(run, pairs, jobs, summary=False)[0]
-
-
 def _verify_parts(
     run: store.RunDir, pairs: list[tuple[str, str]], jobs: int, summary: bool
 ) -> tuple[list[PartResult], bool | None]:
