@@ -48,9 +48,31 @@ class Completion:
     prompt_tokens: int
 
 
+@dataclass(frozen=True)
+class LoglikelihoodRequest:
+    """How likely ``continuation`` is after ``context`` (lm-evaluation-harness's loglikelihood request)."""
+
+    context: str
+    continuation: str
+    episode_id: str | None = None
+    call: int = 0
+
+
+@dataclass(frozen=True)
+class Loglikelihood:
+    logprob: float  # the sum over the continuation's tokens
+    token_ids: tuple[int, ...]  # the continuation's tokens (those of context + continuation after the context's)
+    greedy: bool  # every continuation token was the model's argmax
+    prompt_tokens: int  # tokens of context + continuation
+
+
 class Engine(Protocol):
     def generate(self, requests: list[GenerationRequest]) -> list[Completion]:
         """One completion per request, in request order."""
+        ...
+
+    def loglikelihood(self, requests: list[LoglikelihoodRequest]) -> list[Loglikelihood]:
+        """One score per request, in request order."""
         ...
 
     def describe(self) -> dict[str, Any]:

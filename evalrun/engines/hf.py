@@ -10,6 +10,10 @@ vLLM (the GPU check machine) can run evalrun. It mirrors :class:`evalrun.engines
 - temperature, top-k and top-p are applied per request, in that order, as vLLM does;
 - recorded logprobs are of the chosen token under the raw model distribution (vLLM's default
   ``raw_logprobs``), in float32;
+- ``loglikelihood`` tokenizes as vLLM does (:func:`evalrun.engines.vllm.loglikelihood_tokens`) and
+  scores, in batches of ``engine.max_num_seqs``, each sequence less its last token left-padded (position
+  ids from the attention mask), so every row's continuation is predicted by the batch's last columns;
+  logprobs are the float32 log_softmax of the logits, greedy means no token has a higher logprob;
 - finish reasons: ``"stop"`` on an end-of-sequence token (kept in ``token_ids``, not in the text)
   or on a stop string (the text is cut before it; the token that completed it is kept), else
   ``"length"`` at ``max_tokens``.
@@ -17,6 +21,7 @@ vLLM (the GPU check machine) can run evalrun. It mirrors :class:`evalrun.engines
 
 from __future__ import annotations
 
+import inspect
 import math
 import os
 from pathlib import Path
@@ -26,7 +31,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before transformers reads it: no
 
 from transformers import LogitsProcessor, StoppingCriteria
 
-from evalrun.engines import Completion, GenerationRequest, SamplingSpec
+from evalrun.engines import Completion, GenerationRequest, Loglikelihood, LoglikelihoodRequest, SamplingSpec
+from evalrun.engines.vllm import checked_logprob, loglikelihood_tokens  # imports no vLLM
 
 # Determinism settings that act on vLLM only; recorded as not applicable to this engine.
 NOT_APPLICABLE = ("batch_invariant", "disable_v1_multiprocessing")
@@ -128,6 +134,7 @@ class HFEngine:
             eos_ids.add(self.tokenizer.eos_token_id)
         self.eos_ids = frozenset(int(e) for e in eos_ids)
         self.batch_size = settings["max_num_seqs"]
+        self._keeps_logits = "logits_to_keep" in inspect.signature(model.forward).parameters
         gpu = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else None
         self._description = {
             "name": "hf",
@@ -195,3 +202,56 @@ class HFEngine:
             finish_reason=reason,
             prompt_tokens=prompt_tokens,
         )
+
+    def loglikelihood(self, requests: list[LoglikelihoodRequest]) -> list[Loglikelihood]:
+        encoded = [loglikelihood_tokens(self.tokenizer, r) for r in requests]
+        results: list[Loglikelihood] = []
+        for start in range(0, len(requests), self.batch_size):
+            stop = start + self.batch_size
+            results.extend(self._loglikelihood_batch(requests[start:stop], encoded[start:stop]))
+        return results
+
+    def _loglikelihood_batch(
+        self, requests: list[LoglikelihoodRequest], encoded: list[tuple[list[int], int]]
+    ) -> list[Loglikelihood]:
+        torch = self._torch
+        scored = [row for row, (_, n) in enumerate(encoded) if n > 0]
+        logprobs: dict[int, list[float]] = {}
+        greedy: dict[int, bool] = {}
+        if scored:
+            # Feed each sequence but its last token, left-padded: the logits at the last n columns of a row
+            # predict its n continuation tokens.
+            inputs = [encoded[row][0][:-1] for row in scored]
+            width = max(len(ids) for ids in inputs)
+            pad = self.tokenizer.pad_token_id
+            input_ids = torch.tensor([[pad] * (width - len(ids)) + ids for ids in inputs], device=self.device)
+            attention = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in inputs], device=self.device)
+            position_ids = (attention.cumsum(dim=1) - 1).clamp(min=0)
+            keep = max(encoded[row][1] for row in scored)
+            extra = {"logits_to_keep": keep} if self._keeps_logits else {}
+            with torch.inference_mode():
+                logits = self.model(
+                    input_ids=input_ids, attention_mask=attention, position_ids=position_ids, use_cache=False, **extra
+                ).logits
+                logits = logits[:, -keep:, :].float()
+                for k, row in enumerate(scored):
+                    ids, n = encoded[row]
+                    row_logprobs = torch.log_softmax(logits[k, keep - n :], dim=-1)
+                    targets = torch.tensor(ids[-n:], device=self.device)
+                    chosen = row_logprobs.gather(1, targets.unsqueeze(1)).squeeze(1)
+                    logprobs[row] = [float(lp) for lp in chosen.tolist()]
+                    greedy[row] = bool((chosen >= row_logprobs.max(dim=-1).values).all())
+        results = []
+        for row, (request, (ids, n)) in enumerate(zip(requests, encoded, strict=True)):
+            total = 0.0
+            for lp in logprobs.get(row, []):
+                total += checked_logprob(lp, request)
+            results.append(
+                Loglikelihood(
+                    logprob=checked_logprob(total, request),
+                    token_ids=tuple(ids[len(ids) - n :]),
+                    greedy=greedy.get(row, True),
+                    prompt_tokens=len(ids),
+                )
+            )
+        return results

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from evalrun.digest import canonical_json, sha256_hex
-from evalrun.engines import Completion, GenerationRequest
+from evalrun.engines import Completion, GenerationRequest, Loglikelihood, LoglikelihoodRequest
 
 
 @dataclass(frozen=True)
@@ -52,21 +52,37 @@ class ReplayEngine:
     def generate(self, requests: list[GenerationRequest]) -> list[Completion]:
         return [self._serve(r) for r in requests]
 
-    def _serve(self, request: GenerationRequest) -> Completion:
-        from evalrun.episode import request_fields  # the harness's own request record
+    def loglikelihood(self, requests: list[LoglikelihoodRequest]) -> list[Loglikelihood]:
+        from evalrun.episode import loglikelihood_fields
 
-        if request.episode_id is None:
+        results = []
+        for request in requests:
+            fields = loglikelihood_fields(request.context, request.continuation)
+            r = self._recorded(request.episode_id, request.call, fields).response
+            results.append(
+                Loglikelihood(float(r["logprob"]), tuple(r["token_ids"]), bool(r["greedy"]), r["prompt_tokens"])
+            )
+        return results
+
+    def _recorded(self, episode_id: str | None, call: int, fields: dict[str, Any]) -> RecordedCall:
+        """The recorded call (episode, call), checked to have been made with this request."""
+        if episode_id is None:
             raise ValueError("a replayed request must name its episode")
-        recorded = self.calls.get((request.episode_id, request.call))
+        recorded = self.calls.get((episode_id, call))
         if recorded is None:
-            raise Divergence(request.episode_id, None, f"no model call {request.call} recorded", "a model call")
-        fields = request_fields(request.prompt, request.sampling)
+            raise Divergence(episode_id, None, f"no model call {call} recorded", "a model call")
         if sha256_hex(canonical_json(fields)) != recorded.request_hash:
             where, expected, got = first_difference(recorded.request, fields)
             raise Divergence(
-                request.episode_id, recorded.seq,
-                f"request_hash {recorded.request_hash} ({where} = {expected})", f"{where} = {got}",
+                episode_id, recorded.seq, f"request_hash {recorded.request_hash} ({where} = {expected})",
+                f"{where} = {got}",
             )  # fmt: skip
+        return recorded
+
+    def _serve(self, request: GenerationRequest) -> Completion:
+        from evalrun.episode import request_fields  # the harness's own request record
+
+        recorded = self._recorded(request.episode_id, request.call, request_fields(request.prompt, request.sampling))
         r = recorded.response
         return Completion(
             text=r["text"],

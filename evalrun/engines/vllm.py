@@ -11,12 +11,45 @@ import os
 from pathlib import Path
 from typing import Any
 
-from evalrun.engines import Completion, GenerationRequest
+from evalrun.engines import Completion, GenerationRequest, Loglikelihood, LoglikelihoodRequest
 
 
 def _finite(value: float) -> float | None:
     """JSON has no infinities: a logprob vLLM reports as -inf is recorded as null."""
     return value if math.isfinite(value) else None
+
+
+def loglikelihood_tokens(tokenizer: Any, request: LoglikelihoodRequest) -> tuple[list[int], int]:
+    """The tokens to feed for ``request`` and how many of them, at the end, are the continuation's.
+
+    Shared by every engine so that they score the same tokens. As lm-evaluation-harness does,
+    ``context + continuation`` is tokenized as a whole and the continuation's tokens are those after
+    the tokens of ``context`` alone (both with the tokenizer's special tokens, e.g. a BOS); where
+    that split fails (the whole does not start with the context's tokens, or nothing follows them)
+    the continuation is tokenized on its own and appended to the context's tokens. An empty
+    continuation has no tokens (its logprob is 0). The first continuation token needs a token
+    before it: an empty context is allowed only when the tokenizer adds one (a BOS).
+    """
+    ctx_ids = [int(t) for t in tokenizer.encode(request.context, add_special_tokens=True)]
+    if not ctx_ids:
+        raise ValueError(
+            f"loglikelihood request with context {request.context!r}: the context has no tokens and the "
+            "tokenizer adds no BOS token, so there is nothing to condition the continuation's first token on"
+        )
+    whole_ids = [int(t) for t in tokenizer.encode(request.context + request.continuation, add_special_tokens=True)]
+    if len(whole_ids) > len(ctx_ids) and whole_ids[: len(ctx_ids)] == ctx_ids:
+        return whole_ids, len(whole_ids) - len(ctx_ids)
+    cont_ids = [int(t) for t in tokenizer.encode(request.continuation, add_special_tokens=False)]
+    return ctx_ids + cont_ids, len(cont_ids)
+
+
+def checked_logprob(value: float, request: LoglikelihoodRequest) -> float:
+    if not math.isfinite(value):
+        raise ValueError(
+            f"loglikelihood of continuation {request.continuation!r} after context {request.context!r} "
+            f"is not finite ({value})"
+        )
+    return value
 
 
 class VLLMEngine:
@@ -27,6 +60,9 @@ class VLLMEngine:
         from vllm import LLM, SamplingParams
 
         self._sampling_params = SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        self._tokens_prompt = TokensPrompt
         self.dtype = settings["dtype"] or model_dtype
         kwargs: dict[str, Any] = {
             "model": str(model_path),
@@ -82,3 +118,43 @@ class VLLMEngine:
                 )
             )
         return completions
+
+    def loglikelihood(self, requests: list[LoglikelihoodRequest]) -> list[Loglikelihood]:
+        """Scores from vLLM's prompt logprobs (raw float32 log_softmax), all requests in one ``generate``.
+
+        ``out.prompt_logprobs[i]`` maps token id -> ``Logprob`` for prompt position ``i`` (``None`` at 0);
+        with ``prompt_logprobs=1`` it holds the actual token and the top-1 token, so a token is greedy
+        when no token in it has a higher logprob.
+        """
+        if not requests:
+            return []
+        tokenizer = self.llm.get_tokenizer()
+        encoded = [loglikelihood_tokens(tokenizer, r) for r in requests]
+        results: dict[int, Loglikelihood] = {}
+        to_score = []
+        for i, (ids, n) in enumerate(encoded):
+            if n == 0:  # nothing to score: the empty sum
+                results[i] = Loglikelihood(logprob=0.0, token_ids=(), greedy=True, prompt_tokens=len(ids))
+            else:
+                to_score.append(i)
+        if to_score:
+            params = self._sampling_params(max_tokens=1, temperature=0.0, prompt_logprobs=1, detokenize=False)
+            prompts = [self._tokens_prompt(prompt_token_ids=encoded[i][0]) for i in to_score]
+            outputs = self.llm.generate(prompts, params, use_tqdm=False)
+            for i, out in zip(to_score, outputs, strict=True):
+                ids, n = encoded[i]
+                if list(out.prompt_token_ids or ()) != ids:
+                    raise RuntimeError("vLLM returned the scores of another token sequence")
+                total, greedy = 0.0, True
+                for pos in range(len(ids) - n, len(ids)):
+                    position = out.prompt_logprobs[pos]
+                    logprob = float(position[ids[pos]].logprob)
+                    total += checked_logprob(logprob, requests[i])
+                    greedy = greedy and logprob >= max(float(lp.logprob) for lp in position.values())
+                results[i] = Loglikelihood(
+                    logprob=checked_logprob(total, requests[i]),
+                    token_ids=tuple(ids[len(ids) - n :]),
+                    greedy=greedy,
+                    prompt_tokens=len(ids),
+                )
+        return [results[i] for i in range(len(requests))]
