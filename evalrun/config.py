@@ -88,12 +88,23 @@ class ScorerSchema:
 
 
 @dataclass
+class ChoicesSchema:
+    field: str | None = None  # the item field listing the options; None: not a multiple-choice task
+    cannot_assess: str | None = None  # an option appended before shuffling ("Cannot assess", "N/A", ...)
+    shuffle: bool = True
+    scoring: str = "letter"  # letter | loglikelihood | both
+
+
+@dataclass
 class TaskSchema:
     name: str = "???"
     dataset: str = "???"
-    template: str = "???"
+    template: str | None = None  # a single user template file, or:
+    prompt_pack: str | None = None  # a prompt pack directory (pack.yaml; see evalrun/tasks/pack.py)
     id_field: str = "id"
-    target_field: str = "answer"
+    target_field: str = "answer"  # multiple choice: the original index of the right option
+    choices: ChoicesSchema = field(default_factory=ChoicesSchema)
+    rubric: str | None = None  # a rubric file: the output is graded by model judges
     scorer: ScorerSchema = field(default_factory=ScorerSchema)
 
 
@@ -149,7 +160,8 @@ if not OmegaConf.has_resolver("evalrun.root"):
 # --- validated, immutable config ------------------------------------------------------------
 
 NORMALIZERS = ("strip", "lower", "collapse_whitespace", "strip_punctuation")
-SCORERS = ("exact_match", "regex", "number")
+SCORERS = ("exact_match", "regex", "number", "choice", "rubric")
+CHOICE_SCORING = ("letter", "loglikelihood", "both")
 CLUSTERS = ("local", "ray", "inline")
 ENGINES = ("vllm", "hf")
 DTYPES = ("float32", "bfloat16", "float16", "auto")
@@ -162,7 +174,8 @@ class EvalConfig:
 
     raw: dict[str, Any]
     dataset_path: Path
-    template_path: Path
+    prompt_path: Path  # the template file, or the prompt pack directory
+    rubric_path: Path | None
     model_path: Path | None
 
     def section(self, name: str) -> dict[str, Any]:
@@ -249,10 +262,25 @@ def _check_values(cfg: dict[str, Any]) -> None:
             raise BadInput("task.scorer.pattern", f"not a valid regular expression ({exc})") from exc
     if scorer["extract"] not in ("first", "last"):
         raise _fail("task.scorer.extract", "'first' or 'last'", scorer["extract"])
+    choices = task["choices"]
+    if choices["scoring"] not in CHOICE_SCORING:
+        raise _fail("task.choices.scoring", f"one of {CHOICE_SCORING}", choices["scoring"])
+    if (scorer["name"] == "choice") != (choices["field"] is not None):
+        raise BadInput("task.scorer.name", "the choice scorer goes with task.choices.field, and only with it")
+    if (scorer["name"] == "rubric") != (task["rubric"] is not None):
+        raise BadInput("task.scorer.name", "the rubric scorer goes with task.rubric, and only with it")
+    if choices["field"] is not None and task["rubric"] is not None:
+        raise BadInput("task.rubric", "a task is multiple choice or rubric-graded, not both")
+    if (task["template"] is None) == (task["prompt_pack"] is None):
+        raise BadInput("task", "expected exactly one of task.template (a file) and task.prompt_pack (a directory)")
 
 
-def check_dataset(path: Path, id_field: str, target_field: str) -> int:
-    """Check a JSON Lines dataset line by line; returns the item count. Errors name file and line."""
+def check_dataset(path: Path, id_field: str, target_field: str, choices_field: str | None = None) -> int:
+    """Check a JSON Lines dataset line by line; returns the item count. Errors name file and line.
+
+    With ``choices_field``, each item lists at least two distinct option strings there, and its
+    target is the index of the right one.
+    """
     seen: dict[str, int] = {}
     with open(path, encoding="utf-8") as fh:
         for number, line in enumerate(fh, start=1):
@@ -268,6 +296,8 @@ def check_dataset(path: Path, id_field: str, target_field: str) -> int:
             for key in (id_field, target_field):
                 if key not in item:
                     raise BadInput(where, f"missing field {key!r}")
+            if choices_field is not None:
+                _check_choices(item, where, choices_field, target_field)
             item_id = str(item[id_field])
             if item_id in seen:
                 raise BadInput(where, f"duplicate item id {item_id!r} (first on line {seen[item_id]})")
@@ -275,6 +305,20 @@ def check_dataset(path: Path, id_field: str, target_field: str) -> int:
     if not seen:
         raise BadInput(str(path), "the dataset has no items")
     return len(seen)
+
+
+def _check_choices(item: dict[str, Any], where: str, choices_field: str, target_field: str) -> None:
+    options = item.get(choices_field)
+    if not isinstance(options, list) or len(options) < 2 or not all(isinstance(o, str) and o for o in options):
+        raise BadInput(
+            f"{where}: field {choices_field}", f"expected a list of at least two option strings, got {options!r}"
+        )
+    if len(set(options)) != len(options):
+        raise BadInput(f"{where}: field {choices_field}", f"expected distinct options, got {options!r}")
+    answer = item[target_field]
+    if type(answer) is not int or not 0 <= answer < len(options):
+        raise BadInput(f"{where}: field {target_field}",
+                       f"expected the index of the right option (0 to {len(options) - 1}), got {answer!r}")  # fmt: skip
 
 
 def validate(cfg: DictConfig) -> EvalConfig:
@@ -288,20 +332,29 @@ def validate(cfg: DictConfig) -> EvalConfig:
     _check_values(raw)
     task = raw["task"]
     dataset_path = _resolve_path(task["dataset"], "task.dataset")
-    template_path = _resolve_path(task["template"], "task.template")
-    check_dataset(dataset_path, task["id_field"], task["target_field"])
-    try:
-        from jinja2 import Environment, StrictUndefined, TemplateSyntaxError
+    from evalrun.tasks.pack import load_pack, template_pack
 
-        Environment(undefined=StrictUndefined, keep_trailing_newline=True).parse(
-            template_path.read_text(encoding="utf-8")
-        )
-    except TemplateSyntaxError as exc:
-        raise BadInput(f"{template_path}:{exc.lineno}", f"template syntax error: {exc.message}") from exc
+    if task["prompt_pack"] is not None:
+        prompt_path = _resolve_path(task["prompt_pack"], "task.prompt_pack", must_be="dir")
+        pack = load_pack(prompt_path)
+    else:
+        prompt_path = _resolve_path(task["template"], "task.template")
+        pack = template_pack(prompt_path)
+    # A pack's decoding settings win over the decoding group; the result is checked like any other.
+    raw["decoding"] = {**raw["decoding"], **pack.decoding}
+    _check_values(raw)
+    rubric_path = None
+    if task["rubric"] is not None:
+        from evalrun.tasks.rubric import load_rubric
+
+        rubric_path = _resolve_path(task["rubric"], "task.rubric")
+        load_rubric(rubric_path)
+    check_dataset(dataset_path, task["id_field"], task["target_field"], task["choices"]["field"])
     model_path = None
     if raw["model"]["path"]:
         model_path = _resolve_path(str(Path(raw["model"]["path"])), "model.path", must_be="dir")
-    return EvalConfig(raw=raw, dataset_path=dataset_path, template_path=template_path, model_path=model_path)
+    return EvalConfig(raw=raw, dataset_path=dataset_path, prompt_path=prompt_path, rubric_path=rubric_path,
+                      model_path=model_path)  # fmt: skip
 
 
 # --- composition from command-line overrides -------------------------------------------------

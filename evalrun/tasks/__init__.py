@@ -1,7 +1,11 @@
-"""Tasks: a hashed JSON Lines dataset, a versioned prompt template file, and a scorer.
+"""Tasks: a hashed JSON Lines dataset, a prompt pack, optionally options or a rubric, and a scorer.
 
-Templates are Jinja files rendered with strict undefined variables: a field the item lacks is an
-error, never an empty string. Every field of an item is available to the template.
+Templates are Jinja rendered with strict undefined variables: a field the item lacks is an
+error, never an empty string. A template sees every field of the item, and also:
+
+- ``examples``: the item's few-shot examples (records of the pack's pool), in prompt order;
+- ``choices`` and ``letters``: a multiple-choice item's options in shown (shuffled) order and
+  their letters (``A``, ``B``, ...).
 """
 
 from __future__ import annotations
@@ -12,14 +16,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from jinja2 import Environment, StrictUndefined, Template
 from jinja2.exceptions import UndefinedError
 
 from evalrun.config import EvalConfig
-from evalrun.digest import file_sha256, sha256_hex
+from evalrun.digest import file_sha256
 from evalrun.errors import BadInput
-
-_JINJA = Environment(undefined=StrictUndefined, keep_trailing_newline=True, autoescape=False)
+from evalrun.tasks.pack import PromptPack, load_pack, template_pack
+from evalrun.tasks.rubric import Rubric, load_rubric
+from evalrun.tasks.selection import LETTERS
 
 
 @dataclass(frozen=True)
@@ -27,55 +31,61 @@ class Item:
     id: str
     fields: Mapping[str, Any]
     target: str
+    options: tuple[str, ...] = ()  # multiple choice: the options in original order
 
 
 @dataclass(frozen=True)
 class Task:
     name: str
     items: tuple[Item, ...]
-    template_text: str
+    pack: PromptPack
     dataset_path: Path
     dataset_sha256: str
-    template_path: Path
+    choices: Mapping[str, Any]  # the task.choices config section
+    rubric: Rubric | None = None
 
     @property
-    def template_sha256(self) -> str:
-        return sha256_hex(self.template_text)
+    def multiple_choice(self) -> bool:
+        return self.choices["field"] is not None
 
-    def compiled(self) -> Template:
-        return _JINJA.from_string(self.template_text)
+    def options(self, item: Item) -> tuple[str, ...]:
+        """An item's options in original order, the cannot-assess option last when the task has one."""
+        extra = self.choices["cannot_assess"]
+        return (*item.options, extra) if extra is not None else item.options
 
 
 def load_task(config: EvalConfig) -> Task:
-    """Read the dataset (already checked by config.validate) and template of ``config``'s task."""
+    """Read the dataset (already checked by config.validate), prompt pack and rubric of ``config``'s task."""
     spec = config.section("task")
+    choices_field = spec["choices"]["field"]
     items = []
     with open(config.dataset_path, encoding="utf-8") as fh:
         for line in fh:
             if line.strip():
                 record = json.loads(line)
-                items.append(
-                    Item(id=str(record[spec["id_field"]]), fields=record, target=str(record[spec["target_field"]]))
-                )
+                options = tuple(record[choices_field]) if choices_field is not None else ()
+                items.append(Item(str(record[spec["id_field"]]), record, str(record[spec["target_field"]]), options))
     if config.raw["limit"] is not None:
         items = items[: config.raw["limit"]]
+    pack = load_pack(config.prompt_path) if spec["prompt_pack"] is not None else template_pack(config.prompt_path)
     return Task(
         name=spec["name"],
         items=tuple(items),
-        template_text=config.template_path.read_text(encoding="utf-8"),
+        pack=pack,
         dataset_path=config.dataset_path,
         dataset_sha256=file_sha256(config.dataset_path),
-        template_path=config.template_path,
+        choices=spec["choices"],
+        rubric=load_rubric(config.rubric_path) if config.rubric_path is not None else None,
     )
 
 
-def render_prompts(task: Task) -> dict[str, str]:
-    """Prompt text per item id; a template variable an item lacks is a BadInput naming both."""
-    template = task.compiled()
-    prompts = {}
-    for item in task.items:
-        try:
-            prompts[item.id] = template.render(**item.fields)
-        except UndefinedError as exc:
-            raise BadInput(str(task.template_path), f"item {item.id!r}: {exc.message}") from exc
-    return prompts
+def render_prompt(pack: PromptPack, item_id: str, variables: Mapping[str, Any]) -> str:
+    """One prompt; a template variable the item lacks is a BadInput naming the template and item."""
+    try:
+        return pack.render(variables)
+    except UndefinedError as exc:
+        raise BadInput(str(pack.path), f"item {item_id!r}: {exc.message}") from exc
+
+
+def prompt_variables(item: Item, examples: list[Mapping[str, Any]], shown: tuple[str, ...]) -> dict[str, Any]:
+    return {**item.fields, "examples": examples, "choices": list(shown), "letters": list(LETTERS[: len(shown)])}
