@@ -11,26 +11,62 @@ from hashlib import sha256 as _sha256
 from json.encoder import encode_basestring  # type: ignore[attr-defined]
 from typing import Any
 
-from evalrun.chain import GENESIS, SCHEDULE_FORMAT
+from evalrun.chain import GENESIS, SCHEDULE_FORMAT, ChainBuilder
 from evalrun.digest import MAX_SAFE_INTEGER, Canonical, _es6_number, canonical_json, sha256_hex
-from evalrun.engines import Completion, Engine, GenerationRequest, SamplingSpec
-from evalrun.plan import Episode
+from evalrun.engines import Completion, Engine, GenerationRequest, Loglikelihood, LoglikelihoodRequest, SamplingSpec
+from evalrun.plan import Episode, JudgeCall
+from evalrun.tasks import render_prompt
+from evalrun.tasks.selection import LETTERS, option_continuation
 
 _string = encode_basestring  # JCS string escaping (see evalrun.digest)
 _FORMAT = _string(SCHEDULE_FORMAT)
 
 
 @dataclass(frozen=True)
+class Judgement:
+    """One judge's answer on one criterion, as recorded (the scorer turns it into a verdict)."""
+
+    criterion: str
+    judge: str
+    shuffle_order: tuple[int, ...]
+    output: str | None  # letter mode: the judge's text
+    option_logprobs: tuple[float, ...] | None  # loglikelihood mode: per original option index
+
+
+@dataclass(frozen=True)
 class EpisodeResult:
     episode: Episode
-    completion: Completion
+    completion: Completion  # the policy's generation (empty when the episode only scores options)
     log_lines: tuple[str, ...]
     head: str
+    prompt_sha256: str
+    option_logprobs: tuple[float, ...] | None = None  # multiple choice, loglikelihood: per original option
+    judgements: tuple[Judgement, ...] = ()
 
 
 def request_fields(prompt: str, sampling: SamplingSpec) -> dict[str, Any]:
     """What a model entry records of a request; its canonical JSON is hashed into ``request_hash``."""
     return {"prompt": prompt, "prompt_sha256": sha256_hex(prompt), "sampling": sampling.as_record()}
+
+
+def loglikelihood_fields(context: str, continuation: str) -> dict[str, Any]:
+    """What a model entry records of a loglikelihood request."""
+    return {
+        "continuation": continuation,
+        "op": "loglikelihood",
+        "prompt": context,
+        "prompt_sha256": sha256_hex(context),
+    }
+
+
+def completion_record(completion: Completion) -> dict[str, Any]:
+    return {"finish_reason": completion.finish_reason, "logprobs": list(completion.logprobs), "text": completion.text,
+            "token_ids": list(completion.token_ids)}  # fmt: skip
+
+
+def loglikelihood_record(score: Loglikelihood) -> dict[str, Any]:
+    return {"greedy": score.greedy, "logprob": score.logprob, "prompt_tokens": score.prompt_tokens,
+            "token_ids": list(score.token_ids)}  # fmt: skip
 
 
 def request_record(episode: Episode) -> dict[str, Any]:
@@ -106,8 +142,9 @@ def record_episode(episode: Episode, completion: Completion, generator: dict[str
     )
     h0 = _sha256(f"{GENESIS}{header}".encode()).hexdigest()
     prompt = episode.prompt
+    prompt_sha256 = _sha256(prompt.encode()).hexdigest()
     request = (
-        f'{{"prompt":{_string(prompt)},"prompt_sha256":"{_sha256(prompt.encode()).hexdigest()}",'
+        f'{{"prompt":{_string(prompt)},"prompt_sha256":"{prompt_sha256}",'
         f'"sampling":{_sampling_text(episode.sampling)}}}'
     )
     response = (
@@ -120,14 +157,164 @@ def record_episode(episode: Episode, completion: Completion, generator: dict[str
     )
     h1 = _sha256(f"{h0}{model}".encode()).hexdigest()
     end = f'{{"episode":{eid},"kind":"end","model_calls":1,"prev":"{h1}","seq":2,"status":"ok"}}'
-    return EpisodeResult(episode, completion, (header, model, end), _sha256(f"{h1}{end}".encode()).hexdigest())
+    head = _sha256(f"{h1}{end}".encode()).hexdigest()
+    return EpisodeResult(episode, completion, (header, model, end), head, prompt_sha256)
 
 
 def run_episodes(engine: Engine, episodes: list[Episode], generator: dict[str, Any] | Canonical) -> list[EpisodeResult]:
-    """Run single-turn episodes as one engine batch; results in episode order."""
-    requests = [GenerationRequest(prompt=e.prompt, sampling=e.sampling, episode_id=e.episode_id) for e in episodes]
-    completions = engine.generate(requests)
-    if len(completions) != len(episodes):
-        raise RuntimeError(f"engine returned {len(completions)} completions for {len(episodes)} requests")
+    """Run a batch of episodes; results in episode order.
+
+    Each stage is one engine batch over all the batch's episodes: policy generations, policy
+    option scores (multiple choice by loglikelihood), then the judges' calls, which need the
+    policy's outputs.
+    """
     encoded = encode_generator(generator)
-    return [record_episode(e, c, encoded) for e, c in zip(episodes, completions, strict=True)]
+    if all(e.single_call for e in episodes):
+        requests = [GenerationRequest(prompt=e.prompt, sampling=e.sampling, episode_id=e.episode_id) for e in episodes]
+        completions = _generate(engine, requests)
+        return [record_episode(e, c, encoded) for e, c in zip(episodes, completions, strict=True)]
+    return _run_staged(engine, episodes, encoded)
+
+
+def _generate(engine: Engine, requests: list[GenerationRequest]) -> list[Completion]:
+    completions = engine.generate(requests) if requests else []
+    if len(completions) != len(requests):
+        raise RuntimeError(f"engine returned {len(completions)} completions for {len(requests)} requests")
+    return completions
+
+
+def _score(engine: Engine, requests: list[LoglikelihoodRequest]) -> list[Loglikelihood]:
+    scores = engine.loglikelihood(requests) if requests else []
+    if len(scores) != len(requests):
+        raise RuntimeError(f"engine returned {len(scores)} scores for {len(requests)} requests")
+    return scores
+
+
+_NOT_GENERATED = Completion(text="", token_ids=(), logprobs=(), finish_reason="not_generated", prompt_tokens=0)
+
+
+@dataclass
+class _Calls:
+    """An episode's model calls in call order: (entry fields, request record, response record)."""
+
+    entries: list[tuple[dict[str, Any], dict[str, Any], dict[str, Any]]]
+    completion: Completion = _NOT_GENERATED
+    option_logprobs: tuple[float, ...] | None = None
+
+
+def _run_staged(engine: Engine, episodes: list[Episode], generator: Canonical) -> list[EpisodeResult]:
+    calls = [_Calls([]) for _ in episodes]
+    generating = [i for i, e in enumerate(episodes) if e.choice_scoring in ("", "letter", "both")]
+    requests = [
+        GenerationRequest(episodes[i].prompt, episodes[i].sampling, episodes[i].episode_id, 0) for i in generating
+    ]
+    for i, request, completion in zip(generating, requests, _generate(engine, requests), strict=True):
+        calls[i].completion = completion
+        calls[i].entries.append(({}, request_fields(request.prompt, request.sampling), completion_record(completion)))
+
+    scored: list[tuple[int, dict[str, Any]]] = []
+    ll_requests: list[LoglikelihoodRequest] = []
+    for i, e in enumerate(episodes):
+        if e.choice_scoring in ("loglikelihood", "both"):
+            for option, label in enumerate(e.options):
+                ll_requests.append(LoglikelihoodRequest(e.prompt, option_continuation(label), e.episode_id,
+                                                        len(calls[i].entries) + option))  # fmt: skip
+                scored.append((i, {"option": option}))
+            calls[i].option_logprobs = ()
+    for (i, fields), request, score in zip(scored, ll_requests, _score(engine, ll_requests), strict=True):
+        request_rec = loglikelihood_fields(request.context, request.continuation)
+        calls[i].entries.append((fields, request_rec, loglikelihood_record(score)))
+        calls[i].option_logprobs = (*(calls[i].option_logprobs or ()), score.logprob)
+
+    judgements = _judge(engine, episodes, calls)
+    results = []
+    for e, c, judged in zip(episodes, calls, judgements, strict=True):
+        results.append(_record_staged(e, c, judged, generator))
+    return results
+
+
+def judge_prompt(episode: Episode, call: JudgeCall, output: str) -> str:
+    rubric = episode.judging
+    assert rubric is not None
+    criterion = next(c for c in rubric.criteria if c.id == call.criterion)
+    shown = [criterion.labels[i] for i in call.order]
+    variables = {**(episode.fields or {}), "prompt": episode.prompt, "output": output, "target": episode.target,
+                 "criterion": criterion.id, "question": criterion.question, "choices": shown,
+                 "letters": list(LETTERS[: len(shown)])}  # fmt: skip
+    return render_prompt(rubric.judge_pack, episode.item_id, variables)
+
+
+def _judge(engine: Engine, episodes: list[Episode], calls: list[_Calls]) -> list[tuple[Judgement, ...]]:
+    """The judges' calls for every episode with a rubric, as two engine batches at most."""
+    generate: list[tuple[int, JudgeCall, dict[str, Any], GenerationRequest]] = []
+    score: list[tuple[int, JudgeCall, dict[str, Any], LoglikelihoodRequest]] = []
+    for i, e in enumerate(episodes):
+        if e.judging is None:
+            continue
+        call_number = len(calls[i].entries)
+        for jc in e.judge_calls:
+            prompt = judge_prompt(e, jc, calls[i].completion.text)
+            fields = {"criterion": jc.criterion, "judge": jc.judge, "role": "judge", "shuffle_order": list(jc.order)}
+            if e.judging.scoring == "letter":
+                generate.append((i, jc, fields, GenerationRequest(prompt, jc.sampling, e.episode_id, call_number)))
+                call_number += 1
+                continue
+            criterion = next(c for c in e.judging.criteria if c.id == jc.criterion)
+            for position, original in enumerate(jc.order):
+                continuation = option_continuation(criterion.labels[original])
+                request = LoglikelihoodRequest(prompt, continuation, e.episode_id, call_number)
+                score.append((i, jc, {**fields, "option": original, "position": position}, request))
+                call_number += 1
+    # Entries go in call order; both stages' results are put back where their calls were numbered.
+    staged: list[dict[int, tuple[dict[str, Any], dict[str, Any], dict[str, Any]]]] = [{} for _ in episodes]
+    texts: dict[tuple[int, str, str], str] = {}
+    logprobs: dict[tuple[int, str, str], dict[int, float]] = {}
+    completions = _generate(engine, [r for *_, r in generate])
+    for (i, jc, fields, request), completion in zip(generate, completions, strict=True):
+        staged[i][request.call] = (
+            fields,
+            request_fields(request.prompt, request.sampling),
+            completion_record(completion),
+        )
+        texts[(i, jc.criterion, jc.judge)] = completion.text
+    scores = _score(engine, [r for *_, r in score])
+    for (i, jc, fields, request), result in zip(score, scores, strict=True):
+        request_rec = loglikelihood_fields(request.context, request.continuation)
+        staged[i][request.call] = (fields, request_rec, loglikelihood_record(result))
+        logprobs.setdefault((i, jc.criterion, jc.judge), {})[fields["option"]] = result.logprob
+    judged = []
+    for i, e in enumerate(episodes):
+        calls[i].entries.extend(staged[i][n] for n in sorted(staged[i]))
+        judgements = []
+        for jc in e.judge_calls:
+            key = (i, jc.criterion, jc.judge)
+            by_option = logprobs.get(key)
+            judgements.append(Judgement(
+                jc.criterion, jc.judge, jc.order, texts.get(key),
+                tuple(by_option[k] for k in range(len(jc.order))) if by_option is not None else None,
+            ))  # fmt: skip
+        judged.append(tuple(judgements))
+    return judged
+
+
+def _record_staged(episode: Episode, calls: _Calls, judgements: tuple[Judgement, ...],
+                   generator: Canonical) -> EpisodeResult:  # fmt: skip
+    """The chain of a staged episode: header, every model call in call order, end."""
+    chain = ChainBuilder(episode.episode_id)
+    header: dict[str, Any] = {"format": SCHEDULE_FORMAT, "generator": generator, "item": episode.item_id,
+                              "repeat": episode.repeat, "seed": episode.seed, "seeds": episode.seeds_record(),
+                              "task": episode.task}  # fmt: skip
+    if episode.fewshot_ids:
+        header["fewshot"] = list(episode.fewshot_ids)
+    if episode.options:
+        header["shuffle_order"] = list(episode.shuffle_order)
+    chain.append("header", **header)
+    for call, (fields, request, response) in enumerate(calls.entries):
+        request_text = canonical_json(request)
+        chain.append("model", **fields, call=call, request=Canonical(request_text),
+                     request_hash=sha256_hex(request_text), response=response)  # fmt: skip
+    chain.append("end", model_calls=len(calls.entries), status="ok")
+    return EpisodeResult(
+        episode, calls.completion, tuple(chain.lines), chain.head, episode.prompt_sha256, calls.option_logprobs,
+        judgements,
+    )  # fmt: skip

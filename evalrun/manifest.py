@@ -14,7 +14,7 @@ from evalrun.config import EvalConfig
 from evalrun.digest import canonical_hash, combine
 from evalrun.environment import evalrun_version, git_state, hardware_fingerprint, library_versions, python_version
 from evalrun.model import ResolvedModel
-from evalrun.scoring import scoring_hash
+from evalrun.scoring import ScoringContext, scoring_hash
 from evalrun.tasks import Task
 
 MANIFEST_FORMAT = "evalrun.manifest/1"
@@ -40,20 +40,27 @@ class Digest:
 
 
 def prompt_pack_hash(task: Task, decoding: dict[str, Any]) -> str:
-    """Templates (by content), few-shot files in order (none yet for this task kind), decoding settings."""
-    settings = {k: v for k, v in decoding.items() if k != "name"}
-    return canonical_hash({"templates": {"user": task.template_sha256}, "fewshot": [], "decoding": settings})
+    """The pack (templates by content, few-shot pool and settings, effective decoding settings) and,
+    for multiple choice, how options are shown (shuffled or not, the cannot-assess option)."""
+    record = task.pack.as_record(decoding)
+    if task.multiple_choice:
+        record["choices"] = {k: task.choices[k] for k in ("field", "cannot_assess", "shuffle")}
+    return canonical_hash(record)
 
 
 def seed_set_hash(seeds: dict[str, Any]) -> str:
     return canonical_hash({"master": seeds["master"], "set": list(seeds["set"]), "repeats": seeds["repeats"]})
 
 
-def compute_digest(config: EvalConfig, task: Task) -> Digest:
+def scoring_context(config: EvalConfig, task: Task, model: ResolvedModel) -> ScoringContext:
+    return ScoringContext.of(config.section("task"), task.rubric, model.files)
+
+
+def compute_digest(config: EvalConfig, task: Task, model: ResolvedModel) -> Digest:
     return Digest(
         prompt_pack=prompt_pack_hash(task, config.section("decoding")),
         seed_set=seed_set_hash(config.section("seeds")),
-        scoring=scoring_hash(config.section("task")["scorer"]),
+        scoring=scoring_hash(config.section("task")["scorer"], scoring_context(config, task, model)),
     )
 
 
@@ -71,7 +78,9 @@ def run_identity(config: EvalConfig, task: Task, model: ResolvedModel, digest: D
             "name": task.name,
             "dataset_sha256": task.dataset_sha256,
             "items": len(task.items),
-            "template_sha256": task.template_sha256,
+            "prompt_pack": task.pack.as_record(config.section("decoding")),
+            "choices": task.choices,
+            "rubric": task.rubric.as_record() if task.rubric is not None else None,
             "scorer": config.section("task")["scorer"],
         },
         "limit": config.raw["limit"],
@@ -104,7 +113,9 @@ def build_manifest(
         "task": {
             "name": task.name,
             "dataset": {"path": str(task.dataset_path), "sha256": task.dataset_sha256, "items": len(task.items)},
-            "template": {"path": str(task.template_path), "sha256": task.template_sha256},
+            "prompt_pack": {"path": str(task.pack.path), **task.pack.as_record(config.section("decoding"))},
+            "choices": task.choices,
+            "rubric": None if task.rubric is None else {"path": str(task.rubric.path), **task.rubric.as_record()},
             "scorer": config.section("task")["scorer"],
         },
         "limit": config.raw["limit"],

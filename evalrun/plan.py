@@ -1,18 +1,33 @@
 """The plan: every episode of a run, fixed before anything is dispatched.
 
-Episodes = task items x seed set x repeats. An episode's id and seeds are pure functions of the
-config, so the same config gives the same episodes on any machine, in any order.
+Episodes = task items x seed set x repeats. An episode's id and seeds, its prompt, few-shot
+examples, option order and judge calls are pure functions of the config, so the same config gives
+the same episodes on any machine, in any order. Few-shot examples and option orders are drawn
+once per item (per criterion and judge for judges), so repeats differ only in sampling.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from evalrun.digest import canonical_hash, sha256_hex
 from evalrun.engines import SamplingSpec
 from evalrun.seeds import derive_seed
-from evalrun.tasks import Task, render_prompts
+from evalrun.tasks import Task, prompt_variables, render_prompt
+from evalrun.tasks.rubric import Rubric
+from evalrun.tasks.selection import select_fewshot, shuffle_order
+
+
+@dataclass(frozen=True)
+class JudgeCall:
+    """One judge grading one criterion of an episode's output."""
+
+    criterion: str
+    judge: str
+    order: tuple[int, ...]  # shown position -> original option index, seeded per (item, criterion, judge)
+    sampling: SamplingSpec  # letter mode: how the judge generates (its seed derived per episode and call)
 
 
 @dataclass(frozen=True)
@@ -25,10 +40,22 @@ class Episode:
     prompt: str
     target: str
     sampling: SamplingSpec
+    fewshot_ids: tuple[str, ...] = ()
+    options: tuple[str, ...] = ()  # multiple choice: options in original order (cannot-assess last)
+    shuffle_order: tuple[int, ...] = ()  # multiple choice: shown position -> original index
+    choice_scoring: str = ""  # multiple choice: letter | loglikelihood | both
+    judging: Rubric | None = None  # one object shared by a run's episodes (pickled once per batch)
+    judge_calls: tuple[JudgeCall, ...] = ()
+    fields: Mapping[str, Any] | None = None  # the item's fields, for judge prompts
 
     @property
     def prompt_sha256(self) -> str:
         return sha256_hex(self.prompt)
+
+    @property
+    def single_call(self) -> bool:
+        """One generation and nothing else: the header, model, end chain of ``record_episode``."""
+        return not (self.fewshot_ids or self.options or self.judge_calls)
 
     def seeds_record(self) -> dict[str, str]:
         return {"sampling": str(self.sampling.seed)}
@@ -38,22 +65,61 @@ def episode_id(task: str, item_id: str, seed: int, repeat: int, seeds: dict[str,
     return canonical_hash({"task": task, "item": item_id, "seed": seed, "repeat": repeat, "seeds": seeds})
 
 
+JUDGE_DECODING = {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "max_tokens": 4, "stop": ["\n"], "logprobs": False}
+
+
+def sampling_spec(decoding: Mapping[str, Any], seed: int) -> SamplingSpec:
+    return SamplingSpec(
+        temperature=float(decoding["temperature"]),
+        top_p=float(decoding["top_p"]),
+        top_k=int(decoding["top_k"]),
+        max_tokens=int(decoding["max_tokens"]),
+        stop=tuple(decoding["stop"]),
+        seed=seed,
+        logprobs=bool(decoding["logprobs"]),
+    )
+
+
 def build_plan(task: Task, decoding: dict[str, Any], seeds: dict[str, Any]) -> list[Episode]:
-    prompts = render_prompts(task)
     master = seeds["master"]
+    pool = task.pack.fewshot
+    scoring = task.choices["scoring"] if task.multiple_choice else ""
+    prepared = []
+    for item in task.items:
+        fewshot: tuple[int, ...] = ()
+        if pool is not None:
+            fewshot = select_fewshot(pool.ids, pool.examples, pool.k, pool.stratify, master, task.name, item.id)
+        options = task.options(item) if task.multiple_choice else ()
+        order = tuple(range(len(options)))
+        if options and task.choices["shuffle"]:
+            order = shuffle_order(len(options), master, task.name, item.id)
+        shown = tuple(options[i] for i in order)
+        examples = [pool.examples[i] for i in fewshot] if pool is not None else []
+        prompt = render_prompt(task.pack, item.id, prompt_variables(item, examples, shown))
+        ids = tuple(pool.ids[i] for i in fewshot) if pool is not None else ()
+        prepared.append((item, prompt, ids, options, order))
+    rubric = task.rubric
+    judge_decoding = {**JUDGE_DECODING, **rubric.judge_pack.decoding} if rubric is not None else {}
     episodes = []
     for seed in seeds["set"]:
         for repeat in range(seeds["repeats"]):
-            for item in task.items:
-                sampling = SamplingSpec(
-                    temperature=float(decoding["temperature"]),
-                    top_p=float(decoding["top_p"]),
-                    top_k=int(decoding["top_k"]),
-                    max_tokens=int(decoding["max_tokens"]),
-                    stop=tuple(decoding["stop"]),
-                    seed=derive_seed(master, "sampling", task.name, item.id, seed, repeat),
-                    logprobs=bool(decoding["logprobs"]),
-                )
+            for item, prompt, ids, options, order in prepared:
+                sampling = sampling_spec(decoding, derive_seed(master, "sampling", task.name, item.id, seed, repeat))
+                judge_calls: tuple[JudgeCall, ...] = ()
+                if rubric is not None:
+                    judge_calls = tuple(
+                        JudgeCall(
+                            c.id,
+                            judge,
+                            shuffle_order(len(c.labels), master, task.name, item.id, c.id, judge),
+                            sampling_spec(
+                                judge_decoding,
+                                derive_seed(master, "judge", task.name, item.id, seed, repeat, c.id, judge),
+                            ),
+                        )
+                        for c in rubric.criteria
+                        for judge in rubric.judges
+                    )
                 eid = episode_id(task.name, item.id, seed, repeat, {"sampling": str(sampling.seed)})
                 episodes.append(
                     Episode(
@@ -62,9 +128,16 @@ def build_plan(task: Task, decoding: dict[str, Any], seeds: dict[str, Any]) -> l
                         item_id=item.id,
                         seed=seed,
                         repeat=repeat,
-                        prompt=prompts[item.id],
+                        prompt=prompt,
                         target=item.target,
                         sampling=sampling,
+                        fewshot_ids=ids,
+                        options=options,
+                        shuffle_order=order,
+                        choice_scoring=scoring,
+                        judging=rubric,
+                        judge_calls=judge_calls,
+                        fields=item.fields if rubric is not None else None,
                     )
                 )
     return episodes

@@ -25,7 +25,7 @@ from evalrun.engines.replay import Divergence, RecordedCall, ReplayEngine
 from evalrun.episode import EpisodeResult, run_episodes
 from evalrun.merkle import merkle_root
 from evalrun.plan import Episode, build_plan
-from evalrun.scoring import score_outputs
+from evalrun.scoring import ScoringContext, score_outputs
 from evalrun.verify import iter_chains, load_record, open_run, part_pairs
 
 
@@ -91,7 +91,8 @@ def replay_run(path: Path, overrides: list[str]) -> ReplayReport:
     config = replay_config(run, overrides)
     from evalrun.tasks import load_task
 
-    episodes = build_plan(load_task(config), config.section("decoding"), config.section("seeds"))
+    task = load_task(config)
+    episodes = build_plan(task, config.section("decoding"), config.section("seeds"))
     engine = ReplayEngine(calls)
     divergences: list[Divergence] = []
     results: list[EpisodeResult] = []
@@ -112,7 +113,9 @@ def replay_run(path: Path, overrides: list[str]) -> ReplayReport:
     scores_identical = None
     if not divergences:
         provenance = store.Provenance(worker="replay", hardware="{}", batch_size=1, latency_s=0.0)
-        scores = score_outputs(store.output_rows(results, provenance), config.section("task")["scorer"])
+        files = run.read_json(store.MANIFEST)["model"]["files"]
+        context = ScoringContext.of(config.section("task"), task.rubric, files)
+        scores = score_outputs(store.output_rows(results, provenance), config.section("task")["scorer"], context)
         recorded_scores = pq.read_table(run.scores)
         scores_identical = recorded_scores.schema.equals(scores.schema) and recorded_scores.equals(scores)
     return ReplayReport(

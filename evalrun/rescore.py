@@ -19,13 +19,14 @@ import pyarrow.parquet as pq
 import yaml
 
 from evalrun import store
+from evalrun.digest import canonical_hash
 from evalrun.errors import BadInput, CheckFailed
 from evalrun.report import summarize
-from evalrun.scoring import SCORER_VERSIONS, make_scorer, score_outputs, scoring_hash
+from evalrun.scoring import SCORER_VERSIONS, ScoringContext, make_scorer, score_columns, score_outputs, scoring_hash
+from evalrun.tasks.rubric import load_rubric
 from evalrun.verify import open_run
 
 RESCORE_DIR = "rescore"
-SCORE_INPUTS = ["episode_id", "task", "item_id", "seed", "repeat", "output", "target"]
 
 
 @dataclass(frozen=True)
@@ -65,7 +66,8 @@ def apply_overrides(spec: dict[str, Any], overrides: list[str]) -> dict[str, Any
             raise BadInput(override, f"expected KEY=VALUE with KEY one of {sorted(spec)}")
         spec[key] = yaml.safe_load(value)
     try:
-        make_scorer(spec)
+        if spec["name"] not in ("choice", "rubric"):  # those two read whole rows; their context is checked apart
+            make_scorer(spec)
     except (ValueError, KeyError, TypeError) as exc:
         raise BadInput("scorer", f"not a valid scorer ({exc})") from exc
     return spec
@@ -92,24 +94,65 @@ def _diffs(old: pa.Table, new: pa.Table) -> tuple[TaskDiff, ...]:
     )
 
 
+def _rubric_override(overrides: list[str]) -> tuple[Path | None, list[str]]:
+    """``task.rubric=PATH`` (or ``rubric=PATH``) apart from the scorer overrides."""
+    rubric, rest = None, []
+    for override in overrides:
+        key, sep, value = override.partition("=")
+        if sep and key.removeprefix("task.") == "rubric":
+            rubric = Path(value).expanduser().resolve()
+        else:
+            rest.append(override)
+    return rubric, rest
+
+
+def recorded_context(run: store.RunDir, rubric_path: Path | None) -> tuple[ScoringContext, bool]:
+    """The scoring context of the run, with its rubric file (or ``rubric_path``) read now; True when
+    that rubric differs from the one the run was scored with.
+
+    Only weights, option values and the aggregation may differ: verdicts were given to the
+    judge-facing part, so a rubric whose judges would see something else is refused (exit 2).
+    """
+    manifest = run.read_json(store.MANIFEST)
+    task = manifest.get("task", {})
+    choices = task.get("choices") or {"field": None, "scoring": ""}
+    recorded_rubric = task.get("rubric")
+    if recorded_rubric is None:
+        if rubric_path is not None:
+            raise BadInput("task.rubric", "this run has no rubric: its outputs were never judged")
+        choice = choices["scoring"] if choices["field"] is not None else ""
+        return ScoringContext(choice), False
+    path = rubric_path or Path(recorded_rubric["path"])
+    rubric = load_rubric(path)
+    if canonical_hash(rubric.judge_facing()) != canonical_hash(recorded_rubric["judge_facing"]):
+        changed = [k for k, v in rubric.judge_facing().items() if v != recorded_rubric["judge_facing"].get(k)]
+        raise BadInput(str(path), f"what the judges see changed ({', '.join(changed)}): the recorded verdicts do not "
+                                  "apply; judging again is a new run")  # fmt: skip
+    recorded_record = {k: v for k, v in recorded_rubric.items() if k != "path"}
+    context = ScoringContext("", rubric, canonical_hash(manifest["model"]["files"]))
+    return context, rubric.as_record() != recorded_record
+
+
 def rescore_run(path: Path, overrides: list[str]) -> RescoreReport:
     run = open_run(path)
     recorded = recorded_scorer(run)
+    rubric_path, overrides = _rubric_override(overrides)
+    context, rubric_changed = recorded_context(run, rubric_path)
     spec = apply_overrides(recorded, overrides)
-    new = score_outputs(run.read_outputs(SCORE_INPUTS), spec)
+    new = score_outputs(run.read_outputs(score_columns(spec)), spec, context)
     old_bytes = run.scores.read_bytes()
     old = pq.read_table(pa.BufferReader(old_bytes))
     old_versions = set(old.column("scorer_version").to_pylist()) if "scorer_version" in old.column_names else set()
-    scorer_changed = spec != recorded or old_versions - {SCORER_VERSIONS[spec["name"]]} != set()
+    scorer_changed = spec != recorded or rubric_changed or old_versions - {SCORER_VERSIONS[spec["name"]]} != set()
     identical = old.schema.equals(new.schema) and old.equals(new)
     new_bytes = store.table_bytes(new)
     if identical:
         return RescoreReport(new.num_rows, scorer_changed, True, new_bytes == old_bytes, (), None)
-    out_dir = run.path / RESCORE_DIR / scoring_hash(spec)[:16]
+    out_dir = run.path / RESCORE_DIR / scoring_hash(spec, context)[:16]
     out_dir.mkdir(parents=True, exist_ok=True)
     store.write_atomic(out_dir / store.SCORES, new_bytes)
     store.write_json(out_dir / store.SUMMARY, summarize(new))
-    store.write_json(out_dir / "scorer.json", spec)
+    store.write_json(out_dir / "scorer.json", {**spec, "context": context.as_record()})
     diffs = _diffs(old, new)
     report = RescoreReport(new.num_rows, scorer_changed, False, False, diffs, out_dir)
     if not scorer_changed:

@@ -16,13 +16,13 @@ from evalrun.config import REPO_ROOT, EvalConfig, load_stored, to_yaml, validate
 from evalrun.digest import file_sha256
 from evalrun.dispatch import Dispatcher, dispatcher_key, open_dispatcher
 from evalrun.errors import BadInput
-from evalrun.manifest import Digest, build_manifest, compute_digest, generator_info, run_identity
+from evalrun.manifest import Digest, build_manifest, compute_digest, generator_info, run_identity, scoring_context
 from evalrun.merkle import merkle_root
 from evalrun.model import ResolvedModel, resolve_model
 from evalrun.plan import Episode, build_plan
 from evalrun.progress import RunProgress
 from evalrun.report import summarize
-from evalrun.scoring import score_outputs
+from evalrun.scoring import score_columns, score_outputs
 from evalrun.tasks import Task, load_task
 from evalrun.worker import WorkerSpec
 
@@ -58,7 +58,7 @@ def prepare(config: EvalConfig) -> Prepared:
         determinism=config.section("determinism"),
     )
     return Prepared(
-        config=config, model=model, task=task, digest=compute_digest(config, task), episodes=episodes,
+        config=config, model=model, task=task, digest=compute_digest(config, task, model), episodes=episodes,
         worker_spec=spec,
     )  # fmt: skip
 
@@ -158,8 +158,9 @@ def _complete(run: store.RunDir, prepared: Prepared, dispatcher: Dispatcher, wri
     if set(writer.heads) != planned:
         raise RuntimeError(f"{len(planned - set(writer.heads))} planned episodes have no result")
 
-    scores = score_outputs(run.read_outputs(["episode_id", "task", "item_id", "seed", "repeat", "output", "target"]),
-                           config.section("task")["scorer"])  # fmt: skip
+    spec = config.section("task")["scorer"]
+    context = scoring_context(config, prepared.task, prepared.model)
+    scores = score_outputs(run.read_outputs(score_columns(spec)), spec, context)
     files = {name: file_sha256(run.path / name) for name in (store.CONFIG, store.MANIFEST)}
     files[store.SCORES] = store.write_atomic(run.scores, store.table_bytes(scores))
     files[store.SUMMARY] = store.write_json(run.summary, summarize(scores))

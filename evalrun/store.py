@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from evalrun.digest import canonical_json, file_sha256, sha256_hex
-from evalrun.episode import EpisodeResult
+from evalrun.episode import EpisodeResult, Judgement
 from evalrun.errors import BadInput
 
 MANIFEST = "manifest.json"
@@ -33,6 +33,16 @@ SUMMARY = "summary.json"
 RECORD = "record.json"
 LOCK = ".lock"
 PART_PATTERN = re.compile(r"^part-(\d{5})\.(parquet|jsonl)$")
+
+JUDGEMENT = pa.struct(
+    [
+        ("criterion", pa.string()),
+        ("judge", pa.string()),
+        ("shuffle_order", pa.list_(pa.int32())),
+        ("output", pa.string()),
+        ("option_logprobs", pa.list_(pa.float64())),
+    ]
+)
 
 OUTPUT_SCHEMA = pa.schema(
     [
@@ -52,6 +62,10 @@ OUTPUT_SCHEMA = pa.schema(
         ("prompt_tokens", pa.int32()),
         ("output_tokens", pa.int32()),
         ("head", pa.string()),
+        ("fewshot_ids", pa.list_(pa.string())),
+        ("shuffle_order", pa.list_(pa.int32())),  # shown position -> original option index
+        ("option_logprobs", pa.list_(pa.float64())),  # per original option; null unless scored so
+        ("judgements", pa.list_(JUDGEMENT)),
         # provenance: may differ between identical runs, never part of any chain
         ("worker", pa.string()),
         ("hardware", pa.string()),
@@ -108,7 +122,7 @@ def output_rows(results: list[EpisodeResult], provenance: Provenance) -> pa.Tabl
         "repeat": [e.repeat for e in episodes],
         "seeds": pa.StructArray.from_arrays([seeds], fields=[_SAMPLING_SEED]),
         "prompt": [e.prompt for e in episodes],
-        "prompt_sha256": [e.prompt_sha256 for e in episodes],
+        "prompt_sha256": [r.prompt_sha256 for r in results],
         "target": [e.target for e in episodes],
         "output": [c.text for c in completions],
         "token_ids": [list(c.token_ids) for c in completions],
@@ -117,6 +131,10 @@ def output_rows(results: list[EpisodeResult], provenance: Provenance) -> pa.Tabl
         "prompt_tokens": [c.prompt_tokens for c in completions],
         "output_tokens": [len(c.token_ids) for c in completions],
         "head": [r.head for r in results],
+        "fewshot_ids": [list(e.fewshot_ids) for e in episodes],
+        "shuffle_order": [list(e.shuffle_order) for e in episodes],
+        "option_logprobs": [None if r.option_logprobs is None else list(r.option_logprobs) for r in results],
+        "judgements": [[_judgement(j) for j in r.judgements] for r in results],
         "worker": [provenance.worker] * n,
         "hardware": [provenance.hardware] * n,
         "batch_size": [provenance.batch_size] * n,
@@ -126,6 +144,11 @@ def output_rows(results: list[EpisodeResult], provenance: Provenance) -> pa.Tabl
 
 
 _SAMPLING_SEED = OUTPUT_SCHEMA.field("seeds").type.field("sampling")
+
+
+def _judgement(j: Judgement) -> dict[str, Any]:
+    return {"criterion": j.criterion, "judge": j.judge, "shuffle_order": list(j.shuffle_order), "output": j.output,
+            "option_logprobs": None if j.option_logprobs is None else list(j.option_logprobs)}  # fmt: skip
 
 
 @dataclass(frozen=True)

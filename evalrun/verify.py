@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from evalrun import store
@@ -44,7 +45,9 @@ _FORMAT = _string(SCHEDULE_FORMAT)
 
 RECORD_FORMAT = "evalrun.record/1"
 ROW_COLUMNS = ["episode_id", "task", "item_id", "seed", "repeat", "seeds", "prompt", "prompt_sha256", "output",
-               "token_ids", "token_logprobs", "finish_reason", "output_tokens", "head"]  # fmt: skip
+               "token_ids", "token_logprobs", "finish_reason", "output_tokens", "head", "fewshot_ids",
+               "shuffle_order", "option_logprobs", "judgements"]  # fmt: skip
+STAGED_COLUMNS = ["fewshot_ids", "shuffle_order", "option_logprobs", "judgements"]  # empty for single-call episodes
 
 
 @dataclass(frozen=True)
@@ -209,15 +212,27 @@ def _row_mismatch(row: dict[str, Any], entries: list[dict[str, Any]]) -> str | N
     expected: dict[str, Any] = {"task": header.get("task"), "item_id": header.get("item"),
                                 "seed": header.get("seed"), "repeat": header.get("repeat")}  # fmt: skip
     models = [e for e in entries if e["kind"] == "model"]
-    if models:
-        request, response = _dict(models[-1].get("request")), _dict(models[-1].get("response"))
+    policy = [e for e in models if "role" not in e]
+    generated = [e for e in policy if "op" not in _dict(e.get("request"))]
+    scored = [e for e in policy if "op" in _dict(e.get("request"))]
+    if generated or scored:
+        request = _dict((generated or scored)[0].get("request"))
+        expected.update(prompt=request.get("prompt"), prompt_sha256=request.get("prompt_sha256"))
+    if generated:
+        response = _dict(generated[0].get("response"))
         token_ids = response.get("token_ids")
         expected.update(
-            prompt=request.get("prompt"), prompt_sha256=request.get("prompt_sha256"), output=response.get("text"),
-            token_ids=token_ids, token_logprobs=response.get("logprobs"),
+            output=response.get("text"), token_ids=token_ids, token_logprobs=response.get("logprobs"),
             finish_reason=response.get("finish_reason"),
             output_tokens=len(token_ids) if isinstance(token_ids, list) else None,
         )  # fmt: skip
+    elif scored:
+        expected.update(output="", token_ids=[], token_logprobs=[], finish_reason="not_generated", output_tokens=0)
+    expected.update(
+        fewshot_ids=header.get("fewshot", []), shuffle_order=header.get("shuffle_order", []),
+        option_logprobs=[_dict(e.get("response")).get("logprob") for e in scored] if scored else None,
+        judgements=_judgements(models),
+    )  # fmt: skip
     for column, value in expected.items():
         if row[column] != value:
             return column
@@ -225,6 +240,27 @@ def _row_mismatch(row: dict[str, Any], entries: list[dict[str, Any]]) -> str | N
     if row["seeds"] is not None and sampling is not None and str(row["seeds"]["sampling"]) != sampling:
         return "seeds"
     return None
+
+
+def _judgements(models: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The output row's judgements as the chain's judge entries give them, in call order."""
+    judged: dict[tuple[Any, Any], dict[str, Any]] = {}
+    for entry in models:
+        if entry.get("role") != "judge":
+            continue
+        key = (entry.get("criterion"), entry.get("judge"))
+        order = entry.get("shuffle_order")
+        row = judged.setdefault(key, {"criterion": key[0], "judge": key[1], "shuffle_order": order, "output": None,
+                                      "option_logprobs": None})  # fmt: skip
+        response = _dict(entry.get("response"))
+        if "op" in _dict(entry.get("request")):
+            by_option = row["option_logprobs"] = row["option_logprobs"] or [None] * len(order or [])
+            option = entry.get("option")
+            if isinstance(option, int) and 0 <= option < len(by_option):
+                by_option[option] = response.get("logprob")
+        else:
+            row["output"] = response.get("text")
+    return list(judged.values())
 
 
 def _dict(value: Any) -> dict[str, Any]:
@@ -237,7 +273,11 @@ def read_output_part(path: Path, rel: str) -> list[dict[str, Any]]:
         missing = [c for c in ROW_COLUMNS if c not in table.column_names]
         if missing:
             raise _fail(rel, f"missing output columns {missing}")
-        return table.select(ROW_COLUMNS).to_pylist()
+        table = table.select(ROW_COLUMNS)
+        if not table.schema.equals(_ROW_SCHEMA):
+            wrong = next(f.name for f in table.schema if f != _ROW_SCHEMA.field(f.name))
+            raise _fail(rel, f"column {wrong!r} is not of evalrun's type {_ROW_SCHEMA.field(wrong).type}")
+        return table.to_pylist()
     except (pa.ArrowException, OSError, ValueError, IndexError, KeyError) as exc:
         raise _fail(rel, f"unreadable Parquet part ({type(exc).__name__}: {exc})") from exc
 
@@ -330,6 +370,13 @@ def _fast_part(log_data: bytes, out_data: bytes) -> PartResult | None:
     n = table.num_rows
     if len(lines) != 3 * n:
         return None
+    for column in STAGED_COLUMNS:  # a single-call episode has none of these; any content goes the precise way
+        values = table.column(column)
+        if column == "option_logprobs":
+            if values.null_count != n:
+                return None
+        elif values.null_count or pc.sum(pc.list_value_length(values)).as_py() not in (0, None):
+            return None
     # Columns in bulk, each as one Python list; the struct column ``seeds`` only by its field, so
     # no dict is made per row (a null struct sends the part to the precise path).
     seeds = table.column("seeds")

@@ -69,7 +69,7 @@ def make_run(root: Path, name: str, values: dict[tuple[str, int], float], m: dic
                    "output_tokens": len(tokens), "head": "0" * 64, "worker": "w", "hardware": "{}",
                    "batch_size": 4, "latency_s": 0.1}  # fmt: skip
         for col in out:
-            out[col].append(out_row[col])
+            out[col].append(out_row.get(col))
     store.write_atomic(run.scores, store.table_bytes(pa.table(rows, schema=SCORES_SCHEMA)))
     store.write_atomic(run.output_part(0), store.table_bytes(pa.table(out, schema=store.OUTPUT_SCHEMA)))
     return run.path
