@@ -149,6 +149,8 @@ class Schema:
     determinism: DeterminismSchema = field(default_factory=DeterminismSchema)
     run: RunSchema = field(default_factory=RunSchema)
     limit: int | None = None
+    # The model a rubric's judges run on (``+model@judge_model=NAME``); None: the run's own model.
+    judge_model: ModelSchema | None = None
 
 
 ConfigStore.instance().store(name="evalrun_schema", node=Schema)
@@ -353,6 +355,11 @@ def validate(cfg: DictConfig) -> EvalConfig:
     model_path = None
     if raw["model"]["path"]:
         model_path = _resolve_path(str(Path(raw["model"]["path"])), "model.path", must_be="dir")
+    if raw["judge_model"] is not None:
+        if task["rubric"] is None:
+            raise BadInput("judge_model", "a judge model grades a rubric: the task has no task.rubric")
+        if raw["judge_model"]["path"]:
+            _resolve_path(str(Path(raw["judge_model"]["path"])), "judge_model.path", must_be="dir")
     return EvalConfig(raw=raw, dataset_path=dataset_path, prompt_path=prompt_path, rubric_path=rubric_path,
                       model_path=model_path)  # fmt: skip
 

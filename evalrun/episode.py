@@ -161,19 +161,20 @@ def record_episode(episode: Episode, completion: Completion, generator: dict[str
     return EpisodeResult(episode, completion, (header, model, end), head, prompt_sha256)
 
 
-def run_episodes(engine: Engine, episodes: list[Episode], generator: dict[str, Any] | Canonical) -> list[EpisodeResult]:
+def run_episodes(engine: Engine, episodes: list[Episode], generator: dict[str, Any] | Canonical,
+                 judge_engine: Engine | None = None) -> list[EpisodeResult]:  # fmt: skip
     """Run a batch of episodes; results in episode order.
 
     Each stage is one engine batch over all the batch's episodes: policy generations, policy
-    option scores (multiple choice by loglikelihood), then the judges' calls, which need the
-    policy's outputs.
+    option scores (multiple choice by loglikelihood), then the judges' calls (on ``judge_engine``,
+    by default ``engine``), which need the policy's outputs.
     """
     encoded = encode_generator(generator)
     if all(e.single_call for e in episodes):
         requests = [GenerationRequest(prompt=e.prompt, sampling=e.sampling, episode_id=e.episode_id) for e in episodes]
         completions = _generate(engine, requests)
         return [record_episode(e, c, encoded) for e, c in zip(episodes, completions, strict=True)]
-    return _run_staged(engine, episodes, encoded)
+    return _run_staged(engine, episodes, encoded, judge_engine or engine)
 
 
 def _generate(engine: Engine, requests: list[GenerationRequest]) -> list[Completion]:
@@ -202,7 +203,8 @@ class _Calls:
     option_logprobs: tuple[float, ...] | None = None
 
 
-def _run_staged(engine: Engine, episodes: list[Episode], generator: Canonical) -> list[EpisodeResult]:
+def _run_staged(engine: Engine, episodes: list[Episode], generator: Canonical,
+                judge_engine: Engine) -> list[EpisodeResult]:  # fmt: skip
     calls = [_Calls([]) for _ in episodes]
     generating = [i for i, e in enumerate(episodes) if e.choice_scoring in ("", "letter", "both")]
     requests = [
@@ -226,7 +228,7 @@ def _run_staged(engine: Engine, episodes: list[Episode], generator: Canonical) -
         calls[i].entries.append((fields, request_rec, loglikelihood_record(score)))
         calls[i].option_logprobs = (*(calls[i].option_logprobs or ()), score.logprob)
 
-    judgements = _judge(engine, episodes, calls)
+    judgements = _judge(judge_engine, episodes, calls)
     results = []
     for e, c, judged in zip(episodes, calls, judgements, strict=True):
         results.append(_record_staged(e, c, judged, generator))

@@ -52,15 +52,18 @@ def seed_set_hash(seeds: dict[str, Any]) -> str:
     return canonical_hash({"master": seeds["master"], "set": list(seeds["set"]), "repeats": seeds["repeats"]})
 
 
-def scoring_context(config: EvalConfig, task: Task, model: ResolvedModel) -> ScoringContext:
-    return ScoringContext.of(config.section("task"), task.rubric, model.files)
+def scoring_context(config: EvalConfig, task: Task, model: ResolvedModel,
+                    judge_model: ResolvedModel | None = None) -> ScoringContext:  # fmt: skip
+    """The judges' model is ``judge_model``, or the run's own model when there is none."""
+    return ScoringContext.of(config.section("task"), task.rubric, (judge_model or model).files)
 
 
-def compute_digest(config: EvalConfig, task: Task, model: ResolvedModel) -> Digest:
+def compute_digest(config: EvalConfig, task: Task, model: ResolvedModel,
+                   judge_model: ResolvedModel | None = None) -> Digest:  # fmt: skip
     return Digest(
         prompt_pack=prompt_pack_hash(task, config.section("decoding")),
         seed_set=seed_set_hash(config.section("seeds")),
-        scoring=scoring_hash(config.section("task")["scorer"], scoring_context(config, task, model)),
+        scoring=scoring_hash(config.section("task")["scorer"], scoring_context(config, task, model, judge_model)),
     )
 
 
@@ -69,7 +72,14 @@ def generator_info() -> dict[str, Any]:
     return {"name": "evalrun", "version": evalrun_version(), "git_commit": git_state()["commit"]}
 
 
-def run_identity(config: EvalConfig, task: Task, model: ResolvedModel, digest: Digest, episodes: int) -> dict[str, Any]:
+def _model_identity(model: ResolvedModel | None) -> dict[str, Any] | None:
+    if model is None:
+        return None
+    return {"id": model.id, "revision": model.revision, "files": model.files, "pinned": model.pinned}
+
+
+def run_identity(config: EvalConfig, task: Task, model: ResolvedModel, digest: Digest, episodes: int,
+                 judge_model: ResolvedModel | None = None) -> dict[str, Any]:  # fmt: skip
     """Everything that decides what a run computes, and nothing that legitimately varies (paths,
     times, workers, hardware). ``evalrun resume`` refuses a run whose identity would change."""
     return {
@@ -85,7 +95,8 @@ def run_identity(config: EvalConfig, task: Task, model: ResolvedModel, digest: D
         },
         "limit": config.raw["limit"],
         "episodes": episodes,
-        "model": {"id": model.id, "revision": model.revision, "files": model.files, "pinned": model.pinned},
+        "model": _model_identity(model),
+        "judge_model": _model_identity(judge_model),
         "engine": config.section("engine"),
         "decoding": config.section("decoding"),
         "seeds": config.section("seeds"),
@@ -101,6 +112,7 @@ def build_manifest(
     digest: Digest,
     workers: list[dict[str, Any]],
     episodes: int,
+    judge_model: ResolvedModel | None = None,
 ) -> dict[str, Any]:
     honoured = []
     for w in workers:
@@ -108,7 +120,7 @@ def build_manifest(
             honoured.append(w["determinism"]["honoured"])
     return {
         "format": MANIFEST_FORMAT,
-        "identity": run_identity(config, task, model, digest, episodes),
+        "identity": run_identity(config, task, model, digest, episodes, judge_model),
         "digest": digest.as_record(),
         "task": {
             "name": task.name,
@@ -121,6 +133,7 @@ def build_manifest(
         "limit": config.raw["limit"],
         "episodes": episodes,
         "model": model.as_record(),
+        "judge_model": judge_model.as_record() if judge_model is not None else None,
         "engine": workers[0]["engine"],
         "decoding": config.section("decoding"),
         "seeds": config.section("seeds"),

@@ -70,6 +70,8 @@ def replay_config(run: store.RunDir, overrides: list[str]) -> Any:
 
     cfg = load_stored(run.config, overrides)
     cfg.model.path = None  # replay serves recorded responses: the weights need not be here
+    if cfg.judge_model is not None:
+        cfg.judge_model.path = None
     return validate(cfg)
 
 
@@ -113,7 +115,8 @@ def replay_run(path: Path, overrides: list[str]) -> ReplayReport:
     scores_identical = None
     if not divergences:
         provenance = store.Provenance(worker="replay", hardware="{}", batch_size=1, latency_s=0.0)
-        files = run.read_json(store.MANIFEST)["model"]["files"]
+        manifest = run.read_json(store.MANIFEST)
+        files = (manifest.get("judge_model") or manifest["model"])["files"]
         context = ScoringContext.of(config.section("task"), task.rubric, files)
         scores = score_outputs(store.output_rows(results, provenance), config.section("task")["scorer"], context)
         recorded_scores = pq.read_table(run.scores)

@@ -129,7 +129,8 @@ def recorded_context(run: store.RunDir, rubric_path: Path | None) -> tuple[Scori
         raise BadInput(str(path), f"what the judges see changed ({', '.join(changed)}): the recorded verdicts do not "
                                   "apply; judging again is a new run")  # fmt: skip
     recorded_record = {k: v for k, v in recorded_rubric.items() if k != "path"}
-    context = ScoringContext("", rubric, canonical_hash(manifest["model"]["files"]))
+    judges = manifest.get("judge_model") or manifest["model"]
+    context = ScoringContext("", rubric, canonical_hash(judges["files"]))
     return context, rubric.as_record() != recorded_record
 
 

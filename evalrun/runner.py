@@ -10,6 +10,7 @@ import json
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 from evalrun import failpoints, store
 from evalrun.config import REPO_ROOT, EvalConfig, load_stored, to_yaml, validate
@@ -39,16 +40,22 @@ class Prepared:
     digest: Digest
     episodes: list[Episode]
     worker_spec: WorkerSpec
+    judge_model: ResolvedModel | None = None  # None: the judges (if any) run on the run's model
+
+
+def _resolve(m: dict[str, Any]) -> ResolvedModel:
+    """A model config section, its pins checked (BadInput naming the first mismatch)."""
+    return resolve_model(
+        model_id=m["id"], path=m["path"], revision=m["revision"], pins=m["sha256"], pinned=m["pinned"],
+        cache_dir=m["cache_dir"], repo_root=REPO_ROOT,
+    )  # fmt: skip
 
 
 def prepare(config: EvalConfig) -> Prepared:
     """All checks that need no engine: model pins, dataset, template rendering, the plan."""
-    m = config.section("model")
-    model = resolve_model(
-        model_id=m["id"], path=m["path"], revision=m["revision"], pins=m["sha256"], pinned=m["pinned"],
-        cache_dir=m["cache_dir"],
-        repo_root=REPO_ROOT,
-    )  # fmt: skip
+    m, j = config.section("model"), config.raw["judge_model"]
+    model = _resolve(m)
+    judge = _resolve(j) if j is not None else None
     task = load_task(config)
     episodes = build_plan(task, config.section("decoding"), config.section("seeds"))
     spec = WorkerSpec(
@@ -56,10 +63,12 @@ def prepare(config: EvalConfig) -> Prepared:
         model_dtype=m["dtype"],
         engine=config.section("engine"),
         determinism=config.section("determinism"),
+        judge_model_path=str(judge.path) if judge is not None else None,
+        judge_model_dtype=j["dtype"] if j is not None else None,
     )
     return Prepared(
-        config=config, model=model, task=task, digest=compute_digest(config, task, model), episodes=episodes,
-        worker_spec=spec,
+        config=config, model=model, task=task, digest=compute_digest(config, task, model, judge),
+        episodes=episodes, worker_spec=spec, judge_model=judge,
     )  # fmt: skip
 
 
@@ -86,7 +95,13 @@ def execute(prepared: Prepared, dispatcher: Dispatcher | None = None) -> Path:
     try:
         config, task = prepared.config, prepared.task
         manifest = build_manifest(
-            config, task, prepared.model, prepared.digest, dispatcher.workers(), len(prepared.episodes)
+            config,
+            task,
+            prepared.model,
+            prepared.digest,
+            dispatcher.workers(),
+            len(prepared.episodes),
+            prepared.judge_model,
         )
         run_cfg = config.section("run")
         stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
@@ -125,7 +140,8 @@ def resume(run_path: Path, overrides: list[str] | None = None, dispatcher: Dispa
         if run.record.is_file():
             return run.path  # already complete
         recorded = json.loads(run.manifest.read_text(encoding="utf-8")).get("identity", {})
-        current = run_identity(prepared.config, prepared.task, prepared.model, prepared.digest, len(prepared.episodes))
+        current = run_identity(prepared.config, prepared.task, prepared.model, prepared.digest, len(prepared.episodes),
+                               prepared.judge_model)  # fmt: skip
         changed = sorted(k for k in set(recorded) | set(current) if recorded.get(k) != current.get(k))
         if changed:
             raise BadInput(str(run.manifest), f"the run would now be made differently: {', '.join(changed)} changed")
@@ -159,7 +175,7 @@ def _complete(run: store.RunDir, prepared: Prepared, dispatcher: Dispatcher, wri
         raise RuntimeError(f"{len(planned - set(writer.heads))} planned episodes have no result")
 
     spec = config.section("task")["scorer"]
-    context = scoring_context(config, prepared.task, prepared.model)
+    context = scoring_context(config, prepared.task, prepared.model, prepared.judge_model)
     scores = score_outputs(run.read_outputs(score_columns(spec)), spec, context)
     files = {name: file_sha256(run.path / name) for name in (store.CONFIG, store.MANIFEST)}
     files[store.SCORES] = store.write_atomic(run.scores, store.table_bytes(scores))

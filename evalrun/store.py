@@ -131,10 +131,7 @@ def output_rows(results: list[EpisodeResult], provenance: Provenance) -> pa.Tabl
         "prompt_tokens": [c.prompt_tokens for c in completions],
         "output_tokens": [len(c.token_ids) for c in completions],
         "head": [r.head for r in results],
-        "fewshot_ids": [list(e.fewshot_ids) for e in episodes],
-        "shuffle_order": [list(e.shuffle_order) for e in episodes],
-        "option_logprobs": [None if r.option_logprobs is None else list(r.option_logprobs) for r in results],
-        "judgements": [[_judgement(j) for j in r.judgements] for r in results],
+        **(_staged_columns(results) if any(not e.single_call for e in episodes) else _no_stages(n)),
         "worker": [provenance.worker] * n,
         "hardware": [provenance.hardware] * n,
         "batch_size": [provenance.batch_size] * n,
@@ -144,6 +141,27 @@ def output_rows(results: list[EpisodeResult], provenance: Provenance) -> pa.Tabl
 
 
 _SAMPLING_SEED = OUTPUT_SCHEMA.field("seeds").type.field("sampling")
+
+
+_STAGED = ("fewshot_ids", "shuffle_order", "option_logprobs", "judgements")
+
+
+def _staged_columns(results: list[EpisodeResult]) -> dict[str, list[Any]]:
+    return {
+        "fewshot_ids": [list(r.episode.fewshot_ids) for r in results],
+        "shuffle_order": [list(r.episode.shuffle_order) for r in results],
+        "option_logprobs": [None if r.option_logprobs is None else list(r.option_logprobs) for r in results],
+        "judgements": [[_judgement(j) for j in r.judgements] for r in results],
+    }
+
+
+def _no_stages(n: int) -> dict[str, pa.Array]:
+    """The staged columns of single-call episodes, built whole: empty lists, no option scores."""
+    offsets = pa.array([0] * (n + 1), pa.int32())
+    columns = {name: pa.ListArray.from_arrays(offsets, pa.array([], OUTPUT_SCHEMA.field(name).type.value_type))
+               for name in ("fewshot_ids", "shuffle_order", "judgements")}  # fmt: skip
+    columns["option_logprobs"] = pa.nulls(n, OUTPUT_SCHEMA.field("option_logprobs").type)
+    return {name: columns[name] for name in _STAGED}
 
 
 def _judgement(j: Judgement) -> dict[str, Any]:

@@ -9,7 +9,7 @@ import os
 import socket
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +32,8 @@ class WorkerSpec:
     engine: dict[str, Any]
     determinism: dict[str, Any]
     engine_factory: Callable[[WorkerSpec], Any] | None = None
+    judge_model_path: str | None = None  # a second engine, same settings, for a rubric's judges
+    judge_model_dtype: str | None = None
 
     def as_record(self) -> dict[str, Any]:
         factory = self.engine_factory
@@ -41,6 +43,8 @@ class WorkerSpec:
             "engine": self.engine,
             "determinism": self.determinism,
             "engine_factory": None if factory is None else f"{factory.__module__}.{factory.__qualname__}",
+            "judge_model_path": self.judge_model_path,
+            "judge_model_dtype": self.judge_model_dtype,
         }
 
 
@@ -61,6 +65,12 @@ class EngineWorker:
 
         self.hardware = canonical_json(hardware_fingerprint())
         self.engine = _build_engine(spec)
+        self.judge_engine = self.engine
+        if spec.judge_model_path is not None:
+            judge = replace(
+                spec, model_path=spec.judge_model_path, model_dtype=spec.judge_model_dtype or spec.model_dtype
+            )
+            self.judge_engine = _build_engine(judge)
 
     def info(self) -> dict[str, Any]:
         return {
@@ -70,11 +80,12 @@ class EngineWorker:
             "hardware": self.hardware,
             "determinism": self.determinism,
             "engine": self.engine.describe(),
+            "judge_engine": self.judge_engine.describe() if self.judge_engine is not self.engine else None,
         }
 
     def run(self, episodes: list[Episode], generator: dict[str, Any]) -> BatchOutcome:
         started = time.perf_counter()
-        results = run_episodes(self.engine, episodes, generator)
+        results = run_episodes(self.engine, episodes, generator, self.judge_engine)
         provenance = Provenance(self.name, self.hardware, len(results), time.perf_counter() - started)
         return BatchOutcome(encode_part(results, provenance), len(results), self.name)
 

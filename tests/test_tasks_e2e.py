@@ -165,3 +165,47 @@ def test_replay_reports_a_judge_template_edit_at_the_first_judge_call(rubric_run
     first = report.divergences[0]
     assert first.seq == 2  # header, the policy's call, then the first judge call
     assert "=>" in first.got
+
+
+def perturbed_copy(tmp_path: Path) -> Path:
+    """The embedded model with noise on its embeddings: another judge, same tokenizer."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    target = Path(shutil.copytree(Path(__file__).resolve().parents[1] / "models" / "tiny-adder", tmp_path / "judge"))
+    weights = load_file(target / "model.safetensors")
+    generator = torch.Generator().manual_seed(0)
+    name = next(k for k in sorted(weights) if "embed" in k)
+    weights[name] = weights[name] + 0.5 * torch.randn(weights[name].shape, generator=generator)
+    save_file(weights, target / "model.safetensors", metadata={"format": "pt"})
+    return target
+
+
+def test_a_separate_judge_model_grades_in_the_same_worker(tmp_path: Path) -> None:
+    base = ["task=report_rubric", "limit=3", "engine=hf", "cluster=inline", "run.progress=false"]
+    own = execute(prepare(load([*base, f"run.root={tmp_path / 'own'}"])))
+    judge_dir = perturbed_copy(tmp_path)
+    judged = [*base, f"run.root={tmp_path / 'other'}", "+model@judge_model=tiny_adder",
+              f"judge_model.path={judge_dir}", "judge_model.pinned=false"]  # fmt: skip
+    other = execute(prepare(load(judged)))
+    a, b = rows(own), rows(other)
+    assert {k: r["output"] for k, r in a.items()} == {k: r["output"] for k, r in b.items()}  # same policy
+    logprobs = [(ja["option_logprobs"], jb["option_logprobs"])
+                for k in a for ja, jb in zip(a[k]["judgements"], b[k]["judgements"], strict=True)]  # fmt: skip
+    assert all(x != y for x, y in logprobs)  # every judge call went to the other model
+    ma, mb = (json.loads((r / "manifest.json").read_text()) for r in (own, other))
+    assert ma["judge_model"] is None and mb["judge_model"]["files"] != mb["model"]["files"]
+    assert mb["judge_model"]["pinned"] is False
+    assert mb["digest"]["scoring"] != ma["digest"]["scoring"]
+    assert (mb["digest"]["prompt_pack"], mb["digest"]["seed_set"]) == (
+        ma["digest"]["prompt_pack"],
+        ma["digest"]["seed_set"],
+    )
+    assert mb["workers"] and verify_run(other, jobs=1).episodes == 3
+    assert rescore_run(other, []).identical
+    assert replay_run(other, []).root_matches
+
+
+def test_a_judge_model_without_a_rubric_is_bad_input(tmp_path: Path) -> None:
+    code = cli.main(["run", "+model@judge_model=tiny_adder", f"run.root={tmp_path}"])
+    assert code == 2 and not tmp_path.joinpath("runs").exists()
