@@ -8,7 +8,6 @@ values and files and turns the result into an immutable :class:`EvalConfig`.
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from evalrun.errors import BadInput
+from evalrun.jsonl import objects
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CONF_DIR = REPO_ROOT / "conf"
@@ -283,27 +283,17 @@ def check_dataset(path: Path, id_field: str, target_field: str, choices_field: s
     With ``choices_field``, each item lists at least two distinct option strings there, and its
     target is the index of the right one.
     """
-    seen: dict[str, int] = {}
-    with open(path, encoding="utf-8") as fh:
-        for number, line in enumerate(fh, start=1):
-            if not line.strip():
-                continue
-            where = f"{path}:{number}"
-            try:
-                item = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise BadInput(where, f"expected one JSON object per line ({exc.msg})") from exc
-            if not isinstance(item, dict):
-                raise BadInput(where, f"expected a JSON object, got {type(item).__name__}")
-            for key in (id_field, target_field):
-                if key not in item:
-                    raise BadInput(where, f"missing field {key!r}")
-            if choices_field is not None:
-                _check_choices(item, where, choices_field, target_field)
-            item_id = str(item[id_field])
-            if item_id in seen:
-                raise BadInput(where, f"duplicate item id {item_id!r} (first on line {seen[item_id]})")
-            seen[item_id] = number
+    seen: dict[str, str] = {}
+    for where, item in objects(path):
+        for key in (id_field, target_field):
+            if key not in item:
+                raise BadInput(where, f"missing field {key!r}")
+        if choices_field is not None:
+            _check_choices(item, where, choices_field, target_field)
+        item_id = str(item[id_field])
+        if item_id in seen:
+            raise BadInput(where, f"duplicate item id {item_id!r} (first at {seen[item_id]})")
+        seen[item_id] = where
     if not seen:
         raise BadInput(str(path), "the dataset has no items")
     return len(seen)

@@ -11,8 +11,7 @@ from typing import Any, ClassVar
 import pytest
 
 from evalrun.config import REPO_ROOT, load
-from evalrun.engines import LoglikelihoodRequest, SamplingSpec
-from evalrun.engines.vllm import loglikelihood_tokens
+from evalrun.engines import LoglikelihoodRequest, SamplingSpec, loglikelihood_tokens
 
 pytestmark = pytest.mark.e2e
 

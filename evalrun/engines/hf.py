@@ -10,7 +10,7 @@ vLLM (the GPU check machine) can run evalrun. It mirrors :class:`evalrun.engines
 - temperature, top-k and top-p are applied per request, in that order, as vLLM does;
 - recorded logprobs are of the chosen token under the raw model distribution (vLLM's default
   ``raw_logprobs``), in float32;
-- ``loglikelihood`` tokenizes as vLLM does (:func:`evalrun.engines.vllm.loglikelihood_tokens`) and
+- ``loglikelihood`` tokenizes as vLLM does (:func:`evalrun.engines.loglikelihood_tokens`) and
   scores, in batches of ``engine.max_num_seqs``, each sequence less its last token left-padded (position
   ids from the attention mask), so every row's continuation is predicted by the batch's last columns;
   logprobs are the float32 log_softmax of the logits, greedy means no token has a higher logprob;
@@ -31,8 +31,15 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before transformers reads it: no
 
 from transformers import LogitsProcessor, StoppingCriteria
 
-from evalrun.engines import Completion, GenerationRequest, Loglikelihood, LoglikelihoodRequest, SamplingSpec
-from evalrun.engines.vllm import checked_logprob, loglikelihood_tokens  # imports no vLLM
+from evalrun.engines import (
+    Completion,
+    GenerationRequest,
+    Loglikelihood,
+    LoglikelihoodRequest,
+    SamplingSpec,
+    checked_logprob,
+    loglikelihood_tokens,
+)
 
 # Determinism settings that act on vLLM only; recorded as not applicable to this engine.
 NOT_APPLICABLE = ("batch_invariant", "disable_v1_multiprocessing")

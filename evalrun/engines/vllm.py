@@ -11,45 +11,19 @@ import os
 from pathlib import Path
 from typing import Any
 
-from evalrun.engines import Completion, GenerationRequest, Loglikelihood, LoglikelihoodRequest
+from evalrun.engines import (
+    Completion,
+    GenerationRequest,
+    Loglikelihood,
+    LoglikelihoodRequest,
+    checked_logprob,
+    loglikelihood_tokens,
+)
 
 
 def _finite(value: float) -> float | None:
     """JSON has no infinities: a logprob vLLM reports as -inf is recorded as null."""
     return value if math.isfinite(value) else None
-
-
-def loglikelihood_tokens(tokenizer: Any, request: LoglikelihoodRequest) -> tuple[list[int], int]:
-    """The tokens to feed for ``request`` and how many of them, at the end, are the continuation's.
-
-    Shared by every engine so that they score the same tokens. As lm-evaluation-harness does,
-    ``context + continuation`` is tokenized as a whole and the continuation's tokens are those after
-    the tokens of ``context`` alone (both with the tokenizer's special tokens, e.g. a BOS); where
-    that split fails (the whole does not start with the context's tokens, or nothing follows them)
-    the continuation is tokenized on its own and appended to the context's tokens. An empty
-    continuation has no tokens (its logprob is 0). The first continuation token needs a token
-    before it: an empty context is allowed only when the tokenizer adds one (a BOS).
-    """
-    ctx_ids = [int(t) for t in tokenizer.encode(request.context, add_special_tokens=True)]
-    if not ctx_ids:
-        raise ValueError(
-            f"loglikelihood request with context {request.context!r}: the context has no tokens and the "
-            "tokenizer adds no BOS token, so there is nothing to condition the continuation's first token on"
-        )
-    whole_ids = [int(t) for t in tokenizer.encode(request.context + request.continuation, add_special_tokens=True)]
-    if len(whole_ids) > len(ctx_ids) and whole_ids[: len(ctx_ids)] == ctx_ids:
-        return whole_ids, len(whole_ids) - len(ctx_ids)
-    cont_ids = [int(t) for t in tokenizer.encode(request.continuation, add_special_tokens=False)]
-    return ctx_ids + cont_ids, len(cont_ids)
-
-
-def checked_logprob(value: float, request: LoglikelihoodRequest) -> float:
-    if not math.isfinite(value):
-        raise ValueError(
-            f"loglikelihood of continuation {request.continuation!r} after context {request.context!r} "
-            f"is not finite ({value})"
-        )
-    return value
 
 
 class VLLMEngine:

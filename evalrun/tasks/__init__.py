@@ -10,7 +10,6 @@ error, never an empty string. A template sees every field of the item, and also:
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +20,7 @@ from jinja2.exceptions import UndefinedError
 from evalrun.config import EvalConfig
 from evalrun.digest import file_sha256
 from evalrun.errors import BadInput
+from evalrun.jsonl import objects
 from evalrun.tasks.pack import PromptPack, load_pack, template_pack
 from evalrun.tasks.rubric import Rubric, load_rubric
 from evalrun.tasks.selection import LETTERS
@@ -59,12 +59,9 @@ def load_task(config: EvalConfig) -> Task:
     spec = config.section("task")
     choices_field = spec["choices"]["field"]
     items = []
-    with open(config.dataset_path, encoding="utf-8") as fh:
-        for line in fh:
-            if line.strip():
-                record = json.loads(line)
-                options = tuple(record[choices_field]) if choices_field is not None else ()
-                items.append(Item(str(record[spec["id_field"]]), record, str(record[spec["target_field"]]), options))
+    for _where, record in objects(config.dataset_path):
+        options = tuple(record[choices_field]) if choices_field is not None else ()
+        items.append(Item(str(record[spec["id_field"]]), record, str(record[spec["target_field"]]), options))
     if config.raw["limit"] is not None:
         items = items[: config.raw["limit"]]
     pack = load_pack(config.prompt_path) if spec["prompt_pack"] is not None else template_pack(config.prompt_path)

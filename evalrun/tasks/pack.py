@@ -22,7 +22,6 @@ prompt pack. A task given only ``task.template`` has a pack of that one user tem
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
@@ -35,6 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from evalrun.digest import canonical_hash, file_sha256, sha256_hex
 from evalrun.errors import BadInput
+from evalrun.jsonl import objects
 
 PACK_FILE = "pack.yaml"
 DECODING_KEYS = ("temperature", "top_p", "top_k", "max_tokens", "stop", "logprobs")
@@ -169,23 +169,15 @@ def _fewshot_pool(directory: Path, pack_path: Path, spec: _FewshotSpec) -> Fewsh
         raise BadInput(f"{pack_path}: field fewshot.file", f"{path} does not exist or is not a file")
     ids: list[str] = []
     examples: list[Mapping[str, Any]] = []
-    with open(path, encoding="utf-8") as fh:
-        for number, line in enumerate(fh, start=1):
-            if not line.strip():
-                continue
-            where = f"{path}:{number}"
-            try:
-                example = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise BadInput(where, f"expected one JSON object per line ({exc.msg})") from exc
-            if not isinstance(example, dict) or spec.id_field not in example:
-                raise BadInput(where, f"expected a JSON object with field {spec.id_field!r}")
-            if spec.stratify is not None and spec.stratify not in example:
-                raise BadInput(where, f"missing field {spec.stratify!r} (fewshot.stratify)")
-            if str(example[spec.id_field]) in ids:
-                raise BadInput(where, f"duplicate example id {example[spec.id_field]!r}")
-            ids.append(str(example[spec.id_field]))
-            examples.append(example)
+    for where, example in objects(path):
+        if spec.id_field not in example:
+            raise BadInput(where, f"missing field {spec.id_field!r} (fewshot.id_field)")
+        if spec.stratify is not None and spec.stratify not in example:
+            raise BadInput(where, f"missing field {spec.stratify!r} (fewshot.stratify)")
+        if str(example[spec.id_field]) in ids:
+            raise BadInput(where, f"duplicate example id {example[spec.id_field]!r}")
+        ids.append(str(example[spec.id_field]))
+        examples.append(example)
     if len(examples) <= spec.k:
         message = f"expected k below the pool size ({len(examples)} examples in {path}), got {spec.k}"
         raise BadInput(f"{pack_path}: field fewshot.k", message)
