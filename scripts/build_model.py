@@ -9,6 +9,15 @@ hashes, so the pins must be refreshed with ``--write-pins``).
 The training prompt format is the built-in task's template (``evalrun/tasks/builtin/addition``),
 rendered for every pair ``a+b`` with ``0 <= a, b <= 99`` except the task's own test items, so the
 task measures generalisation to unseen pairs.
+
+The second shipped model, ``models/tiny-adder-context``, puts the prompt after other text in a
+share of the batches (``--context-share``), in the shapes of the example prompt packs: one to
+three worked examples before the question (``addition_fewshot``), or four options listed under it
+(``addition_mc``), so it answers the last question wherever it sits in its window. The loss is on
+the final answer only; the held-out pairs never appear anywhere::
+
+    python scripts/build_model.py --out models/tiny-adder-context --steps 4500 --context-share 0.5 \
+        --write-pins conf/model/tiny_adder_context.yaml
 """
 
 from __future__ import annotations
@@ -57,6 +66,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--seed", type=int, default=1234)
     parser.add_argument("--write-pins", type=Path, default=None, help="rewrite this model config's sha256 pins")
+    parser.add_argument("--context-share", type=float, default=0.0, help="share of batches with a context prefix")
     args = parser.parse_args()
 
     torch.manual_seed(args.seed)
@@ -77,7 +87,6 @@ def main() -> None:
         prompt_ids = tokenizer(render(template, a, b), add_special_tokens=False)["input_ids"]
         answer_ids = tokenizer(f" {a + b}", add_special_tokens=False)["input_ids"] + [eos]
         examples.append((prompt_ids, answer_ids))
-    width = max(len(p) + len(a) for p, a in examples)
 
     config = LlamaConfig(
         vocab_size=len(tokenizer),
@@ -95,14 +104,37 @@ def main() -> None:
         pad_token_id=tokenizer.pad_token_id,
         torch_dtype="float32",
     )
+    width = max(len(p) + len(a) for p, a in examples)
     model = LlamaForCausalLM(config)
     optimiser = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01)
     schedule = torch.optim.lr_scheduler.OneCycleLR(optimiser, max_lr=3e-3, total_steps=args.steps, pct_start=0.1)
 
+    def with_context(a: int, b: int) -> str:
+        """The question after worked examples, or with four options listed under it."""
+        if rng.random() < 0.6:
+            shots = rng.sample(pairs, rng.randint(1, 3))
+            return "".join(f"Q: {x}+{y}\nA: {x + y}\n" for x, y in shots) + render(template, a, b)
+        options = [a + b]
+        for delta in rng.sample([1, -1, 2, -2, 10, -10, 11, -11], 8):
+            if len(options) < 4 and a + b + delta >= 0:
+                options.append(a + b + delta)
+        rng.shuffle(options)
+        listed = "".join(f"{'ABCD'[i]}) {o}\n" for i, o in enumerate(options))
+        return f"Q: {a}+{b}\n{listed}A:"
+
     def batch() -> tuple[torch.Tensor, torch.Tensor]:
-        ids = torch.full((args.batch, width), tokenizer.pad_token_id, dtype=torch.long)
-        labels = torch.full((args.batch, width), -100, dtype=torch.long)
-        for row, (p, a) in enumerate(rng.choices(examples, k=args.batch)):
+        rows = rng.choices(examples, k=args.batch)
+        size = width  # the default model's batches: one width (and no extra draw) for reproducibility
+        if args.context_share > 0:
+            if rng.random() < args.context_share:
+                rows = []
+                for a, b in rng.choices(pairs, k=args.batch):
+                    prompt_ids = tokenizer(with_context(a, b), add_special_tokens=False)["input_ids"]
+                    rows.append((prompt_ids, tokenizer(f" {a + b}", add_special_tokens=False)["input_ids"] + [eos]))
+            size = max(len(p) + len(a) for p, a in rows)
+        ids = torch.full((args.batch, size), tokenizer.pad_token_id, dtype=torch.long)
+        labels = torch.full((args.batch, size), -100, dtype=torch.long)
+        for row, (p, a) in enumerate(rows):
             seq = p + a
             ids[row, : len(seq)] = torch.tensor(seq)
             labels[row, len(p) : len(seq)] = torch.tensor(a)

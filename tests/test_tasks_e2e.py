@@ -209,3 +209,16 @@ def test_a_separate_judge_model_grades_in_the_same_worker(tmp_path: Path) -> Non
 def test_a_judge_model_without_a_rubric_is_bad_input(tmp_path: Path) -> None:
     code = cli.main(["run", "+model@judge_model=tiny_adder", f"run.root={tmp_path}"])
     assert code == 2 and not tmp_path.joinpath("runs").exists()
+
+
+def test_the_context_model_uses_fewshot_examples_and_ranks_options(tmp_path: Path) -> None:
+    """The example packs measure something real on the model trained for prompts after context."""
+    base = ["model=tiny_adder_context", "engine=hf", "cluster=inline", "run.progress=false", f"run.root={tmp_path}"]
+    means = {}
+    for task in ("addition_fewshot", "addition_mc"):
+        run = execute(prepare(load([*base, f"task={task}", "limit=20"])))
+        summary = json.loads((run / "summary.json").read_text())
+        means.update({metric: value["mean"] for metric, value in summary["overall"].items()})
+    assert means["exact_match"] >= 0.8  # with three worked examples before each question
+    assert means["choice_loglikelihood"] >= 0.8  # four options, chance is 0.25
+    assert means["choice_letter"] == 0.0  # it was never taught to answer with a letter
