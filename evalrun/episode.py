@@ -238,7 +238,7 @@ def _run_staged(engine: Engine, episodes: list[Episode], generator: Canonical,
 def judge_prompt(episode: Episode, call: JudgeCall, output: str) -> str:
     rubric = episode.judging
     assert rubric is not None
-    criterion = next(c for c in rubric.criteria if c.id == call.criterion)
+    criterion = rubric.criterion(call.criterion)
     shown = [criterion.labels[i] for i in call.order]
     variables = {**(episode.fields or {}), "prompt": episode.prompt, "output": output, "target": episode.target,
                  "criterion": criterion.id, "question": criterion.question, "choices": shown,
@@ -261,7 +261,7 @@ def _judge(engine: Engine, episodes: list[Episode], calls: list[_Calls]) -> list
                 generate.append((i, jc, fields, GenerationRequest(prompt, jc.sampling, e.episode_id, call_number)))
                 call_number += 1
                 continue
-            criterion = next(c for c in e.judging.criteria if c.id == jc.criterion)
+            criterion = e.judging.criterion(jc.criterion)
             for position, original in enumerate(jc.order):
                 continuation = option_continuation(criterion.labels[original])
                 request = LoglikelihoodRequest(prompt, continuation, e.episode_id, call_number)

@@ -84,6 +84,8 @@ def build_plan(task: Task, decoding: dict[str, Any], seeds: dict[str, Any]) -> l
     master = seeds["master"]
     pool = task.pack.fewshot
     scoring = task.choices["scoring"] if task.multiple_choice else ""
+    rubric = task.rubric
+    criteria, judges = (rubric.criteria, rubric.judges) if rubric is not None else ((), ())
     prepared = []
     for item in task.items:
         fewshot: tuple[int, ...] = ()
@@ -97,29 +99,24 @@ def build_plan(task: Task, decoding: dict[str, Any], seeds: dict[str, Any]) -> l
         examples = [pool.examples[i] for i in fewshot] if pool is not None else []
         prompt = render_prompt(task.pack, item.id, prompt_variables(item, examples, shown))
         ids = tuple(pool.ids[i] for i in fewshot) if pool is not None else ()
-        prepared.append((item, prompt, ids, options, order))
-    rubric = task.rubric
+        judge_orders = [
+            (c.id, judge, shuffle_order(len(c.labels), master, task.name, item.id, c.id, judge))
+            for c in criteria
+            for judge in judges
+        ]
+        prepared.append((item, prompt, ids, options, order, judge_orders))
     judge_decoding = {**JUDGE_DECODING, **rubric.judge_pack.decoding} if rubric is not None else {}
     episodes = []
     for seed in seeds["set"]:
         for repeat in range(seeds["repeats"]):
-            for item, prompt, ids, options, order in prepared:
+            for item, prompt, ids, options, order, judge_orders in prepared:
                 sampling = sampling_spec(decoding, derive_seed(master, "sampling", task.name, item.id, seed, repeat))
-                judge_calls: tuple[JudgeCall, ...] = ()
-                if rubric is not None:
-                    judge_calls = tuple(
-                        JudgeCall(
-                            c.id,
-                            judge,
-                            shuffle_order(len(c.labels), master, task.name, item.id, c.id, judge),
-                            sampling_spec(
-                                judge_decoding,
-                                derive_seed(master, "judge", task.name, item.id, seed, repeat, c.id, judge),
-                            ),
-                        )
-                        for c in rubric.criteria
-                        for judge in rubric.judges
-                    )
+                judge_calls = tuple(
+                    JudgeCall(criterion, judge, shown_order, sampling_spec(
+                        judge_decoding, derive_seed(master, "judge", task.name, item.id, seed, repeat, criterion, judge)
+                    ))
+                    for criterion, judge, shown_order in judge_orders
+                )  # fmt: skip
                 eid = episode_id(task.name, item.id, seed, repeat, {"sampling": str(sampling.seed)})
                 episodes.append(
                     Episode(

@@ -115,9 +115,7 @@ def replay_run(path: Path, overrides: list[str]) -> ReplayReport:
     scores_identical = None
     if not divergences:
         provenance = store.Provenance(worker="replay", hardware="{}", batch_size=1, latency_s=0.0)
-        manifest = run.read_json(store.MANIFEST)
-        files = (manifest.get("judge_model") or manifest["model"])["files"]
-        context = ScoringContext.of(config.section("task"), task.rubric, files)
+        context = ScoringContext.recorded(run.read_json(store.MANIFEST), task.rubric)
         scores = score_outputs(store.output_rows(results, provenance), config.section("task")["scorer"], context)
         recorded_scores = pq.read_table(run.scores)
         scores_identical = recorded_scores.schema.equals(scores.schema) and recorded_scores.equals(scores)

@@ -114,14 +114,11 @@ def recorded_context(run: store.RunDir, rubric_path: Path | None) -> tuple[Scori
     judge-facing part, so a rubric whose judges would see something else is refused (exit 2).
     """
     manifest = run.read_json(store.MANIFEST)
-    task = manifest.get("task", {})
-    choices = task.get("choices") or {"field": None, "scoring": ""}
-    recorded_rubric = task.get("rubric")
+    recorded_rubric = manifest.get("task", {}).get("rubric")
     if recorded_rubric is None:
         if rubric_path is not None:
             raise BadInput("task.rubric", "this run has no rubric: its outputs were never judged")
-        choice = choices["scoring"] if choices["field"] is not None else ""
-        return ScoringContext(choice), False
+        return ScoringContext.recorded(manifest, None), False
     path = rubric_path or Path(recorded_rubric["path"])
     rubric = load_rubric(path)
     if canonical_hash(rubric.judge_facing()) != canonical_hash(recorded_rubric["judge_facing"]):
@@ -129,9 +126,7 @@ def recorded_context(run: store.RunDir, rubric_path: Path | None) -> tuple[Scori
         raise BadInput(str(path), f"what the judges see changed ({', '.join(changed)}): the recorded verdicts do not "
                                   "apply; judging again is a new run")  # fmt: skip
     recorded_record = {k: v for k, v in recorded_rubric.items() if k != "path"}
-    judges = manifest.get("judge_model") or manifest["model"]
-    context = ScoringContext("", rubric, canonical_hash(judges["files"]))
-    return context, rubric.as_record() != recorded_record
+    return ScoringContext.recorded(manifest, rubric), rubric.as_record() != recorded_record
 
 
 def rescore_run(path: Path, overrides: list[str]) -> RescoreReport:

@@ -207,7 +207,7 @@ def test_a_separate_judge_model_grades_in_the_same_worker(tmp_path: Path) -> Non
 
 
 def test_a_judge_model_without_a_rubric_is_bad_input(tmp_path: Path) -> None:
-    code = cli.main(["run", "+model@judge_model=tiny_adder", f"run.root={tmp_path}"])
+    code = cli.main(["run", "+model@judge_model=tiny_adder", f"run.root={tmp_path / 'runs'}"])
     assert code == 2 and not tmp_path.joinpath("runs").exists()
 
 

@@ -131,6 +131,14 @@ class ScoringContext:
         choice = task_section["choices"]["scoring"] if task_section["choices"]["field"] is not None else ""
         return cls(choice, rubric, canonical_hash(model_files) if rubric is not None else None)
 
+    @classmethod
+    def recorded(cls, manifest: dict[str, Any], rubric: Rubric | None) -> ScoringContext:
+        """The context a finished run was scored with, from its manifest (``rubric`` read again)."""
+        task = manifest.get("task", {})
+        choices = task.get("choices") or {"field": None, "scoring": ""}
+        judges = manifest.get("judge_model") or manifest["model"]  # the run's model when no judge model
+        return cls.of({"choices": choices}, rubric, judges["files"])
+
     def as_record(self) -> dict[str, Any]:
         return {
             "choice_scoring": self.choice_scoring,

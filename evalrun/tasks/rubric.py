@@ -87,6 +87,9 @@ class Rubric:
     criteria: tuple[Criterion, ...]
     judge_pack: PromptPack
 
+    def criterion(self, criterion_id: str) -> Criterion:
+        return next(c for c in self.criteria if c.id == criterion_id)
+
     def judge_facing(self) -> dict[str, Any]:
         """What the judges see; verdicts recorded under one judge-facing hash serve any rubric with it."""
         return {
