@@ -19,10 +19,10 @@ from pathlib import Path
 from typing import Any
 
 from evalrun.config import load
-from evalrun.dispatch import RayDispatcher
 from evalrun.engines import Completion, GenerationRequest
-from evalrun.runner import execute, open_for, prepare
-from evalrun.worker import WorkerSpec
+from evalrun.pipeline.dispatch import RayDispatcher
+from evalrun.pipeline.runner import execute, open_for, prepare
+from evalrun.pipeline.worker import WorkerSpec
 
 
 class StandInEngine:

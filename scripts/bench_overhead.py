@@ -2,7 +2,7 @@
 
 The same 1,000 prompts (200 built-in items x a seed set of 5), the same per-request sampling
 parameters and the same engine instance go through (a) one raw ``LLM.generate`` call and (b)
-``evalrun.runner.execute`` with the inline dispatcher (plan, chains, Parquet parts, scoring,
+``evalrun.pipeline.runner.execute`` with the inline dispatcher (plan, chains, Parquet parts, scoring,
 summary, record). The two alternate ``--rounds`` times; the ratio of the medians is printed.
 
     .venv/bin/python scripts/bench_overhead.py [--rounds 3] [overrides ...]
@@ -16,7 +16,7 @@ import tempfile
 import time
 
 from evalrun.config import load
-from evalrun.runner import execute, open_for, prepare
+from evalrun.pipeline.runner import execute, open_for, prepare
 
 
 def main() -> None:

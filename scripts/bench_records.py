@@ -4,17 +4,17 @@ A synthetic run of single-call episodes goes through the real code. The engine i
 left out: completions are generated here, before any clock starts, and stand for what an engine
 returns inside its worker.
 
-* write: as in a real run, the per-episode work (``evalrun.episode.record_episode`` and
-  ``evalrun.store.encode_part``: chain lines, log bytes, Parquet bytes) runs in a pool of worker
+* write: as in a real run, the per-episode work (``evalrun.pipeline.harness.record_episode`` and
+  ``evalrun.rundir.encode.encode_part``: chain lines, log bytes, Parquet bytes) runs in a pool of worker
   processes, one per core like engine workers, and the driver only commits the returned
-  ``EncodedPart`` bytes with ``store.PartWriter.write``. Timed end to end: first batch sent to last
+  ``EncodedPart`` bytes with ``writer.PartWriter.write``. Timed end to end: first batch sent to last
   part on disk. The headline figure starts where an engine worker stands once its batch has been
   answered: episodes and completions are in the worker (forked in before the clock starts) and the
   driver sends index ranges. Two reference figures are printed beside it: the same pool with each
   batch's episodes pickled to its worker (the dispatch cost a Ray run adds, measured against the
   real engine by bench_dispatch.py), and everything in one process. All three run directories
   must come out byte-identical. Then scores, summary and record.json are written as
-  ``evalrun.runner`` writes them (not timed).
+  ``evalrun.pipeline.runner`` writes them (not timed).
 * verify: ``evalrun verify`` on that directory with ``--jobs 1`` and with ``--jobs N``.
 * rescore: ``evalrun rescore`` with the unchanged scorer (must be bit-identical).
 
@@ -38,15 +38,16 @@ from concurrent.futures import Future, ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from evalrun import store
-from evalrun.digest import Canonical, canonical_json
 from evalrun.engines import Completion, SamplingSpec
-from evalrun.episode import encode_generator, record_episode
-from evalrun.manifest import Digest, seed_set_hash
-from evalrun.merkle import merkle_root
-from evalrun.plan import Episode, episode_id
-from evalrun.report import summarize
+from evalrun.pipeline import encode
+from evalrun.pipeline.harness import encode_generator, record_episode
+from evalrun.pipeline.manifest import Digest, seed_set_hash
+from evalrun.pipeline.plan import Episode, episode_id
+from evalrun.records.canonical import Canonical, canonical_json
+from evalrun.records.merkle import merkle_root
+from evalrun.rundir import layout, writer
 from evalrun.scoring import score_outputs, scoring_hash
+from evalrun.stats.summary import summarize
 
 SCORER = {"name": "exact_match", "normalize": ["strip"], "pattern": None, "group": 1, "extract": "first",
           "tolerance": 0.0}  # fmt: skip
@@ -79,15 +80,15 @@ _EPISODES: list[Episode] = []
 _COMPLETIONS: list[Completion] = []
 
 
-def _encode_batch(lo: int, episodes: list[Episode], generator: Canonical) -> store.EncodedPart:
-    """What an engine worker does with a batch once the engine has answered (evalrun.worker)."""
+def _encode_batch(lo: int, episodes: list[Episode], generator: Canonical) -> writer.EncodedPart:
+    """What an engine worker does with a batch once the engine has answered (evalrun.pipeline.worker)."""
     completions = _COMPLETIONS[lo : lo + len(episodes)]
     results = [record_episode(e, c, generator) for e, c in zip(episodes, completions, strict=True)]
-    provenance = store.Provenance(worker="bench", hardware="{}", batch_size=len(results), latency_s=0.0)
-    return store.encode_part(results, provenance)
+    provenance = encode.Provenance(worker="bench", hardware="{}", batch_size=len(results), latency_s=0.0)
+    return encode.encode_part(results, provenance)
 
 
-def _encode_range(lo: int, hi: int, generator: Canonical) -> store.EncodedPart:
+def _encode_range(lo: int, hi: int, generator: Canonical) -> writer.EncodedPart:
     return _encode_batch(lo, _EPISODES[lo:hi], generator)
 
 
@@ -96,69 +97,69 @@ def _ready(_: int) -> int:
     return os.getpid()
 
 
-def write_parts_inline(writer: store.PartWriter, episodes: list[Episode], part_size: int) -> None:
+def write_parts_inline(parts: writer.PartWriter, episodes: list[Episode], part_size: int) -> None:
     """Single process: encode and commit each batch in the driver."""
     generator = encode_generator(GENERATOR)
     for lo in range(0, len(episodes), part_size):
-        writer.write(_encode_batch(lo, episodes[lo : lo + part_size], generator))
+        parts.write(_encode_batch(lo, episodes[lo : lo + part_size], generator))
 
 
-def write_parts_pool(writer: store.PartWriter, episodes: list[Episode], part_size: int, pool: ProcessPoolExecutor,
+def write_parts_pool(parts: writer.PartWriter, episodes: list[Episode], part_size: int, pool: ProcessPoolExecutor,
                      window: int, send_episodes: bool) -> None:  # fmt: skip
     """Workers encode, the driver commits in batch order; at most ``window`` batches in flight."""
     generator = encode_generator(GENERATOR)
-    pending: deque[Future[store.EncodedPart]] = deque()
+    pending: deque[Future[parts.EncodedPart]] = deque()
     for lo in range(0, len(episodes), part_size):
         if len(pending) >= window:
-            writer.write(pending.popleft().result())
+            parts.write(pending.popleft().result())
         if send_episodes:
             pending.append(pool.submit(_encode_batch, lo, episodes[lo : lo + part_size], generator))
         else:
             pending.append(pool.submit(_encode_range, lo, min(lo + part_size, len(episodes)), generator))
     while pending:
-        writer.write(pending.popleft().result())
+        parts.write(pending.popleft().result())
 
 
 def write_run(path: Path, episodes: list[Episode], part_size: int, pool: ProcessPoolExecutor | None,
               window: int = 0, send_episodes: bool = False) -> float:  # fmt: skip
     """Write the run directory; returns the seconds spent in chains + output parts."""
-    run = store.create_run_dir(path.parent, path.name, exact=path)
+    run = layout.create_run_dir(path.parent, path.name, exact=path)
     digest = Digest(prompt_pack=_prompt_pack(), seed_set=seed_set_hash(SEEDS), scoring=scoring_hash(SCORER))
     manifest = {"format": "evalrun.manifest/1", "digest": digest.as_record(), "decoding": DECODING, "seeds": SEEDS,
                 "task": {"name": "addition", "scorer": SCORER, "template": {"sha256": TEMPLATE_SHA}},
                 "episodes": len(episodes), "note": "synthetic run written by scripts/bench_records.py"}  # fmt: skip
     raw_config = {"task": {"name": "addition", "scorer": SCORER}, "decoding": DECODING, "seeds": SEEDS}
-    files = {store.CONFIG: store.write_atomic(run.config, canonical_json(raw_config).encode())}
-    files[store.MANIFEST] = store.write_json(run.manifest, manifest)
-    writer = store.PartWriter(run)
+    files = {layout.CONFIG: writer.write_atomic(run.config, canonical_json(raw_config).encode())}
+    files[layout.MANIFEST] = writer.write_json(run.manifest, manifest)
+    parts = writer.PartWriter(run)
     started = time.perf_counter()
     if pool is None:
-        write_parts_inline(writer, episodes, part_size)
+        write_parts_inline(parts, episodes, part_size)
     else:
-        write_parts_pool(writer, episodes, part_size, pool, window, send_episodes)
+        write_parts_pool(parts, episodes, part_size, pool, window, send_episodes)
     write_s = time.perf_counter() - started
     scores = score_outputs(run.read_outputs(["episode_id", "task", "item_id", "seed", "repeat", "output", "target"]),
                            SCORER)  # fmt: skip
-    files[store.SCORES] = store.write_atomic(run.scores, store.table_bytes(scores))
-    files[store.SUMMARY] = store.write_json(run.summary, summarize(scores))
-    files.update(writer.file_hashes)
+    files[layout.SCORES] = writer.write_atomic(run.scores, writer.table_bytes(scores))
+    files[layout.SUMMARY] = writer.write_json(run.summary, summarize(scores))
+    files.update(parts.file_hashes)
     record = {
         "format": "evalrun.record/1",
-        "episodes": {"planned": len(episodes), "written": len(writer.heads)},
-        "parts": writer.next_index,
-        "output_tokens": writer.output_tokens,
-        "merkle_root": merkle_root(writer.heads.items()),
+        "episodes": {"planned": len(episodes), "written": len(parts.heads)},
+        "parts": parts.next_index,
+        "output_tokens": parts.output_tokens,
+        "merkle_root": merkle_root(parts.heads.items()),
         "digest": digest.digest,
-        "manifest_sha256": files[store.MANIFEST],
+        "manifest_sha256": files[layout.MANIFEST],
         "files": dict(sorted(files.items())),
         "ended_at": "synthetic",
     }
-    store.write_json(run.record, record)
+    writer.write_json(run.record, record)
     return write_s
 
 
 def _prompt_pack() -> str:
-    from evalrun.digest import canonical_hash
+    from evalrun.records.canonical import canonical_hash
 
     settings = {k: v for k, v in DECODING.items() if k != "name"}
     return canonical_hash({"templates": {"user": TEMPLATE_SHA}, "fewshot": [], "decoding": settings})
@@ -184,8 +185,8 @@ def main() -> None:
     args = parser.parse_args()
     jobs = args.jobs or (os.cpu_count() or 1)
 
-    from evalrun.rescore import rescore_run
-    from evalrun.verify import verify_run
+    from evalrun.audit.rescore import rescore_run
+    from evalrun.audit.verify import verify_run
 
     started = time.perf_counter()
     episodes, completions = synthetic(args.episodes)

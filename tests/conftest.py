@@ -12,8 +12,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 from evalrun.config import load
-from evalrun.dispatch import Dispatcher
-from evalrun.runner import Prepared, execute, open_for, prepare
+from evalrun.pipeline.dispatch import Dispatcher
+from evalrun.pipeline.runner import Prepared, execute, open_for, prepare
 
 
 @pytest.fixture(scope="session")

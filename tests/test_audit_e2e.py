@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from evalrun import cli
+from evalrun.audit.rescore import rescore_run
+from evalrun.audit.verify import verify_run
 from evalrun.config import BUILTIN_TASKS
 from evalrun.errors import BadInput, CheckFailed
-from evalrun.rescore import rescore_run
-from evalrun.verify import verify_run
 
 
 @pytest.fixture
@@ -106,12 +106,12 @@ def test_replay_reproduces_heads_and_scores_without_an_engine(run_copy: Path, mo
                                                              capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
     monkeypatch.setitem(sys.modules, "vllm", None)  # any import of vllm now fails
     monkeypatch.setitem(sys.modules, "evalrun.engines.vllm", None)
-    import evalrun.worker
+    import evalrun.pipeline.worker
 
     def no_engine(*args: object, **kwargs: object) -> None:
         raise AssertionError("replay constructed a live engine")
 
-    monkeypatch.setattr(evalrun.worker, "_build_engine", no_engine)
+    monkeypatch.setattr(evalrun.pipeline.worker, "_build_engine", no_engine)
     assert cli.main(["replay", str(run_copy)]) == 0
     assert "12 episodes replayed" in capsys.readouterr().out
 
@@ -119,7 +119,7 @@ def test_replay_reproduces_heads_and_scores_without_an_engine(run_copy: Path, mo
 def test_replay_after_a_one_character_template_change_diverges_at_the_model_call(
     run_copy: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from evalrun.replay import replay_run
+    from evalrun.audit.replay import replay_run
 
     text = (BUILTIN_TASKS / "addition" / "template.jinja").read_text(encoding="utf-8")
     assert "Q:" in text

@@ -6,14 +6,14 @@ import random
 
 import pytest
 
-from evalrun.chain import SCHEDULE_FORMAT, ChainBuilder
-from evalrun.digest import Canonical, canonical_json, sha256_hex
+from evalrun.audit.proofs import InclusionProof, check_proof
 from evalrun.engines import Completion, SamplingSpec
-from evalrun.episode import record_episode, request_record
 from evalrun.errors import CheckFailed
-from evalrun.merkle import audit_path, leaf, leaf_hash, merkle_root, root_from_path
-from evalrun.plan import Episode, episode_id
-from evalrun.proofs import InclusionProof, check_proof
+from evalrun.pipeline.harness import record_episode, request_record
+from evalrun.pipeline.plan import Episode, episode_id
+from evalrun.records.canonical import Canonical, canonical_json, sha256_hex
+from evalrun.records.chain import SCHEDULE_FORMAT, ChainBuilder
+from evalrun.records.merkle import audit_path, leaf, leaf_hash, merkle_root, root_from_path
 
 GENERATOR = {"name": "evalrun", "version": "0.1.0", "git_commit": "b71fef766ef34b5bab2f1f70cff2107470327a8b"}
 TEXTS = ["", " 86", 'naïve \u2028 \x00 \x1f \\ " / 😀', "a\nb\tc\r", "\ud7ff\ue000 Z ü"]

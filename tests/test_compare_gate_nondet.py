@@ -10,14 +10,14 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from evalrun import store
+from evalrun.analysis.compare import compare_paths, manifest_diff
+from evalrun.analysis.gate import digest_record, gate_paths, pooled_range
+from evalrun.analysis.nondet import EpisodeOutputs, analyse, episode_nondet, nondet_paths
+from evalrun.analysis.runs import load_run
 from evalrun.cli import main
-from evalrun.compare import compare_paths, manifest_diff
-from evalrun.digest import canonical_json
 from evalrun.errors import BadInput
-from evalrun.gate import digest_record, gate_paths, pooled_range
-from evalrun.nondet import EpisodeOutputs, analyse, episode_nondet, nondet_paths
-from evalrun.runs import load_run
+from evalrun.records.canonical import canonical_json
+from evalrun.rundir import layout, writer
 from evalrun.scoring import SCORES_SCHEMA
 
 DIGEST = {"prompt_pack": "p" * 64, "seed_set": "s" * 64, "scoring": "c" * 64, "digest": "d" * 64}
@@ -51,12 +51,12 @@ def manifest(**changes: Any) -> dict[str, Any]:
 def make_run(root: Path, name: str, values: dict[tuple[str, int], float], m: dict[str, Any] | None = None,
              outputs: dict[tuple[str, int], tuple[str, list[int], list[float]]] | None = None) -> Path:  # fmt: skip
     """A finished run dir: ``values[(item, seed)]`` -> exact_match value; optional raw outputs."""
-    run = store.create_run_dir(root, name)
+    run = layout.create_run_dir(root, name)
     m = m or manifest()
     run.manifest.write_text(canonical_json(m) + "\n")
     run.record.write_text("{}\n")
     rows: dict[str, list[Any]] = {n: [] for n in SCORES_SCHEMA.names}
-    out: dict[str, list[Any]] = {n: [] for n in store.OUTPUT_SCHEMA.names}
+    out: dict[str, list[Any]] = {n: [] for n in outputs.OUTPUT_SCHEMA.names}
     for (item, seed), value in sorted(values.items()):
         eid = f"{item}-{seed}"
         text, tokens, logprobs = (outputs or {}).get((item, seed), (str(value), [1, 2], [-0.1, -0.2]))
@@ -70,8 +70,8 @@ def make_run(root: Path, name: str, values: dict[tuple[str, int], float], m: dic
                    "batch_size": 4, "latency_s": 0.1}  # fmt: skip
         for col in out:
             out[col].append(out_row.get(col))
-    store.write_atomic(run.scores, store.table_bytes(pa.table(rows, schema=SCORES_SCHEMA)))
-    store.write_atomic(run.output_part(0), store.table_bytes(pa.table(out, schema=store.OUTPUT_SCHEMA)))
+    writer.write_atomic(run.scores, writer.table_bytes(pa.table(rows, schema=SCORES_SCHEMA)))
+    writer.write_atomic(run.output_part(0), writer.table_bytes(pa.table(out, schema=outputs.OUTPUT_SCHEMA)))
     return run.path
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from evalrun.config import BUILTIN_TASKS, REPO_ROOT, load
 from evalrun.errors import BadInput
-from evalrun.runner import prepare
+from evalrun.pipeline.runner import prepare
 
 MODEL_DIR = REPO_ROOT / "models" / "tiny-adder"
 
@@ -77,7 +77,7 @@ def test_model_with_a_changed_file_is_refused_naming_file_and_both_hashes(tmp_pa
     result = evalrun(tmp_path, f"model.path={model}")
     assert result.returncode == 2
     pinned = load([]).section("model")["sha256"]["config.json"]
-    from evalrun.digest import file_sha256
+    from evalrun.records.canonical import file_sha256
 
     assert str(config) in result.stderr and pinned in result.stderr and file_sha256(config) in result.stderr
     # An explicitly unpinned model is accepted, and the manifest will say so.

@@ -13,9 +13,9 @@ import pytest
 import ray
 
 from evalrun.config import load
-from evalrun.dispatch import Dispatcher, RayDispatcher
-from evalrun.runner import execute, prepare
-from evalrun.store import RunDir
+from evalrun.pipeline.dispatch import Dispatcher, RayDispatcher
+from evalrun.pipeline.runner import execute, prepare
+from evalrun.rundir.layout import RunDir
 
 CONFIG = ("limit=40", "decoding=sample", "seeds.repeats=2")  # 80 episodes, sampled
 

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from evalrun.analysis.nondet import nondet_paths
 from evalrun.config import REPO_ROOT, load
 from evalrun.engines import GenerationRequest, SamplingSpec
 from evalrun.errors import BadInput
-from evalrun.nondet import nondet_paths
-from evalrun.runner import execute, open_for, prepare
+from evalrun.pipeline.runner import execute, open_for, prepare
 
 MODEL = REPO_ROOT / "models" / "tiny-adder"
 SETTINGS = {"name": "hf", "dtype": None, "max_num_seqs": 64, "device": "cpu", "seed": 0}

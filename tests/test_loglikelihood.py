@@ -37,8 +37,8 @@ REQUESTS = [r for group in CANDIDATES for r in group]
 @pytest.fixture(scope="module")
 def vllm_engine() -> Iterator[Any]:
     """One in-process vLLM engine on the default (pinned) model and engine settings, as a worker builds it."""
-    from evalrun import determinism
-    from evalrun.model import resolve_model
+    from evalrun.config.model import resolve_model
+    from evalrun.pipeline import determinism
 
     config = load([])
     m, settings = config.section("model"), config.section("engine")

@@ -12,9 +12,9 @@ import pytest
 from evalrun import cli
 from evalrun.config import load
 from evalrun.errors import BadInput
-from evalrun.runner import prepare
+from evalrun.pipeline.runner import prepare
+from evalrun.records.outputs import OUTPUT_SCHEMA
 from evalrun.scoring import ScoringContext, score_outputs, scoring_hash
-from evalrun.store import OUTPUT_SCHEMA
 from evalrun.tasks.pack import load_pack
 from evalrun.tasks.rubric import aggregate, load_rubric, rubric_score
 from evalrun.tasks.selection import parse_letter, select_fewshot, shuffle_order

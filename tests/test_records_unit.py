@@ -11,10 +11,10 @@ import rfc8785
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from evalrun.chain import GENESIS, ChainBuilder, chain_head
-from evalrun.digest import CanonicalJSONError, canonical_hash, canonical_json, combine
-from evalrun.merkle import EMPTY_ROOT, merkle_root
-from evalrun.seeds import derive_seed
+from evalrun.records.canonical import CanonicalJSONError, canonical_hash, canonical_json, combine
+from evalrun.records.chain import GENESIS, ChainBuilder, chain_head
+from evalrun.records.merkle import EMPTY_ROOT, merkle_root
+from evalrun.records.seeds import derive_seed
 
 
 def test_canonical_json_is_rfc8785() -> None:

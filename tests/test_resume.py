@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from evalrun.store import RunDir, locked
+from evalrun.rundir.layout import RunDir
+from evalrun.rundir.writer import locked
 
 CONFIG = ("limit=30", "decoding=sample", "cluster=inline", "cluster.batch_size=5")  # 6 parts
 

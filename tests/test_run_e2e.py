@@ -7,10 +7,11 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from evalrun.chain import chain_head
-from evalrun.digest import file_sha256
-from evalrun.merkle import merkle_root
-from evalrun.store import OUTPUT_SCHEMA, RunDir
+from evalrun.records.canonical import file_sha256
+from evalrun.records.chain import chain_head
+from evalrun.records.merkle import merkle_root
+from evalrun.records.outputs import OUTPUT_SCHEMA
+from evalrun.rundir.layout import RunDir
 
 
 def root(run: Path) -> str:

@@ -6,9 +6,9 @@ import statistics
 import pyarrow as pa
 import pytest
 
-from evalrun.report import summarize
 from evalrun.scoring import make_scorer, score_outputs
-from evalrun.stats import Z_95, estimate
+from evalrun.stats.estimates import Z_95, estimate
+from evalrun.stats.summary import summarize
 
 
 def spec(**kw: object) -> dict:

@@ -7,8 +7,8 @@ import statistics
 
 import pytest
 
-from evalrun.seeds import derive_seed
-from evalrun.stats import (
+from evalrun.records.seeds import derive_seed
+from evalrun.stats.estimates import (
     Z_95,
     bootstrap_ci,
     estimate,

@@ -10,13 +10,13 @@ import pyarrow.parquet as pq
 import pytest
 
 from evalrun import cli
+from evalrun.audit.replay import replay_run
+from evalrun.audit.rescore import rescore_run
+from evalrun.audit.verify import verify_run
 from evalrun.config import BUILTIN_TASKS, load
-from evalrun.dispatch import Dispatcher
 from evalrun.errors import BadInput
-from evalrun.replay import replay_run
-from evalrun.rescore import rescore_run
-from evalrun.runner import execute, prepare
-from evalrun.verify import verify_run
+from evalrun.pipeline.dispatch import Dispatcher
+from evalrun.pipeline.runner import execute, prepare
 
 pytestmark = pytest.mark.e2e
 

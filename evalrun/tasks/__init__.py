@@ -18,9 +18,9 @@ from typing import Any
 from jinja2.exceptions import UndefinedError
 
 from evalrun.config import EvalConfig
-from evalrun.digest import file_sha256
+from evalrun.config.jsonl import objects
 from evalrun.errors import BadInput
-from evalrun.jsonl import objects
+from evalrun.records.canonical import file_sha256
 from evalrun.tasks.pack import PromptPack, load_pack, template_pack
 from evalrun.tasks.rubric import Rubric, load_rubric
 from evalrun.tasks.selection import LETTERS

@@ -32,9 +32,9 @@ import yaml
 from jinja2 import Environment, StrictUndefined, Template, TemplateSyntaxError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from evalrun.digest import canonical_hash, file_sha256, sha256_hex
+from evalrun.config.jsonl import objects
 from evalrun.errors import BadInput
-from evalrun.jsonl import objects
+from evalrun.records.canonical import canonical_hash, file_sha256, sha256_hex
 
 PACK_FILE = "pack.yaml"
 DECODING_KEYS = ("temperature", "top_p", "top_k", "max_tokens", "stop", "logprobs")

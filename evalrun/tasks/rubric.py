@@ -35,8 +35,8 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from evalrun.digest import canonical_hash
 from evalrun.errors import BadInput
+from evalrun.records.canonical import canonical_hash
 from evalrun.tasks.pack import PromptPack, _Strict, load_pack, parse_yaml_model
 from evalrun.tasks.selection import LETTERS
 

@@ -1,6 +1,6 @@
 """Seeded choices a task makes: few-shot examples per item, option orders per (item, criterion, judge).
 
-Each draws from :func:`evalrun.seeds.derive_rng` with its own purpose ("fewshot", "shuffle") and
+Each draws from :func:`evalrun.records.seeds.derive_rng` with its own purpose ("fewshot", "shuffle") and
 the keys that identify it, so the same config gives the same examples and orders on any machine,
 in any dispatch order, with any number of workers.
 """
@@ -11,7 +11,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from evalrun.seeds import derive_rng
+from evalrun.records.seeds import derive_rng
 
 LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 

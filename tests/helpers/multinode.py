@@ -12,7 +12,7 @@ import ray
 from ray.cluster_utils import Cluster
 
 from evalrun.config import load
-from evalrun.runner import execute, open_for, prepare
+from evalrun.pipeline.runner import execute, open_for, prepare
 
 
 class RemoveNodeAfterFirstOutcome:

@@ -9,7 +9,8 @@ values and files and turns the result into an immutable :class:`EvalConfig`.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -21,12 +22,12 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from evalrun.config.jsonl import objects
 from evalrun.errors import BadInput
-from evalrun.jsonl import objects
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 CONF_DIR = REPO_ROOT / "conf"
-BUILTIN_TASKS = Path(__file__).resolve().parent / "tasks" / "builtin"
+BUILTIN_TASKS = Path(__file__).resolve().parents[1] / "tasks" / "builtin"
 
 
 # --- schema (mutable dataclasses, as Hydra's ConfigStore requires) -------------------------
@@ -183,6 +184,12 @@ class EvalConfig:
     def section(self, name: str) -> dict[str, Any]:
         return self.raw[name]
 
+    def with_decoding(self, overrides: Mapping[str, Any]) -> EvalConfig:
+        """This config with a prompt pack's decoding settings over the decoding group's, checked again."""
+        raw = {**self.raw, "decoding": {**self.raw["decoding"], **overrides}}
+        _check_values(raw)
+        return replace(self, raw=raw)
+
 
 def _fail(field_name: str, expected: str, got: Any) -> BadInput:
     return BadInput(field_name, f"expected {expected}, got {got!r}")
@@ -324,23 +331,11 @@ def validate(cfg: DictConfig) -> EvalConfig:
     _check_values(raw)
     task = raw["task"]
     dataset_path = _resolve_path(task["dataset"], "task.dataset")
-    from evalrun.tasks.pack import load_pack, template_pack
-
     if task["prompt_pack"] is not None:
         prompt_path = _resolve_path(task["prompt_pack"], "task.prompt_pack", must_be="dir")
-        pack = load_pack(prompt_path)
     else:
         prompt_path = _resolve_path(task["template"], "task.template")
-        pack = template_pack(prompt_path)
-    # A pack's decoding settings win over the decoding group; the result is checked like any other.
-    raw["decoding"] = {**raw["decoding"], **pack.decoding}
-    _check_values(raw)
-    rubric_path = None
-    if task["rubric"] is not None:
-        from evalrun.tasks.rubric import load_rubric
-
-        rubric_path = _resolve_path(task["rubric"], "task.rubric")
-        load_rubric(rubric_path)
+    rubric_path = _resolve_path(task["rubric"], "task.rubric") if task["rubric"] is not None else None
     check_dataset(dataset_path, task["id_field"], task["target_field"], task["choices"]["field"])
     model_path = None
     if raw["model"]["path"]:

@@ -23,9 +23,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from evalrun.compare import manifest_diff
+from evalrun.analysis.compare import manifest_diff
+from evalrun.analysis.runs import Run, load_run, pick_metric
 from evalrun.errors import BadInput
-from evalrun.runs import Run, load_run, pick_metric
 
 NONDET_FORMAT = "evalrun.nondet/1"
 SETTING_CATEGORIES = ("engine", "determinism", "hardware", "software", "dispatch")

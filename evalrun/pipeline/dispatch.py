@@ -15,9 +15,9 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
-from evalrun.digest import canonical_hash
-from evalrun.plan import Episode
-from evalrun.worker import BatchOutcome, EngineWorker, WorkerSpec
+from evalrun.pipeline.plan import Episode
+from evalrun.pipeline.worker import BatchOutcome, EngineWorker, WorkerSpec
+from evalrun.records.canonical import canonical_hash
 
 
 @dataclass

@@ -2,7 +2,7 @@
 
 The plan is rebuilt from the run's resolved config (config.yaml, plus any ``KEY=VALUE``
 overrides) with the current code: templates are rendered again, requests built again, chains
-recorded again by :func:`evalrun.episode.run_episodes`, outputs scored again. Only the model is
+recorded again by :func:`evalrun.pipeline.harness.run_episodes`, outputs scored again. Only the model is
 not asked: :class:`evalrun.engines.replay.ReplayEngine` answers each call from the log, matched
 by (episode, call) and checked by request hash. Each episode's header reuses the recorded
 generator, so an unchanged run reproduces its heads at any later commit.
@@ -18,15 +18,18 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
-from evalrun import store
-from evalrun.chain import link
-from evalrun.digest import Canonical, canonical_json
+from evalrun.config import load_stored, validate
 from evalrun.engines.replay import Divergence, RecordedCall, ReplayEngine
-from evalrun.episode import EpisodeResult, run_episodes
-from evalrun.merkle import merkle_root
-from evalrun.plan import Episode, build_plan
+from evalrun.pipeline import encode
+from evalrun.pipeline.harness import EpisodeResult, run_episodes
+from evalrun.pipeline.plan import Episode, build_plan
+from evalrun.records.canonical import Canonical, canonical_json
+from evalrun.records.chain import link
+from evalrun.records.merkle import merkle_root
+from evalrun.rundir import layout
+from evalrun.rundir.reader import iter_chains, load_record, open_run, part_pairs
 from evalrun.scoring import ScoringContext, score_outputs
-from evalrun.verify import iter_chains, load_record, open_run, part_pairs
+from evalrun.tasks import load_task
 
 
 @dataclass(frozen=True)
@@ -45,7 +48,7 @@ class ReplayReport:
     scores_identical: bool | None  # None when some episode diverged (scores not compared)
 
 
-def load_recording(run: store.RunDir) -> tuple[dict[str, Recorded], dict[tuple[str, int], RecordedCall]]:
+def load_recording(run: layout.RunDir) -> tuple[dict[str, Recorded], dict[tuple[str, int], RecordedCall]]:
     record = load_record(run)
     recorded: dict[str, Recorded] = {}
     calls: dict[tuple[str, int], RecordedCall] = {}
@@ -64,10 +67,8 @@ def load_recording(run: store.RunDir) -> tuple[dict[str, Recorded], dict[tuple[s
     return recorded, calls
 
 
-def replay_config(run: store.RunDir, overrides: list[str]) -> Any:
+def replay_config(run: layout.RunDir, overrides: list[str]) -> Any:
     """The run's resolved config over the current schema, with overrides; the model is not needed."""
-    from evalrun.config import load_stored, validate
-
     cfg = load_stored(run.config, overrides)
     cfg.model.path = None  # replay serves recorded responses: the weights need not be here
     if cfg.judge_model is not None:
@@ -91,9 +92,8 @@ def replay_run(path: Path, overrides: list[str]) -> ReplayReport:
     run = open_run(path)
     recorded, calls = load_recording(run)
     config = replay_config(run, overrides)
-    from evalrun.tasks import load_task
-
     task = load_task(config)
+    config = config.with_decoding(task.pack.decoding)
     episodes = build_plan(task, config.section("decoding"), config.section("seeds"))
     engine = ReplayEngine(calls)
     divergences: list[Divergence] = []
@@ -111,12 +111,12 @@ def replay_run(path: Path, overrides: list[str]) -> ReplayReport:
             divergences.append(d)
     divergences.sort(key=lambda d: d.episode)
     heads = {r.episode.episode_id: r.head for r in results}
-    record = run.read_json(store.RECORD)
+    record = run.read_json(layout.RECORD)
     scores_identical = None
     if not divergences:
-        provenance = store.Provenance(worker="replay", hardware="{}", batch_size=1, latency_s=0.0)
-        context = ScoringContext.recorded(run.read_json(store.MANIFEST), task.rubric)
-        scores = score_outputs(store.output_rows(results, provenance), config.section("task")["scorer"], context)
+        provenance = encode.Provenance(worker="replay", hardware="{}", batch_size=1, latency_s=0.0)
+        context = ScoringContext.recorded(run.read_json(layout.MANIFEST), task.rubric)
+        scores = score_outputs(encode.output_rows(results, provenance), config.section("task")["scorer"], context)
         recorded_scores = pq.read_table(run.scores)
         scores_identical = recorded_scores.schema.equals(scores.schema) and recorded_scores.equals(scores)
     return ReplayReport(

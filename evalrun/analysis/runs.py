@@ -1,7 +1,7 @@
 """Finished run directories as read by compare, gate and nondet (read only; never an engine).
 
 A run is its manifest plus scores.parquet; observations are ``(item, trial, value)`` triples with
-``item = (task, item_id)`` and ``trial = (seed, repeat)``, the shape :mod:`evalrun.stats` takes.
+``item = (task, item_id)`` and ``trial = (seed, repeat)``, the shape :mod:`evalrun.stats.estimates` takes.
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from evalrun import store
-from evalrun.digest import canonical_hash
 from evalrun.errors import BadInput
-from evalrun.verify import open_run
+from evalrun.records.canonical import canonical_hash
+from evalrun.rundir import layout
+from evalrun.rundir.reader import open_run
 
 Observation = tuple[tuple[str, str], tuple[int, int], float]
 OVERALL = "(overall)"
@@ -52,7 +52,7 @@ class Run:
         return dict(grouped)
 
     def read_outputs(self, columns: list[str]) -> pa.Table:
-        return store.RunDir(self.path).read_outputs(columns)
+        return layout.RunDir(self.path).read_outputs(columns)
 
 
 def load_run(path: Path) -> Run:
@@ -61,7 +61,7 @@ def load_run(path: Path) -> Run:
     for required in (run.manifest, run.record, run.scores):
         if not required.is_file():
             raise BadInput(str(required), "missing: compare, gate and nondet read finished runs only")
-    manifest = run.read_json(store.MANIFEST)
+    manifest = run.read_json(layout.MANIFEST)
     if not isinstance(manifest, dict) or "digest" not in manifest or "identity" not in manifest:
         raise BadInput(str(run.manifest), "expected an evalrun manifest with 'digest' and 'identity'")
     return Run(path=path, manifest=manifest, scores=pq.read_table(run.scores))

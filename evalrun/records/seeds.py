@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import random
 
-from evalrun.digest import canonical_json
+from evalrun.records.canonical import canonical_json
 
 SeedKey = str | int
 

@@ -11,14 +11,15 @@ from hashlib import sha256 as _sha256
 from json.encoder import encode_basestring  # type: ignore[attr-defined]
 from typing import Any
 
-from evalrun.chain import GENESIS, SCHEDULE_FORMAT, ChainBuilder
-from evalrun.digest import MAX_SAFE_INTEGER, Canonical, _es6_number, canonical_json, sha256_hex
 from evalrun.engines import Completion, Engine, GenerationRequest, Loglikelihood, LoglikelihoodRequest, SamplingSpec
-from evalrun.plan import Episode, JudgeCall
+from evalrun.pipeline.plan import Episode, JudgeCall
+from evalrun.records.canonical import MAX_SAFE_INTEGER, Canonical, _es6_number, canonical_json, sha256_hex
+from evalrun.records.chain import GENESIS, SCHEDULE_FORMAT, ChainBuilder
+from evalrun.records.entries import loglikelihood_fields, request_fields
 from evalrun.tasks import render_prompt
 from evalrun.tasks.selection import LETTERS, option_continuation
 
-_string = encode_basestring  # JCS string escaping (see evalrun.digest)
+_string = encode_basestring  # JCS string escaping (see evalrun.records.canonical)
 _FORMAT = _string(SCHEDULE_FORMAT)
 
 
@@ -42,21 +43,6 @@ class EpisodeResult:
     prompt_sha256: str
     option_logprobs: tuple[float, ...] | None = None  # multiple choice, loglikelihood: per original option
     judgements: tuple[Judgement, ...] = ()
-
-
-def request_fields(prompt: str, sampling: SamplingSpec) -> dict[str, Any]:
-    """What a model entry records of a request; its canonical JSON is hashed into ``request_hash``."""
-    return {"prompt": prompt, "prompt_sha256": sha256_hex(prompt), "sampling": sampling.as_record()}
-
-
-def loglikelihood_fields(context: str, continuation: str) -> dict[str, Any]:
-    """What a model entry records of a loglikelihood request."""
-    return {
-        "continuation": continuation,
-        "op": "loglikelihood",
-        "prompt": context,
-        "prompt_sha256": sha256_hex(context),
-    }
 
 
 def completion_record(completion: Completion) -> dict[str, Any]:
@@ -126,7 +112,7 @@ def record_episode(episode: Episode, completion: Completion, generator: dict[str
 
     The three lines are assembled directly in canonical form (keys in JCS order, every value
     through the canonical encoder), which is several times faster than encoding three dicts; a
-    test checks them byte for byte against :class:`evalrun.chain.ChainBuilder`.
+    test checks them byte for byte against :class:`evalrun.records.chain.ChainBuilder`.
     """
     eid = _string(episode.episode_id)
     seeds = (

@@ -38,8 +38,8 @@ USAGE = __doc__ or ""
 
 def _run(args: list[str]) -> int:
     from evalrun.config import compose_config, expand_multirun, validate
-    from evalrun.dispatch import Dispatcher, dispatcher_key
-    from evalrun.runner import execute, open_for, prepare
+    from evalrun.pipeline.dispatch import Dispatcher, dispatcher_key
+    from evalrun.pipeline.runner import execute, open_for, prepare
 
     multirun = any(a in ("-m", "--multirun") for a in args)
     overrides = [a for a in args if a not in ("-m", "--multirun")]
@@ -75,7 +75,7 @@ def _run(args: list[str]) -> int:
 def _resume(args: list[str]) -> int:
     from pathlib import Path
 
-    from evalrun.runner import resume
+    from evalrun.pipeline.runner import resume
 
     if not args or args[0].startswith("-") or "=" in args[0]:
         raise BadInput("RUN_DIR", "usage: evalrun resume RUN_DIR [cluster.KEY=VALUE ...]")
@@ -103,7 +103,7 @@ def _parser(command: str, run_dir: bool = True) -> Any:
 
 
 def _verify(args: list[str]) -> int:
-    from evalrun.verify import verify_run
+    from evalrun.audit.verify import verify_run
 
     parser = _parser("verify")
     parser.add_argument("--expect-root", help="a Merkle root kept elsewhere; the run's must equal it")
@@ -117,7 +117,7 @@ def _verify(args: list[str]) -> int:
 
 
 def _rescore(args: list[str]) -> int:
-    from evalrun.rescore import format_report, rescore_run
+    from evalrun.audit.rescore import format_report, rescore_run
 
     parser = _parser("rescore")
     parser.add_argument("overrides", nargs="*", help="scorer fields, e.g. normalize=[strip,lower] or name=number")
@@ -127,7 +127,7 @@ def _rescore(args: list[str]) -> int:
 
 
 def _replay(args: list[str]) -> int:
-    from evalrun.replay import replay_run
+    from evalrun.audit.replay import replay_run
 
     parser = _parser("replay")
     parser.add_argument("overrides", nargs="*", help="config overrides, e.g. task.template=PATH")
@@ -147,8 +147,8 @@ def _replay(args: list[str]) -> int:
 
 
 def _prove(args: list[str]) -> int:
-    from evalrun.digest import canonical_json
-    from evalrun.proofs import prove
+    from evalrun.audit.proofs import prove
+    from evalrun.records.canonical import canonical_json
 
     parser = _parser("prove")
     parser.add_argument("episode_id")
@@ -163,7 +163,7 @@ def _prove(args: list[str]) -> int:
 
 
 def _verify_proof(args: list[str]) -> int:
-    from evalrun.proofs import check_proof, load_proof
+    from evalrun.audit.proofs import check_proof, load_proof
 
     parser = _parser("verify-proof", run_dir=False)
     parser.add_argument("proof", type=Path)
@@ -177,8 +177,8 @@ def _verify_proof(args: list[str]) -> int:
 
 
 def _attest(args: list[str]) -> int:
-    from evalrun.attest import write_attestation
-    from evalrun.verify import load_record, open_run
+    from evalrun.rundir.attest import write_attestation
+    from evalrun.rundir.reader import load_record, open_run
 
     parser = _parser("attest")
     parser.add_argument("--key", type=Path, help="PEM Ed25519 private key to sign with")
@@ -195,13 +195,13 @@ COMMANDS.update(
 
 
 def _print_json(record: object) -> None:
-    from evalrun.digest import canonical_json
+    from evalrun.records.canonical import canonical_json
 
     print(canonical_json(record))
 
 
 def _compare(args: list[str]) -> int:
-    from evalrun.compare import compare_paths, format_report
+    from evalrun.analysis.compare import compare_paths, format_report
 
     parser = _parser("compare", run_dir=False)
     parser.add_argument("run_a", type=Path)
@@ -221,8 +221,8 @@ def _compare(args: list[str]) -> int:
 
 
 def _digest(args: list[str]) -> int:
-    from evalrun.gate import digest_record, format_digest
-    from evalrun.runs import load_run
+    from evalrun.analysis.gate import digest_record, format_digest
+    from evalrun.analysis.runs import load_run
 
     parser = _parser("digest")
     parser.add_argument("--json", action="store_true")
@@ -233,7 +233,7 @@ def _digest(args: list[str]) -> int:
 
 
 def _gate(args: list[str]) -> int:
-    from evalrun.gate import RULES, format_decision, gate_paths
+    from evalrun.analysis.gate import RULES, format_decision, gate_paths
 
     parser = _parser("gate", run_dir=False)
     parser.add_argument("candidate", type=Path)
@@ -256,7 +256,7 @@ def _gate(args: list[str]) -> int:
 
 
 def _nondet(args: list[str]) -> int:
-    from evalrun.nondet import format_report, nondet_paths
+    from evalrun.analysis.nondet import format_report, nondet_paths
 
     parser = _parser("nondet", run_dir=False)
     parser.add_argument("runs", type=Path, nargs="+")

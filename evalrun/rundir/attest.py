@@ -16,19 +16,19 @@ import os
 from pathlib import Path
 from typing import Any
 
-from evalrun import store
-from evalrun.digest import canonical_json, file_sha256, sha256_hex
 from evalrun.errors import BadInput, CheckFailed
+from evalrun.records.canonical import canonical_json, file_sha256, sha256_hex
+from evalrun.rundir import layout, writer
+from evalrun.rundir.layout import ATTESTATION
 
-ATTESTATION = "attestation.intoto.json"
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PREDICATE_TYPE = "https://evalrun.dev/attestation/run/v1"
 PAYLOAD_TYPE = "application/vnd.in-toto+json"
 SIGNING_KEY_ENV = "EVALRUN_SIGNING_KEY"
 
 
-def build_statement(run: store.RunDir, record: dict[str, Any]) -> dict[str, Any]:
-    subjects = [{"name": store.RECORD, "digest": {"sha256": file_sha256(run.record)}}]
+def build_statement(run: layout.RunDir, record: dict[str, Any]) -> dict[str, Any]:
+    subjects = [{"name": layout.RECORD, "digest": {"sha256": file_sha256(run.record)}}]
     subjects += [{"name": rel, "digest": {"sha256": sha}} for rel, sha in sorted(record["files"].items())]
     return {
         "_type": STATEMENT_TYPE,
@@ -75,7 +75,7 @@ def _keyid(public_key: Any) -> str:
     return sha256_hex(raw)
 
 
-def write_attestation(run: store.RunDir, record: dict[str, Any], key_path: Path | None = None) -> Path:
+def write_attestation(run: layout.RunDir, record: dict[str, Any], key_path: Path | None = None) -> Path:
     """Write the attestation for a finished run (record.json already written)."""
     statement = build_statement(run, record)
     document: dict[str, Any] = statement
@@ -89,22 +89,22 @@ def write_attestation(run: store.RunDir, record: dict[str, Any], key_path: Path 
             "signatures": [{"keyid": _keyid(key.public_key()), "sig": base64.b64encode(signature).decode("ascii")}],
         }
     path = run.path / ATTESTATION
-    store.write_json(path, document)
+    writer.write_json(path, document)
     return path
 
 
 def attest_finished_run(run_path: Path) -> Path:
     """Called by the runner after record.json: sign when ``EVALRUN_SIGNING_KEY`` names a key."""
-    run = store.RunDir(run_path)
+    run = layout.RunDir(run_path)
     key = os.environ.get(SIGNING_KEY_ENV)
-    return write_attestation(run, run.read_json(store.RECORD), Path(key) if key else None)
+    return write_attestation(run, run.read_json(layout.RECORD), Path(key) if key else None)
 
 
 def _fail(message: str) -> CheckFailed:
     return CheckFailed(f"{ATTESTATION}: {message}")
 
 
-def check_attestation(run: store.RunDir, record: dict[str, Any], public_key: Path | None) -> str:
+def check_attestation(run: layout.RunDir, record: dict[str, Any], public_key: Path | None) -> str:
     """Check the attestation against the run (whose files are already verified); returns its status."""
     path = run.path / ATTESTATION
     if not path.exists():

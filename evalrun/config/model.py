@@ -7,8 +7,8 @@ from pathlib import Path
 
 import yaml
 
-from evalrun.digest import file_sha256
 from evalrun.errors import BadInput
+from evalrun.records.canonical import file_sha256
 
 # Files that do not change what the model computes; never pinned, never compared.
 _UNPINNED_NAMES = {"README.md", ".gitattributes"}

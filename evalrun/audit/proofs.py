@@ -1,6 +1,6 @@
 """Inclusion proofs: one episode against a run's Merkle root, without the rest of the run.
 
-The tree is :mod:`evalrun.merkle`'s (RFC 6962 over ``episode_id:head`` leaves, sorted by episode
+The tree is :mod:`evalrun.records.merkle`'s (RFC 6962 over ``episode_id:head`` leaves, sorted by episode
 id). ``prove`` emits the audit path (RFC 6962 section 2.1.1) plus the episode's chain lines, so the
 checker recomputes the head from the disclosed entries, the leaf from the head, and the root from
 the path (RFC 9162 section 2.1.3.2).
@@ -13,10 +13,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from evalrun import store
-from evalrun.chain import GENESIS, link
 from evalrun.errors import BadInput, CheckFailed
-from evalrun.merkle import audit_path, leaf, leaf_hash, root_from_path, root_of_leaf_hashes
+from evalrun.records.chain import GENESIS, link
+from evalrun.records.merkle import audit_path, leaf, leaf_hash, root_from_path, root_of_leaf_hashes
+from evalrun.rundir import layout
+from evalrun.rundir.reader import load_record, open_run
 
 PROOF_FORMAT = "evalrun.proof/1"
 _HEX64 = frozenset("0123456789abcdef")
@@ -45,7 +46,7 @@ class InclusionProof:
         }
 
 
-def episode_lines(run: store.RunDir, episode_id: str) -> tuple[str, ...]:
+def episode_lines(run: layout.RunDir, episode_id: str) -> tuple[str, ...]:
     needle = f'"episode":"{episode_id}"'
     for part in sorted(run.log.glob("part-*.jsonl")):
         with open(part, encoding="utf-8") as fh:
@@ -56,8 +57,6 @@ def episode_lines(run: store.RunDir, episode_id: str) -> tuple[str, ...]:
 
 
 def prove(path: Path, episode_id: str) -> InclusionProof:
-    from evalrun.verify import load_record, open_run
-
     run = open_run(path)
     record = load_record(run)
     cols = run.read_outputs(["episode_id", "head"]).to_pydict()
@@ -68,7 +67,7 @@ def prove(path: Path, episode_id: str) -> InclusionProof:
     hashes = [leaf_hash(eid, head) for eid, head in heads]
     root = root_of_leaf_hashes(hashes)
     if root != record["merkle_root"]:
-        raise CheckFailed(f"{store.RECORD}: merkle_root differs from the root of the output heads; run verify")
+        raise CheckFailed(f"{layout.RECORD}: merkle_root differs from the root of the output heads; run verify")
     return InclusionProof(
         episode_id=episode_id, head=heads[index][1], leaf_index=index, tree_size=len(heads),
         path=tuple(h.hex() for h in audit_path(index, hashes)), root=root, lines=episode_lines(run, episode_id),

@@ -7,7 +7,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from evalrun.stats import estimate
+from evalrun.stats.estimates import estimate
 
 SUMMARY_FORMAT = "evalrun.summary/1"
 METHOD = (

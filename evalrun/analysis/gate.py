@@ -19,9 +19,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from evalrun.runs import OVERALL, Run, load_run, model_hash, pick_metric
-from evalrun.seeds import derive_seed
-from evalrun.stats import PairedEstimate, item_means, paired, trial_means
+from evalrun.analysis.runs import OVERALL, Run, load_run, model_hash, pick_metric
+from evalrun.records.seeds import derive_seed
+from evalrun.stats.estimates import PairedEstimate, item_means, paired, trial_means
 
 RULES = ("range", "paired")
 DIGEST_PARTS = ("prompt_pack", "seed_set", "scoring")

@@ -23,7 +23,6 @@ import json
 import json.scanner
 import os
 import re
-from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from json.encoder import encode_basestring  # type: ignore[attr-defined]
@@ -34,19 +33,26 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from evalrun import store
-from evalrun.chain import GENESIS, SCHEDULE_FORMAT, link
-from evalrun.digest import canonical_hash, canonical_json, combine, file_sha256, sha256_hex
-from evalrun.errors import BadInput, CheckFailed
-from evalrun.merkle import leaf_hash, root_of_leaf_hashes
+from evalrun.errors import CheckFailed
+from evalrun.records.canonical import canonical_hash, canonical_json, combine, file_sha256, sha256_hex
+from evalrun.records.chain import GENESIS, SCHEDULE_FORMAT
+from evalrun.records.merkle import leaf_hash, root_of_leaf_hashes
+from evalrun.rundir import attest, layout
+from evalrun.rundir.reader import (
+    ROW_COLUMNS,
+    ROW_SCHEMA,
+    iter_chains,
+    load_record,
+    open_run,
+    part_pairs,
+    read_output_part,
+)
+from evalrun.stats.summary import summarize
 
-_string = encode_basestring  # JCS string escaping (see evalrun.digest)
+_string = encode_basestring  # JCS string escaping (see evalrun.records.canonical)
 _FORMAT = _string(SCHEDULE_FORMAT)
 
-RECORD_FORMAT = "evalrun.record/1"
-ROW_COLUMNS = ["episode_id", "task", "item_id", "seed", "repeat", "seeds", "prompt", "prompt_sha256", "output",
-               "token_ids", "token_logprobs", "finish_reason", "output_tokens", "head", "fewshot_ids",
-               "shuffle_order", "option_logprobs", "judgements"]  # fmt: skip
+
 STAGED_COLUMNS = ["fewshot_ids", "shuffle_order", "option_logprobs", "judgements"]  # empty for single-call episodes
 
 
@@ -75,132 +81,7 @@ def _fail(where: str, message: str) -> CheckFailed:
     return CheckFailed(f"{where}: {message}")
 
 
-# --- run directory and record.json -----------------------------------------------------------
-
-
-def open_run(path: Path) -> store.RunDir:
-    """The run directory at ``path``; BadInput if it is not one."""
-    if not path.is_dir():
-        raise BadInput(str(path), "no such run directory")
-    run = store.RunDir(path)
-    if not run.record.exists() and not run.manifest.exists():
-        raise BadInput(str(path), "not a run directory (expected manifest.json and record.json)")
-    return run
-
-
-def load_record(run: store.RunDir) -> dict[str, Any]:
-    if not run.record.is_file():
-        raise _fail(store.RECORD, "missing: the run did not finish, or the file was removed")
-    text = run.record.read_text(encoding="utf-8", errors="replace")
-    try:
-        record = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise _fail(store.RECORD, f"not valid JSON ({exc.msg}, line {exc.lineno})") from exc
-    if not isinstance(record, dict) or text != canonical_json(record) + "\n":
-        raise _fail(store.RECORD, "not a canonical JSON object")
-    if record.get("format") != RECORD_FORMAT:
-        raise BadInput(store.RECORD, f"unknown record format {record.get('format')!r}; expected {RECORD_FORMAT!r}")
-    for key in ("files", "merkle_root", "episodes", "parts", "digest", "manifest_sha256"):
-        if key not in record:
-            raise _fail(store.RECORD, f"missing field {key!r}")
-    return record
-
-
-def part_pairs(run: store.RunDir, record: dict[str, Any]) -> list[tuple[str, str]]:
-    """(log part, output part) relative paths; every part on disk must be listed and vice versa."""
-    listed = set(record["files"])
-    on_disk = {f"{d}/{p.name}" for d in (store.LOG, store.OUTPUTS) for p in (run.path / d).glob("*") if p.is_file()}
-    for rel in sorted(on_disk - listed):
-        raise _fail(rel, "present in the run directory but not listed in record.json")
-    for rel in sorted(r for r in listed if r.startswith((f"{store.LOG}/", f"{store.OUTPUTS}/")) and r not in on_disk):
-        raise _fail(rel, "listed in record.json but missing")
-    logs = sorted(r for r in listed if r.startswith(f"{store.LOG}/"))
-    outs = sorted(r for r in listed if r.startswith(f"{store.OUTPUTS}/"))
-    for rel in logs + outs:
-        if not store.PART_PATTERN.match(rel.split("/", 1)[1]):
-            raise _fail(rel, "not a part name (part-NNNNN.jsonl / part-NNNNN.parquet)")
-    pairs = []
-    for log_rel in logs:
-        out_rel = f"{store.OUTPUTS}/{Path(log_rel).stem}.parquet"
-        if out_rel not in listed:
-            raise _fail(out_rel, f"missing: {log_rel} has no output part")
-        pairs.append((log_rel, out_rel))
-    if len(outs) != len(pairs) or record["parts"] != len(pairs):
-        raise _fail(
-            store.RECORD, f"parts is {record['parts']}, the run lists {len(logs)} log and {len(outs)} output parts"
-        )
-    return pairs
-
-
 # --- one part: chains and output rows --------------------------------------------------------
-
-
-Chain = tuple[str, list[dict[str, Any]], list[str], str, int]
-
-
-def iter_chains(path: Path, rel: str, known_format_only: bool = False) -> Iterator[Chain]:
-    """Yield ``(episode, entries, lines, head, first_line_number)`` per chain, checking each link.
-
-    A header of another schedule format fails the check; with ``known_format_only`` (replay, which
-    must not interpret a schedule it does not know) it is a BadInput instead.
-    """
-    with open(path, "rb") as fh:
-        data = fh.read()
-    if data and not data.endswith(b"\n"):
-        last = data.count(b"\n") + 1
-        raise _fail(f"{rel}:{last}", "truncated: the last line has no newline")
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line_no = data[: exc.start].count(b"\n") + 1
-        raise _fail(f"{rel}:{line_no}", "not valid UTF-8") from exc
-    episode: str | None = None
-    entries: list[dict[str, Any]] = []
-    lines: list[str] = []
-    head = GENESIS
-    start = 0
-    for number, line in enumerate(text.split("\n")[:-1], start=1):
-        where = f"{rel}:{number}"
-        try:
-            entry = json.loads(line)
-            eid, seq, kind, prev = entry["episode"], entry["seq"], entry["kind"], entry["prev"]
-        except (json.JSONDecodeError, KeyError, TypeError) as exc:
-            raise _fail(where, f"not a chain entry ({exc})") from exc
-        if episode is None:
-            if seq != 0 or kind != "header":
-                raise _fail(where, f"episode {eid} seq {seq}: a chain must start with a header at seq 0")
-            if entry.get("format") != SCHEDULE_FORMAT:
-                error = BadInput if known_format_only else _fail
-                raise error(where, f"unknown schedule format {entry.get('format')!r}; expected {SCHEDULE_FORMAT!r}")
-            episode, start = eid, number
-        elif eid != episode:
-            raise _fail(where, f"episode {eid} seq {seq}: inside the chain of episode {episode}, which has not ended")
-        if seq != len(entries):
-            raise _fail(where, f"episode {eid} seq {seq}: expected seq {len(entries)}")
-        if prev != head:
-            raise _fail(where, f"episode {eid} seq {seq}: prev does not match the hash of the entry before it")
-        if kind == "model":
-            _check_model_entry(entry, line, where)
-        head = link(head, line)
-        entries.append(entry)
-        lines.append(line)
-        if kind == "end":
-            yield episode, entries, lines, head, start
-            episode, entries, lines, head = None, [], [], GENESIS
-    if episode is not None:
-        raise _fail(f"{rel}:{start}", f"episode {episode}: chain has no end entry (truncated?)")
-
-
-def _check_model_entry(entry: dict[str, Any], line: str, where: str) -> None:
-    request = entry.get("request")
-    marker = line.find('"request":')
-    stop = line.find(',"request_hash":"', marker)
-    if not isinstance(request, dict) or marker < 0 or stop < 0:
-        raise _fail(where, f"episode {entry['episode']} seq {entry['seq']}: model entry without a request")
-    if sha256_hex(line[marker + len('"request":') : stop]) != entry.get("request_hash"):
-        raise _fail(where, f"episode {entry['episode']} seq {entry['seq']}: request_hash does not match the request")
-    if sha256_hex(str(request.get("prompt"))) != request.get("prompt_sha256"):
-        raise _fail(where, f"episode {entry['episode']} seq {entry['seq']}: prompt_sha256 does not match the prompt")
 
 
 def _row_mismatch(row: dict[str, Any], entries: list[dict[str, Any]]) -> str | None:
@@ -267,21 +148,6 @@ def _dict(value: Any) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-def read_output_part(path: Path, rel: str) -> list[dict[str, Any]]:
-    try:
-        table = pq.read_table(path)
-        missing = [c for c in ROW_COLUMNS if c not in table.column_names]
-        if missing:
-            raise _fail(rel, f"missing output columns {missing}")
-        table = table.select(ROW_COLUMNS)
-        if not table.schema.equals(_ROW_SCHEMA):
-            wrong = next(f.name for f in table.schema if f != _ROW_SCHEMA.field(f.name))
-            raise _fail(rel, f"column {wrong!r} is not of evalrun's type {_ROW_SCHEMA.field(wrong).type}")
-        return table.to_pylist()
-    except (pa.ArrowException, OSError, ValueError, IndexError, KeyError) as exc:
-        raise _fail(rel, f"unreadable Parquet part ({type(exc).__name__}: {exc})") from exc
-
-
 def verify_part(run_path: str, log_rel: str, out_rel: str) -> PartResult:
     root = Path(run_path)
     try:
@@ -335,7 +201,6 @@ def _verify_part_precise(root: Path, log_rel: str, out_rel: str) -> PartResult:
 _SEED_SLOT = re.compile(r'"seed":"\d+"')
 _REQUEST_HASH_KEY = '},"request_hash":"'
 _TAIL = len(_REQUEST_HASH_KEY) + 64
-_ROW_SCHEMA = pa.schema([store.OUTPUT_SCHEMA.field(c) for c in ROW_COLUMNS])
 _SCALAR_COLUMNS = ["episode_id", "task", "item_id", "seed", "repeat", "prompt", "prompt_sha256", "output",
                    "token_ids", "token_logprobs", "finish_reason", "output_tokens", "head"]  # fmt: skip
 
@@ -344,7 +209,7 @@ def _verify_part_fast(log_data: bytes, out_data: bytes) -> PartResult | None:
     """The common case without parsing a line; None sends the part down the precise path.
 
     It accepts a part only when its chains are, in row order, exactly the three lines that
-    :func:`evalrun.episode.record_episode` writes, each byte for byte the canonical text rebuilt
+    :func:`evalrun.pipeline.harness.record_episode` writes, each byte for byte the canonical text rebuilt
     from its output row, apart from four slots checked no less strictly than the precise path
     checks them: the generator (valid JSON), the request's sampling record (valid JSON; it is
     hashed into request_hash), request_hash (recomputed exactly as the precise path does) and the
@@ -365,7 +230,7 @@ def _fast_part(log_data: bytes, out_data: bytes) -> PartResult | None:
     lines = log_data.decode("utf-8").split("\n")
     lines.pop()  # after the last newline
     table = pq.read_table(pa.BufferReader(out_data), columns=ROW_COLUMNS)
-    if not table.schema.equals(_ROW_SCHEMA):  # so a column holds its type's values or nulls, never another type's
+    if not table.schema.equals(ROW_SCHEMA):  # so a column holds its type's values or nulls, never another type's
         return None
     n = table.num_rows
     if len(lines) != 3 * n:
@@ -483,7 +348,7 @@ def _json_value(text: str) -> Any:
 
 
 def _verify_parts(
-    run: store.RunDir, pairs: list[tuple[str, str]], jobs: int, summary: bool
+    run: layout.RunDir, pairs: list[tuple[str, str]], jobs: int, summary: bool
 ) -> tuple[list[PartResult], bool | None]:
     """The parts' results in part order, and (with ``summary`` and more than one job) whether
     summary.json matches scores.parquet, recomputed in the pool alongside the parts (None: not
@@ -503,13 +368,11 @@ def _verify_parts(
 def _summary_matches(run_path: str) -> bool | None:
     """True if summary.json is absent or equals the summary recomputed from scores.parquet; None
     on any error (check_scores reports it in its turn)."""
-    from evalrun.report import summarize
-
     try:
-        run = store.RunDir(Path(run_path))
+        run = layout.RunDir(Path(run_path))
         if not run.summary.exists():
             return True
-        return canonical_json(summarize(pq.read_table(run.scores))) == canonical_json(run.read_json(store.SUMMARY))
+        return canonical_json(summarize(pq.read_table(run.scores))) == canonical_json(run.read_json(layout.SUMMARY))
     except Exception:
         return None
 
@@ -517,7 +380,7 @@ def _summary_matches(run_path: str) -> bool | None:
 # --- whole-run checks ------------------------------------------------------------------------
 
 
-def check_file_hashes(run: store.RunDir, record: dict[str, Any], known: dict[str, str] | None = None) -> None:
+def check_file_hashes(run: layout.RunDir, record: dict[str, Any], known: dict[str, str] | None = None) -> None:
     """Every file record.json lists, in name order; ``known`` holds hashes already taken of the bytes checked."""
     known = known or {}
     for rel, expected in sorted(record["files"].items()):
@@ -528,47 +391,45 @@ def check_file_hashes(run: store.RunDir, record: dict[str, Any], known: dict[str
             raise _fail(rel, "sha256 differs from record.json")
 
 
-def check_manifest(run: store.RunDir, record: dict[str, Any]) -> dict[str, Any]:
+def check_manifest(run: layout.RunDir, record: dict[str, Any]) -> dict[str, Any]:
     if file_sha256(run.manifest) != record["manifest_sha256"]:
-        raise _fail(store.MANIFEST, "sha256 differs from record.json manifest_sha256")
-    manifest = run.read_json(store.MANIFEST)
+        raise _fail(layout.MANIFEST, "sha256 differs from record.json manifest_sha256")
+    manifest = run.read_json(layout.MANIFEST)
     digest = manifest.get("digest", {})
     parts = [digest.get("prompt_pack"), digest.get("seed_set"), digest.get("scoring")]
     if not all(isinstance(p, str) for p in parts) or combine(parts) != digest.get("digest"):
-        raise _fail(store.MANIFEST, "digest is not sha256(prompt_pack + seed_set + scoring)")
+        raise _fail(layout.MANIFEST, "digest is not sha256(prompt_pack + seed_set + scoring)")
     if digest["digest"] != record["digest"]:
-        raise _fail(store.RECORD, "digest differs from the manifest's")
+        raise _fail(layout.RECORD, "digest differs from the manifest's")
     decoding, seeds = manifest.get("decoding"), manifest.get("seeds")
     template = (manifest.get("task") or {}).get("template") or {}
     if isinstance(decoding, dict) and "sha256" in template:
         settings = {k: v for k, v in decoding.items() if k != "name"}
         pack = canonical_hash({"templates": {"user": template["sha256"]}, "fewshot": [], "decoding": settings})
         if pack != digest["prompt_pack"]:
-            raise _fail(store.MANIFEST, "digest.prompt_pack does not match the template sha256 and decoding settings")
+            raise _fail(layout.MANIFEST, "digest.prompt_pack does not match the template sha256 and decoding settings")
     if isinstance(seeds, dict):
         seed_set = canonical_hash({"master": seeds["master"], "set": list(seeds["set"]), "repeats": seeds["repeats"]})
         if seed_set != digest["seed_set"]:
-            raise _fail(store.MANIFEST, "digest.seed_set does not match the seeds")
+            raise _fail(layout.MANIFEST, "digest.seed_set does not match the seeds")
     return manifest
 
 
-def check_scores(run: store.RunDir, heads: dict[str, str], summary_ok: bool | None = None) -> None:
+def check_scores(run: layout.RunDir, heads: dict[str, str], summary_ok: bool | None = None) -> None:
     """Scored episodes against the output rows, then summary.json against scores.parquet (skipped
     when ``summary_ok`` says it was already found equal)."""
-    from evalrun.report import summarize
-
     try:
         scores = pq.read_table(run.scores, columns=["episode_id"] if summary_ok else None)
     except (pa.ArrowException, OSError, ValueError) as exc:
-        raise _fail(store.SCORES, f"unreadable ({exc})") from exc
+        raise _fail(layout.SCORES, f"unreadable ({exc})") from exc
     scored = set(scores.column("episode_id").to_pylist())
     if scored != heads.keys():
         missing = sorted(set(heads) - scored)[:1] or sorted(scored - set(heads))[:1]
-        raise _fail(store.SCORES, f"episode {missing[0]}: scored episodes differ from the output rows")
+        raise _fail(layout.SCORES, f"episode {missing[0]}: scored episodes differ from the output rows")
     if summary_ok:
         return
-    if run.summary.exists() and canonical_json(summarize(scores)) != canonical_json(run.read_json(store.SUMMARY)):
-        raise _fail(store.SUMMARY, "does not match the summary recomputed from scores.parquet")
+    if run.summary.exists() and canonical_json(summarize(scores)) != canonical_json(run.read_json(layout.SUMMARY)):
+        raise _fail(layout.SUMMARY, "does not match the summary recomputed from scores.parquet")
 
 
 def verify_run(
@@ -587,12 +448,10 @@ def verify_run(
 
 
 def _verify_run(path: Path, expect_root: str | None, public_key: Path | None, jobs: int) -> VerifyReport:
-    from evalrun import attest
-
     run = open_run(path)
     record = load_record(run)
     pairs = part_pairs(run, record)
-    results, summary_ok = _verify_parts(run, pairs, jobs, summary=store.SCORES in record["files"])
+    results, summary_ok = _verify_parts(run, pairs, jobs, summary=layout.SCORES in record["files"])
     heads: dict[str, str] = {}
     for index, ((log_rel, _out_rel), part) in enumerate(zip(pairs, results, strict=True)):
         size = len(heads)
@@ -603,23 +462,23 @@ def _verify_run(path: Path, expect_root: str | None, public_key: Path | None, jo
     check_file_hashes(run, record, {rel: h for part in results for rel, h in part.file_hashes.items()})
     written = record["episodes"].get("written")
     if written != len(heads):
-        raise _fail(store.RECORD, f"episodes.written is {written}, the parts hold {len(heads)} episodes")
+        raise _fail(layout.RECORD, f"episodes.written is {written}, the parts hold {len(heads)} episodes")
     if record["episodes"].get("planned") != written:
-        raise _fail(store.RECORD, f"{record['episodes'].get('planned')} episodes planned, {written} written")
+        raise _fail(layout.RECORD, f"{record['episodes'].get('planned')} episodes planned, {written} written")
     tokens = sum(p.output_tokens for p in results)
     if "output_tokens" in record and record["output_tokens"] != tokens:
-        raise _fail(store.RECORD, f"output_tokens is {record['output_tokens']}, the rows hold {tokens}")
+        raise _fail(layout.RECORD, f"output_tokens is {record['output_tokens']}, the rows hold {tokens}")
     # merkle_root(heads.items()), from the leaves hashed with each part (episode ids are unique by now)
     leaves = sorted(pair for part in results for pair in part.leaves)  # merges the parts' sorted runs
     root = root_of_leaf_hashes([h for _eid, h in leaves])
     if root != record["merkle_root"]:
-        raise _fail(store.RECORD, f"merkle_root {record['merkle_root']} differs from the root of the heads {root}")
+        raise _fail(layout.RECORD, f"merkle_root {record['merkle_root']} differs from the root of the heads {root}")
     if expect_root is not None and root != expect_root.lower():
         raise _fail("--expect-root", f"the run's root is {root}, not {expect_root}")
     manifest = check_manifest(run, record)
     if isinstance(manifest.get("episodes"), int) and manifest["episodes"] != written:
-        raise _fail(store.MANIFEST, f"plans {manifest['episodes']} episodes, the run holds {written}")
-    if store.SCORES in record["files"]:
+        raise _fail(layout.MANIFEST, f"plans {manifest['episodes']} episodes, the run holds {written}")
+    if layout.SCORES in record["files"]:
         check_scores(run, heads, summary_ok)
     status = attest.check_attestation(run, record, public_key)
     return VerifyReport(

@@ -12,20 +12,29 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from evalrun import failpoints, store
 from evalrun.config import REPO_ROOT, EvalConfig, load_stored, to_yaml, validate
-from evalrun.digest import file_sha256
-from evalrun.dispatch import Dispatcher, dispatcher_key, open_dispatcher
+from evalrun.config.model import ResolvedModel, resolve_model
 from evalrun.errors import BadInput
-from evalrun.manifest import Digest, build_manifest, compute_digest, generator_info, run_identity, scoring_context
-from evalrun.merkle import merkle_root
-from evalrun.model import ResolvedModel, resolve_model
-from evalrun.plan import Episode, build_plan
-from evalrun.progress import RunProgress
-from evalrun.report import summarize
+from evalrun.pipeline import failpoints
+from evalrun.pipeline.dispatch import Dispatcher, dispatcher_key, open_dispatcher
+from evalrun.pipeline.manifest import (
+    Digest,
+    build_manifest,
+    compute_digest,
+    generator_info,
+    run_identity,
+    scoring_context,
+)
+from evalrun.pipeline.plan import Episode, build_plan
+from evalrun.pipeline.progress import RunProgress
+from evalrun.pipeline.worker import WorkerSpec
+from evalrun.records.canonical import file_sha256
+from evalrun.records.merkle import merkle_root
+from evalrun.rundir import layout, writer
+from evalrun.rundir.attest import attest_finished_run
 from evalrun.scoring import score_columns, score_outputs
+from evalrun.stats.summary import summarize
 from evalrun.tasks import Task, load_task
-from evalrun.worker import WorkerSpec
 
 RECORD_FORMAT = "evalrun.record/1"
 
@@ -57,6 +66,7 @@ def prepare(config: EvalConfig) -> Prepared:
     model = _resolve(m)
     judge = _resolve(j) if j is not None else None
     task = load_task(config)
+    config = config.with_decoding(task.pack.decoding)  # a pack's decoding settings win over the group's
     episodes = build_plan(task, config.section("decoding"), config.section("seeds"))
     spec = WorkerSpec(
         model_path=str(model.path),
@@ -105,23 +115,23 @@ def execute(prepared: Prepared, dispatcher: Dispatcher | None = None) -> Path:
         )
         run_cfg = config.section("run")
         stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
-        run = store.create_run_dir(
+        run = layout.create_run_dir(
             Path(run_cfg["root"]),
             f"{task.name}-{stamp}-{prepared.digest.digest[:8]}",
             exact=Path(run_cfg["dir"]) if run_cfg["dir"] else None,
         )
-        with store.locked(run):
-            store.write_atomic(run.config, to_yaml(config).encode("utf-8"))
-            store.write_json(run.manifest, manifest)
+        with writer.locked(run):
+            writer.write_atomic(run.config, to_yaml(config).encode("utf-8"))
+            writer.write_json(run.manifest, manifest)
             failpoints.hit("before-first-part")
-            _complete(run, prepared, dispatcher, store.PartWriter(run))
+            _complete(run, prepared, dispatcher, writer.PartWriter(run))
         return run.path
     finally:
         if own:
             dispatcher.close()
 
 
-def load_run_config(run: store.RunDir, overrides: list[str]) -> EvalConfig:
+def load_run_config(run: layout.RunDir, overrides: list[str]) -> EvalConfig:
     """The config a run was made with (its config.yaml), with ``cluster.*``/``run.progress`` overrides."""
     if not run.config.is_file() or not run.manifest.is_file():
         raise BadInput(str(run.path), "not an evalrun run directory (config.yaml or manifest.json is missing)")
@@ -134,9 +144,9 @@ def load_run_config(run: store.RunDir, overrides: list[str]) -> EvalConfig:
 
 def resume(run_path: Path, overrides: list[str] | None = None, dispatcher: Dispatcher | None = None) -> Path:
     """Finish an interrupted run: keep its complete parts, run only the missing episodes."""
-    run = store.RunDir(run_path)
+    run = layout.RunDir(run_path)
     prepared = prepare(load_run_config(run, overrides or []))
-    with store.locked(run):
+    with writer.locked(run):
         if run.record.is_file():
             return run.path  # already complete
         recorded = json.loads(run.manifest.read_text(encoding="utf-8")).get("identity", {})
@@ -147,17 +157,17 @@ def resume(run_path: Path, overrides: list[str] | None = None, dispatcher: Dispa
             raise BadInput(str(run.manifest), f"the run would now be made differently: {', '.join(changed)} changed")
         dispatcher, own = _checked_dispatcher(prepared, dispatcher)
         try:
-            _complete(run, prepared, dispatcher, store.PartWriter.recover(run))
+            _complete(run, prepared, dispatcher, writer.PartWriter.recover(run))
         finally:
             if own:
                 dispatcher.close()
     return run.path
 
 
-def _complete(run: store.RunDir, prepared: Prepared, dispatcher: Dispatcher, writer: store.PartWriter) -> None:
-    """Run every planned episode the writer does not have yet, then score, summarise and record."""
+def _complete(run: layout.RunDir, prepared: Prepared, dispatcher: Dispatcher, parts: writer.PartWriter) -> None:
+    """Run every planned episode the part writer does not have yet, then score, summarise and record."""
     config = prepared.config
-    remaining = [e for e in prepared.episodes if e.episode_id not in writer.heads]
+    remaining = [e for e in prepared.episodes if e.episode_id not in parts.heads]
     generator = generator_info()
     batches = _batches(remaining, config.section("cluster")["batch_size"])
     progress = RunProgress(
@@ -166,36 +176,34 @@ def _complete(run: store.RunDir, prepared: Prepared, dispatcher: Dispatcher, wri
     )  # fmt: skip
     with progress:
         for outcome in dispatcher.map(batches, generator):
-            if writer.write(outcome.part):
-                failpoints.hit(f"after-part-{writer.next_index - 1}")
+            if parts.write(outcome.part):
+                failpoints.hit(f"after-part-{parts.next_index - 1}")
                 progress.advance(outcome.episodes, outcome.part.output_tokens)
 
     planned = {e.episode_id for e in prepared.episodes}
-    if set(writer.heads) != planned:
-        raise RuntimeError(f"{len(planned - set(writer.heads))} planned episodes have no result")
+    if set(parts.heads) != planned:
+        raise RuntimeError(f"{len(planned - set(parts.heads))} planned episodes have no result")
 
     spec = config.section("task")["scorer"]
     context = scoring_context(config, prepared.task, prepared.model, prepared.judge_model)
     scores = score_outputs(run.read_outputs(score_columns(spec)), spec, context)
-    files = {name: file_sha256(run.path / name) for name in (store.CONFIG, store.MANIFEST)}
-    files[store.SCORES] = store.write_atomic(run.scores, store.table_bytes(scores))
-    files[store.SUMMARY] = store.write_json(run.summary, summarize(scores))
-    files.update(writer.file_hashes)
+    files = {name: file_sha256(run.path / name) for name in (layout.CONFIG, layout.MANIFEST)}
+    files[layout.SCORES] = writer.write_atomic(run.scores, writer.table_bytes(scores))
+    files[layout.SUMMARY] = writer.write_json(run.summary, summarize(scores))
+    files.update(parts.file_hashes)
     failpoints.hit("before-record")
 
     record = {
         "format": RECORD_FORMAT,
-        "episodes": {"planned": len(planned), "written": len(writer.heads)},
-        "parts": len(writer.file_hashes) // 2,
-        "output_tokens": writer.output_tokens,
-        "merkle_root": merkle_root(writer.heads.items()),
+        "episodes": {"planned": len(planned), "written": len(parts.heads)},
+        "parts": len(parts.file_hashes) // 2,
+        "output_tokens": parts.output_tokens,
+        "merkle_root": merkle_root(parts.heads.items()),
         "digest": prepared.digest.digest,
-        "manifest_sha256": files[store.MANIFEST],
+        "manifest_sha256": files[layout.MANIFEST],
         "files": dict(sorted(files.items())),
-        "dispatch": {**dispatcher.stats.as_record(), "resumed": writer.kept_parts > 0, "kept_parts": writer.kept_parts},
+        "dispatch": {**dispatcher.stats.as_record(), "resumed": parts.kept_parts > 0, "kept_parts": parts.kept_parts},
         "ended_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
-    store.write_json(run.record, record)
-    from evalrun.attest import attest_finished_run
-
+    writer.write_json(run.record, record)
     attest_finished_run(run.path)  # in-toto Statement over the record files (signed if EVALRUN_SIGNING_KEY)

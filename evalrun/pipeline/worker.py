@@ -13,10 +13,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from evalrun.digest import canonical_json
-from evalrun.episode import run_episodes
-from evalrun.plan import Episode
-from evalrun.store import EncodedPart, Provenance, encode_part
+from evalrun.pipeline import determinism
+from evalrun.pipeline.encode import Provenance, encode_part
+from evalrun.pipeline.environment import hardware_fingerprint
+from evalrun.pipeline.harness import run_episodes
+from evalrun.pipeline.plan import Episode
+from evalrun.records.canonical import canonical_json
+from evalrun.rundir.writer import EncodedPart
 
 
 @dataclass(frozen=True)
@@ -57,12 +60,8 @@ class BatchOutcome:
 
 class EngineWorker:
     def __init__(self, spec: WorkerSpec, name: str) -> None:
-        from evalrun import determinism
-
         self.name = f"{name}@{socket.gethostname()}:{os.getpid()}"
         self.determinism = determinism.apply(spec.determinism, seed=spec.engine["seed"])
-        from evalrun.environment import hardware_fingerprint
-
         self.hardware = canonical_json(hardware_fingerprint())
         self.engine = _build_engine(spec)
         self.judge_engine = self.engine

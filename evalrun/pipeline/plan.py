@@ -12,9 +12,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from evalrun.digest import canonical_hash, sha256_hex
 from evalrun.engines import SamplingSpec
-from evalrun.seeds import derive_seed
+from evalrun.records.canonical import canonical_hash, sha256_hex
+from evalrun.records.seeds import derive_seed
 from evalrun.tasks import Task, prompt_variables, render_prompt
 from evalrun.tasks.rubric import Rubric
 from evalrun.tasks.selection import select_fewshot, shuffle_order

@@ -89,7 +89,7 @@ def _se(values: list[float]) -> float | None:
 def bootstrap_ci(values: list[float], seed: int, resamples: int = BOOTSTRAP_RESAMPLES) -> tuple[float, float] | None:
     """95% percentile interval of the mean, resampling ``values`` (one per item) with replacement.
 
-    ``seed`` comes from :func:`evalrun.seeds.derive_seed`; the interval depends on nothing else.
+    ``seed`` comes from :func:`evalrun.records.seeds.derive_seed`; the interval depends on nothing else.
     """
     import numpy as np
 

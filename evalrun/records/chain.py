@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from evalrun.digest import canonical_json
+from evalrun.records.canonical import canonical_json
 
 GENESIS = "0" * 64
 SCHEDULE_FORMAT = "evalrun.schedule/1"

@@ -13,9 +13,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from evalrun.runs import OVERALL, Run, load_run
-from evalrun.seeds import derive_seed
-from evalrun.stats import PairedEstimate, item_means, paired
+from evalrun.analysis.runs import OVERALL, Run, load_run
+from evalrun.records.seeds import derive_seed
+from evalrun.stats.estimates import PairedEstimate, item_means, paired
 
 COMPARE_FORMAT = "evalrun.compare/1"
 

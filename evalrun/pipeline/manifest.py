@@ -11,9 +11,15 @@ from datetime import datetime, timezone
 from typing import Any
 
 from evalrun.config import EvalConfig
-from evalrun.digest import canonical_hash, combine
-from evalrun.environment import evalrun_version, git_state, hardware_fingerprint, library_versions, python_version
-from evalrun.model import ResolvedModel
+from evalrun.config.model import ResolvedModel
+from evalrun.pipeline.environment import (
+    evalrun_version,
+    git_state,
+    hardware_fingerprint,
+    library_versions,
+    python_version,
+)
+from evalrun.records.canonical import canonical_hash, combine
 from evalrun.scoring import ScoringContext, scoring_hash
 from evalrun.tasks import Task
 

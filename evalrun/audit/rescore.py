@@ -18,13 +18,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import yaml
 
-from evalrun import store
-from evalrun.digest import canonical_hash
 from evalrun.errors import BadInput, CheckFailed
-from evalrun.report import summarize
+from evalrun.records.canonical import canonical_hash
+from evalrun.rundir import layout, writer
+from evalrun.rundir.reader import open_run
 from evalrun.scoring import SCORER_VERSIONS, ScoringContext, make_scorer, score_columns, score_outputs, scoring_hash
+from evalrun.stats.summary import summarize
 from evalrun.tasks.rubric import load_rubric
-from evalrun.verify import open_run
 
 RESCORE_DIR = "rescore"
 
@@ -48,12 +48,12 @@ class RescoreReport:
     written: Path | None
 
 
-def recorded_scorer(run: store.RunDir) -> dict[str, Any]:
+def recorded_scorer(run: layout.RunDir) -> dict[str, Any]:
     try:
         raw = yaml.safe_load(run.config.read_text(encoding="utf-8"))
         return dict(raw["task"]["scorer"])
     except (OSError, yaml.YAMLError, KeyError, TypeError) as exc:
-        raise BadInput(store.CONFIG, f"expected the run's resolved config with task.scorer ({exc})") from exc
+        raise BadInput(layout.CONFIG, f"expected the run's resolved config with task.scorer ({exc})") from exc
 
 
 def apply_overrides(spec: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
@@ -106,14 +106,14 @@ def _rubric_override(overrides: list[str]) -> tuple[Path | None, list[str]]:
     return rubric, rest
 
 
-def recorded_context(run: store.RunDir, rubric_path: Path | None) -> tuple[ScoringContext, bool]:
+def recorded_context(run: layout.RunDir, rubric_path: Path | None) -> tuple[ScoringContext, bool]:
     """The scoring context of the run, with its rubric file (or ``rubric_path``) read now; True when
     that rubric differs from the one the run was scored with.
 
     Only weights, option values and the aggregation may differ: verdicts were given to the
     judge-facing part, so a rubric whose judges would see something else is refused (exit 2).
     """
-    manifest = run.read_json(store.MANIFEST)
+    manifest = run.read_json(layout.MANIFEST)
     recorded_rubric = manifest.get("task", {}).get("rubric")
     if recorded_rubric is None:
         if rubric_path is not None:
@@ -141,20 +141,20 @@ def rescore_run(path: Path, overrides: list[str]) -> RescoreReport:
     old_versions = set(old.column("scorer_version").to_pylist()) if "scorer_version" in old.column_names else set()
     scorer_changed = spec != recorded or rubric_changed or old_versions - {SCORER_VERSIONS[spec["name"]]} != set()
     identical = old.schema.equals(new.schema) and old.equals(new)
-    new_bytes = store.table_bytes(new)
+    new_bytes = writer.table_bytes(new)
     if identical:
         return RescoreReport(new.num_rows, scorer_changed, True, new_bytes == old_bytes, (), None)
     out_dir = run.path / RESCORE_DIR / scoring_hash(spec, context)[:16]
     out_dir.mkdir(parents=True, exist_ok=True)
-    store.write_atomic(out_dir / store.SCORES, new_bytes)
-    store.write_json(out_dir / store.SUMMARY, summarize(new))
-    store.write_json(out_dir / "scorer.json", {**spec, "context": context.as_record()})
+    writer.write_atomic(out_dir / layout.SCORES, new_bytes)
+    writer.write_json(out_dir / layout.SUMMARY, summarize(new))
+    writer.write_json(out_dir / "scorer.json", {**spec, "context": context.as_record()})
     diffs = _diffs(old, new)
     report = RescoreReport(new.num_rows, scorer_changed, False, False, diffs, out_dir)
     if not scorer_changed:
         changed = sum(d.changed_episodes for d in diffs)
         raise CheckFailed(
-            f"{store.SCORES}: rescoring with the recorded scorer {spec['name']} version "
+            f"{layout.SCORES}: rescoring with the recorded scorer {spec['name']} version "
             f"{SCORER_VERSIONS[spec['name']]} gives different scores ({changed} rows differ; new scores in "
             f"{out_dir}): the scorer code changed without a version bump, or the outputs changed"
         )

@@ -1,0 +1,90 @@
+"""A batch's results as the bytes of its log part and output part, made where the results are.
+
+Workers encode; the driver only commits bytes (:mod:`evalrun.rundir.writer`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import chain
+from typing import Any
+
+import pyarrow as pa
+
+from evalrun.pipeline.harness import EpisodeResult, Judgement
+from evalrun.records.outputs import OUTPUT_SCHEMA, STAGED_COLUMNS
+from evalrun.rundir.writer import EncodedPart, table_bytes
+
+
+@dataclass(frozen=True)
+class Provenance:
+    worker: str
+    hardware: str  # canonical JSON of the worker's hardware fingerprint
+    batch_size: int
+    latency_s: float
+
+
+def output_rows(results: list[EpisodeResult], provenance: Provenance) -> pa.Table:
+    episodes = [r.episode for r in results]
+    completions = [r.completion for r in results]
+    n = len(results)
+    seeds = pa.array([e.sampling.seed for e in episodes], _SAMPLING_SEED.type)
+    columns: dict[str, Any] = {
+        "episode_id": [e.episode_id for e in episodes],
+        "task": [e.task for e in episodes],
+        "item_id": [e.item_id for e in episodes],
+        "seed": [e.seed for e in episodes],
+        "repeat": [e.repeat for e in episodes],
+        "seeds": pa.StructArray.from_arrays([seeds], fields=[_SAMPLING_SEED]),
+        "prompt": [e.prompt for e in episodes],
+        "prompt_sha256": [r.prompt_sha256 for r in results],
+        "target": [e.target for e in episodes],
+        "output": [c.text for c in completions],
+        "token_ids": [list(c.token_ids) for c in completions],
+        "token_logprobs": [list(c.logprobs) for c in completions],
+        "finish_reason": [c.finish_reason for c in completions],
+        "prompt_tokens": [c.prompt_tokens for c in completions],
+        "output_tokens": [len(c.token_ids) for c in completions],
+        "head": [r.head for r in results],
+        **(_staged_columns(results) if any(not e.single_call for e in episodes) else _no_stages(n)),
+        "worker": [provenance.worker] * n,
+        "hardware": [provenance.hardware] * n,
+        "batch_size": [provenance.batch_size] * n,
+        "latency_s": [provenance.latency_s] * n,
+    }
+    return pa.table(columns, schema=OUTPUT_SCHEMA)
+
+
+_SAMPLING_SEED = OUTPUT_SCHEMA.field("seeds").type.field("sampling")
+
+
+def _staged_columns(results: list[EpisodeResult]) -> dict[str, list[Any]]:
+    return {
+        "fewshot_ids": [list(r.episode.fewshot_ids) for r in results],
+        "shuffle_order": [list(r.episode.shuffle_order) for r in results],
+        "option_logprobs": [None if r.option_logprobs is None else list(r.option_logprobs) for r in results],
+        "judgements": [[_judgement(j) for j in r.judgements] for r in results],
+    }
+
+
+def _no_stages(n: int) -> dict[str, pa.Array]:
+    """The staged columns of single-call episodes, built whole: empty lists, no option scores."""
+    offsets = pa.array([0] * (n + 1), pa.int32())
+    columns = {name: pa.ListArray.from_arrays(offsets, pa.array([], OUTPUT_SCHEMA.field(name).type.value_type))
+               for name in ("fewshot_ids", "shuffle_order", "judgements")}  # fmt: skip
+    columns["option_logprobs"] = pa.nulls(n, OUTPUT_SCHEMA.field("option_logprobs").type)
+    return {name: columns[name] for name in STAGED_COLUMNS}
+
+
+def _judgement(j: Judgement) -> dict[str, Any]:
+    return {"criterion": j.criterion, "judge": j.judge, "shuffle_order": list(j.shuffle_order), "output": j.output,
+            "option_logprobs": None if j.option_logprobs is None else list(j.option_logprobs)}  # fmt: skip
+
+
+def encode_part(results: list[EpisodeResult], provenance: Provenance) -> EncodedPart:
+    return EncodedPart(
+        log=("\n".join(chain.from_iterable(r.log_lines for r in results)) + "\n").encode("utf-8"),
+        table=table_bytes(output_rows(results, provenance)),
+        heads=tuple((r.episode.episode_id, r.head) for r in results),
+        output_tokens=sum(len(r.completion.token_ids) for r in results),
+    )

@@ -1,0 +1,170 @@
+"""Reading a run directory: the one reader every command that opens a run goes through.
+
+It checks what reading needs (a run directory, a canonical record.json of a known format, the
+parts it lists, chains that link, output parts of evalrun's schema) and raises
+:class:`~evalrun.errors.CheckFailed` naming the file and line, or :class:`~evalrun.errors.BadInput`
+for something that is not a run at all. What a result *means* is checked by :mod:`evalrun.audit.verify`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from evalrun.errors import BadInput, CheckFailed
+from evalrun.records.canonical import canonical_json, sha256_hex
+from evalrun.records.chain import GENESIS, SCHEDULE_FORMAT, link
+from evalrun.records.outputs import OUTPUT_SCHEMA
+from evalrun.rundir import layout
+
+RECORD_FORMAT = "evalrun.record/1"
+ROW_COLUMNS = ["episode_id", "task", "item_id", "seed", "repeat", "seeds", "prompt", "prompt_sha256", "output",
+               "token_ids", "token_logprobs", "finish_reason", "output_tokens", "head", "fewshot_ids",
+               "shuffle_order", "option_logprobs", "judgements"]  # fmt: skip
+ROW_SCHEMA = pa.schema([OUTPUT_SCHEMA.field(c) for c in ROW_COLUMNS])
+
+
+def _fail(where: str, message: str) -> CheckFailed:
+    return CheckFailed(f"{where}: {message}")
+
+
+def open_run(path: Path) -> layout.RunDir:
+    """The run directory at ``path``; BadInput if it is not one."""
+    if not path.is_dir():
+        raise BadInput(str(path), "no such run directory")
+    run = layout.RunDir(path)
+    if not run.record.exists() and not run.manifest.exists():
+        raise BadInput(str(path), "not a run directory (expected manifest.json and record.json)")
+    return run
+
+
+def load_record(run: layout.RunDir) -> dict[str, Any]:
+    if not run.record.is_file():
+        raise _fail(layout.RECORD, "missing: the run did not finish, or the file was removed")
+    text = run.record.read_text(encoding="utf-8", errors="replace")
+    try:
+        record = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise _fail(layout.RECORD, f"not valid JSON ({exc.msg}, line {exc.lineno})") from exc
+    if not isinstance(record, dict) or text != canonical_json(record) + "\n":
+        raise _fail(layout.RECORD, "not a canonical JSON object")
+    if record.get("format") != RECORD_FORMAT:
+        raise BadInput(layout.RECORD, f"unknown record format {record.get('format')!r}; expected {RECORD_FORMAT!r}")
+    for key in ("files", "merkle_root", "episodes", "parts", "digest", "manifest_sha256"):
+        if key not in record:
+            raise _fail(layout.RECORD, f"missing field {key!r}")
+    return record
+
+
+def part_pairs(run: layout.RunDir, record: dict[str, Any]) -> list[tuple[str, str]]:
+    """(log part, output part) relative paths; every part on disk must be listed and vice versa."""
+    listed = set(record["files"])
+    on_disk = {f"{d}/{p.name}" for d in (layout.LOG, layout.OUTPUTS) for p in (run.path / d).glob("*") if p.is_file()}
+    for rel in sorted(on_disk - listed):
+        raise _fail(rel, "present in the run directory but not listed in record.json")
+    for rel in sorted(r for r in listed if r.startswith((f"{layout.LOG}/", f"{layout.OUTPUTS}/")) and r not in on_disk):
+        raise _fail(rel, "listed in record.json but missing")
+    logs = sorted(r for r in listed if r.startswith(f"{layout.LOG}/"))
+    outs = sorted(r for r in listed if r.startswith(f"{layout.OUTPUTS}/"))
+    for rel in logs + outs:
+        if not layout.PART_PATTERN.match(rel.split("/", 1)[1]):
+            raise _fail(rel, "not a part name (part-NNNNN.jsonl / part-NNNNN.parquet)")
+    pairs = []
+    for log_rel in logs:
+        out_rel = f"{layout.OUTPUTS}/{Path(log_rel).stem}.parquet"
+        if out_rel not in listed:
+            raise _fail(out_rel, f"missing: {log_rel} has no output part")
+        pairs.append((log_rel, out_rel))
+    if len(outs) != len(pairs) or record["parts"] != len(pairs):
+        raise _fail(
+            layout.RECORD, f"parts is {record['parts']}, the run lists {len(logs)} log and {len(outs)} output parts"
+        )
+    return pairs
+
+
+Chain = tuple[str, list[dict[str, Any]], list[str], str, int]
+
+
+def iter_chains(path: Path, rel: str, known_format_only: bool = False) -> Iterator[Chain]:
+    """Yield ``(episode, entries, lines, head, first_line_number)`` per chain, checking each link.
+
+    A header of another schedule format fails the check; with ``known_format_only`` (replay, which
+    must not interpret a schedule it does not know) it is a BadInput instead.
+    """
+    with open(path, "rb") as fh:
+        data = fh.read()
+    if data and not data.endswith(b"\n"):
+        last = data.count(b"\n") + 1
+        raise _fail(f"{rel}:{last}", "truncated: the last line has no newline")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line_no = data[: exc.start].count(b"\n") + 1
+        raise _fail(f"{rel}:{line_no}", "not valid UTF-8") from exc
+    episode: str | None = None
+    entries: list[dict[str, Any]] = []
+    lines: list[str] = []
+    head = GENESIS
+    start = 0
+    for number, line in enumerate(text.split("\n")[:-1], start=1):
+        where = f"{rel}:{number}"
+        try:
+            entry = json.loads(line)
+            eid, seq, kind, prev = entry["episode"], entry["seq"], entry["kind"], entry["prev"]
+        except (json.JSONDecodeError, KeyError, TypeError) as exc:
+            raise _fail(where, f"not a chain entry ({exc})") from exc
+        if episode is None:
+            if seq != 0 or kind != "header":
+                raise _fail(where, f"episode {eid} seq {seq}: a chain must start with a header at seq 0")
+            if entry.get("format") != SCHEDULE_FORMAT:
+                error = BadInput if known_format_only else _fail
+                raise error(where, f"unknown schedule format {entry.get('format')!r}; expected {SCHEDULE_FORMAT!r}")
+            episode, start = eid, number
+        elif eid != episode:
+            raise _fail(where, f"episode {eid} seq {seq}: inside the chain of episode {episode}, which has not ended")
+        if seq != len(entries):
+            raise _fail(where, f"episode {eid} seq {seq}: expected seq {len(entries)}")
+        if prev != head:
+            raise _fail(where, f"episode {eid} seq {seq}: prev does not match the hash of the entry before it")
+        if kind == "model":
+            _check_model_entry(entry, line, where)
+        head = link(head, line)
+        entries.append(entry)
+        lines.append(line)
+        if kind == "end":
+            yield episode, entries, lines, head, start
+            episode, entries, lines, head = None, [], [], GENESIS
+    if episode is not None:
+        raise _fail(f"{rel}:{start}", f"episode {episode}: chain has no end entry (truncated?)")
+
+
+def _check_model_entry(entry: dict[str, Any], line: str, where: str) -> None:
+    request = entry.get("request")
+    marker = line.find('"request":')
+    stop = line.find(',"request_hash":"', marker)
+    if not isinstance(request, dict) or marker < 0 or stop < 0:
+        raise _fail(where, f"episode {entry['episode']} seq {entry['seq']}: model entry without a request")
+    if sha256_hex(line[marker + len('"request":') : stop]) != entry.get("request_hash"):
+        raise _fail(where, f"episode {entry['episode']} seq {entry['seq']}: request_hash does not match the request")
+    if sha256_hex(str(request.get("prompt"))) != request.get("prompt_sha256"):
+        raise _fail(where, f"episode {entry['episode']} seq {entry['seq']}: prompt_sha256 does not match the prompt")
+
+
+def read_output_part(path: Path, rel: str) -> list[dict[str, Any]]:
+    try:
+        table = pq.read_table(path)
+        missing = [c for c in ROW_COLUMNS if c not in table.column_names]
+        if missing:
+            raise _fail(rel, f"missing output columns {missing}")
+        table = table.select(ROW_COLUMNS)
+        if not table.schema.equals(ROW_SCHEMA):
+            wrong = next(f.name for f in table.schema if f != ROW_SCHEMA.field(f.name))
+            raise _fail(rel, f"column {wrong!r} is not of evalrun's type {ROW_SCHEMA.field(wrong).type}")
+        return table.to_pylist()
+    except (pa.ArrowException, OSError, ValueError, IndexError, KeyError) as exc:
+        raise _fail(rel, f"unreadable Parquet part ({type(exc).__name__}: {exc})") from exc

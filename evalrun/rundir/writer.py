@@ -1,0 +1,159 @@
+"""Writing a run directory: atomic files, numbered output/log parts, the driver lock.
+
+A part is complete or absent: its bytes go to a temporary name, are fsynced, then renamed. The
+log part is renamed before its output part, so an output part on disk always has its log.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from evalrun.errors import BadInput
+from evalrun.records.canonical import canonical_json, file_sha256, sha256_hex
+from evalrun.rundir.layout import LOCK, LOG, OUTPUTS, PART_PATTERN, RECORD, SCORES, SUMMARY, RunDir
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_atomic(path: Path, data: bytes) -> str:
+    """Write ``data`` to ``path`` via a fsynced temporary file and a rename; returns its sha256."""
+    tmp = path.with_name(f".tmp-{path.name}")
+    with open(tmp, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+    return sha256_hex(data)
+
+
+def table_bytes(table: pa.Table) -> bytes:
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink, compression="zstd")
+    return sink.getvalue().to_pybytes()
+
+
+@dataclass(frozen=True)
+class EncodedPart:
+    """A batch's results as the bytes of its log part and output part.
+
+    Encoded where the results are (a worker), so the driver only commits bytes to disk and never
+    does per-episode work.
+    """
+
+    log: bytes
+    table: bytes
+    heads: tuple[tuple[str, str], ...]  # (episode_id, head)
+    output_tokens: int
+
+
+@contextlib.contextmanager
+def locked(run: RunDir) -> Iterator[None]:
+    """Hold the run directory's driver lock; a second driver gets BadInput (exit 2).
+
+    ``flock`` is released by the kernel when the holder dies, so a crashed driver never leaves a
+    stale lock behind.
+    """
+    path = run.path / LOCK
+    with open(path, "a+") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            fh.seek(0)
+            holder = fh.read().strip() or "unknown"
+            message = f"another evalrun driver (pid {holder}) is using this run directory"
+            raise BadInput(str(run.path), message) from None
+        fh.seek(0)
+        fh.truncate()
+        fh.write(str(os.getpid()))
+        fh.flush()
+        try:
+            yield
+        finally:
+            path.unlink(missing_ok=True)
+
+
+class PartWriter:
+    """Writes result batches as numbered parts and keeps what record.json needs."""
+
+    def __init__(self, run: RunDir) -> None:
+        self.run = run
+        self.next_index = 0
+        self.heads: dict[str, str] = {}
+        self.file_hashes: dict[str, str] = {}
+        self.output_tokens = 0
+        self.kept_parts = 0
+
+    @classmethod
+    def recover(cls, run: RunDir) -> PartWriter:
+        """Keep every complete part of an interrupted run and discard everything else.
+
+        A part is complete when its output part exists (it is renamed into place after its log
+        part). Temporary files, log parts without an output part, and the end-of-run files
+        (scores, summary, record) are removed; they are all written again.
+        """
+        for stray in [*run.path.glob(".tmp-*"), *run.outputs.glob(".tmp-*"), *run.log.glob(".tmp-*")]:
+            stray.unlink()
+        for name in (SCORES, SUMMARY, RECORD):
+            (run.path / name).unlink(missing_ok=True)
+        writer = cls(run)
+        indices = []
+        for log_part in sorted(run.log.glob("part-*.jsonl")):
+            index = int(PART_PATTERN.match(log_part.name).group(1))  # type: ignore[union-attr]
+            if not run.output_part(index).exists():
+                log_part.unlink()
+        for out_part in run.output_parts():
+            index = int(PART_PATTERN.match(out_part.name).group(1))  # type: ignore[union-attr]
+            log_part = run.log_part(index)
+            if not log_part.exists():
+                raise BadInput(str(log_part), "output part has no log part; the run directory was altered")
+            try:
+                cols = pq.read_table(out_part, columns=["episode_id", "head", "output_tokens"]).to_pydict()
+            except (pa.ArrowException, OSError) as exc:
+                raise BadInput(str(out_part), f"unreadable output part ({exc})") from exc
+            for episode, head in zip(cols["episode_id"], cols["head"], strict=True):
+                if episode in writer.heads:
+                    raise BadInput(str(out_part), f"episode {episode} appears in more than one part")
+                writer.heads[episode] = head
+            writer.output_tokens += sum(cols["output_tokens"])
+            writer.file_hashes[f"{LOG}/{log_part.name}"] = file_sha256(log_part)
+            writer.file_hashes[f"{OUTPUTS}/{out_part.name}"] = file_sha256(out_part)
+            indices.append(index)
+        writer.kept_parts = len(indices)
+        writer.next_index = max(indices, default=-1) + 1
+        return writer
+
+    def write(self, part: EncodedPart) -> bool:
+        """Commit one part: log part first, then output part. False for a batch already written."""
+        written = sum(episode in self.heads for episode, _ in part.heads)
+        if written == len(part.heads):
+            return False  # never written twice
+        if written:
+            raise RuntimeError(f"a batch overlaps {written} episodes that are already written")
+        index = self.next_index
+        log_path, out_path = self.run.log_part(index), self.run.output_part(index)
+        self.file_hashes[f"{LOG}/{log_path.name}"] = write_atomic(log_path, part.log)
+        self.file_hashes[f"{OUTPUTS}/{out_path.name}"] = write_atomic(out_path, part.table)
+        self.heads.update(part.heads)
+        self.output_tokens += part.output_tokens
+        self.next_index += 1
+        return True
+
+
+def write_json(path: Path, value: Any) -> str:
+    return write_atomic(path, (canonical_json(value) + "\n").encode("utf-8"))
