@@ -15,6 +15,16 @@ from evalrun.config import load
 from evalrun.pipeline.dispatch import Dispatcher
 from evalrun.pipeline.runner import Prepared, execute, open_for, prepare
 
+ENGINE_FIXTURES = frozenset({"ray_session", "dispatcher", "run_eval", "two_workers", "audit_run"})
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test that uses a shared engine or Ray fixture starts an engine: it is ``e2e`` whether marked or not,
+    so ``pytest -m "not e2e"`` never starts one."""
+    for item in items:
+        if ENGINE_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.e2e)
+
 
 @pytest.fixture(scope="session")
 def ray_session() -> Iterator[None]:

@@ -16,6 +16,8 @@ from evalrun.audit.verify import verify_run
 from evalrun.config import BUILTIN_TASKS
 from evalrun.errors import BadInput, CheckFailed
 
+pytestmark = pytest.mark.e2e  # starts the engine
+
 
 @pytest.fixture
 def run_copy(audit_run: Path, tmp_path: Path) -> Path:

@@ -7,6 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.e2e  # starts the engine
+
 
 def test_multirun_from_the_command_line(tmp_path: Path) -> None:
     result = subprocess.run(

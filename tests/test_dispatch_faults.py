@@ -17,6 +17,8 @@ from evalrun.pipeline.dispatch import Dispatcher, RayDispatcher
 from evalrun.pipeline.runner import execute, prepare
 from evalrun.rundir.layout import RunDir
 
+pytestmark = pytest.mark.e2e  # starts the engine
+
 CONFIG = ("limit=40", "decoding=sample", "seeds.repeats=2")  # 80 episodes, sampled
 
 

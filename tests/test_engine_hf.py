@@ -16,6 +16,8 @@ from evalrun.engines import GenerationRequest, SamplingSpec
 from evalrun.errors import BadInput
 from evalrun.pipeline.runner import execute, open_for, prepare
 
+pytestmark = pytest.mark.e2e  # starts the engine
+
 MODEL = REPO_ROOT / "models" / "tiny-adder"
 SETTINGS = {"name": "hf", "dtype": None, "max_num_seqs": 64, "device": "cpu", "seed": 0}
 

@@ -7,6 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.e2e  # starts the engine
+
 HELPER = Path(__file__).parent / "helpers" / "multinode.py"
 CONFIG = ("limit=40", "cluster.batch_size=2")
 

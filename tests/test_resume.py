@@ -13,6 +13,8 @@ import pytest
 from evalrun.rundir.layout import RunDir
 from evalrun.rundir.writer import locked
 
+pytestmark = pytest.mark.e2e  # starts the engine
+
 CONFIG = ("limit=30", "decoding=sample", "cluster=inline", "cluster.batch_size=5")  # 6 parts
 
 

@@ -6,12 +6,15 @@ import json
 from pathlib import Path
 
 import pyarrow.parquet as pq
+import pytest
 
 from evalrun.records.canonical import file_sha256
 from evalrun.records.chain import chain_head
 from evalrun.records.merkle import merkle_root
 from evalrun.records.outputs import OUTPUT_SCHEMA
 from evalrun.rundir.layout import RunDir
+
+pytestmark = pytest.mark.e2e  # starts the engine
 
 
 def root(run: Path) -> str:

@@ -1,0 +1,5 @@
+import sys
+
+from evalrun.cli.main import main
+
+sys.exit(main())
