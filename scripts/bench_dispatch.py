@@ -84,7 +84,7 @@ def part_b(latency: float, batch_size: int, seeds: int, tmp: Path) -> None:
             return type(prepared)(**{**prepared.__dict__, "worker_spec": spec})
 
         prepared = stand_in(f"seeds.set=[{','.join(map(str, range(seeds)))}]")
-        dispatcher = RayDispatcher(prepared.worker_spec, prepared.config.section("cluster"))
+        dispatcher = RayDispatcher(prepared.worker_spec, prepared.config.cluster)
         execute(stand_in("limit=32"), dispatcher)  # warm-up: first calls, imports, part writer
         cpu, started = time.process_time(), time.perf_counter()
         execute(prepared, dispatcher)

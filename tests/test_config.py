@@ -76,7 +76,7 @@ def test_model_with_a_changed_file_is_refused_naming_file_and_both_hashes(tmp_pa
     config.write_text(config.read_text() + " ", encoding="utf-8")
     result = evalrun(tmp_path, f"model.path={model}")
     assert result.returncode == 2
-    pinned = load([]).section("model")["sha256"]["config.json"]
+    pinned = load([]).model.sha256["config.json"]
     from evalrun.records.canonical import file_sha256
 
     assert str(config) in result.stderr and pinned in result.stderr and file_sha256(config) in result.stderr

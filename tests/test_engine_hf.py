@@ -81,7 +81,7 @@ def test_engine_config_is_checked_before_anything_loads() -> None:
         load(["engine.device=cuda"])  # vLLM chooses its own device
     with pytest.raises(BadInput, match="enable_prefix_caching"):
         load(["engine=hf", "engine.enable_prefix_caching=true"])
-    assert load(["engine=hf"]).section("engine")["max_num_seqs"] == 64
+    assert load(["engine=hf"]).engine.max_num_seqs == 64
 
 
 # --- the real sweep: vLLM max_num_seqs 1 vs 256, hf 1 vs 64, greedy and sampled ---------------------

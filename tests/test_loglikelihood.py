@@ -41,15 +41,15 @@ def vllm_engine() -> Iterator[Any]:
     from evalrun.pipeline import determinism
 
     config = load([])
-    m, settings = config.section("model"), config.section("engine")
+    m, settings = config.model, config.engine
     model = resolve_model(
-        model_id=m["id"], path=m["path"], revision=m["revision"], pins=m["sha256"], pinned=m["pinned"],
-        cache_dir=m["cache_dir"], repo_root=REPO_ROOT,
+        model_id=m.id, path=m.path, revision=m.revision, pins=dict(m.sha256), pinned=m.pinned,
+        cache_dir=m.cache_dir, repo_root=REPO_ROOT,
     )  # fmt: skip
-    determinism.apply(config.section("determinism"), seed=settings["seed"])  # before vLLM is imported
+    determinism.apply(config.determinism.as_record(), seed=settings.seed)  # before vLLM is imported
     from evalrun.engines.vllm import VLLMEngine
 
-    engine = VLLMEngine(model.path, m["dtype"], settings)
+    engine = VLLMEngine(model.path, m.dtype, settings.as_record())
     yield engine
     engine.llm.llm_engine.engine_core.shutdown()
     del engine

@@ -10,14 +10,16 @@ from pathlib import Path
 import pytest
 
 from evalrun import cli
-from evalrun.config import load
+from evalrun.config import ScorerConfig, load
 from evalrun.errors import BadInput
 from evalrun.pipeline.runner import prepare
 from evalrun.records.outputs import OUTPUT_SCHEMA
 from evalrun.scoring import ScoringContext, score_outputs, scoring_hash
+from evalrun.scoring.choice import parse_letter
+from evalrun.scoring.rubric import aggregate, rubric_score
 from evalrun.tasks.pack import load_pack
-from evalrun.tasks.rubric import aggregate, load_rubric, rubric_score
-from evalrun.tasks.selection import parse_letter, select_fewshot, shuffle_order
+from evalrun.tasks.rubric import load_rubric
+from evalrun.tasks.selection import select_fewshot, shuffle_order
 
 BUILTIN = Path(__file__).resolve().parents[1] / "evalrun" / "tasks" / "builtin"
 
@@ -119,7 +121,7 @@ def test_pack_hash_covers_templates_fewshot_and_decoding(tmp_path: Path) -> None
 
 def test_pack_decoding_wins_over_the_decoding_group() -> None:
     prepared = prepare(load(["task=addition_fewshot", "decoding.max_tokens=16"]))
-    assert prepared.config.section("decoding")["max_tokens"] == 8
+    assert prepared.config.decoding.max_tokens == 8
     assert prepared.episodes[0].sampling.max_tokens == 8
 
 
@@ -236,7 +238,7 @@ def test_a_weight_edit_changes_only_the_scoring_hash_and_the_judged_scores(tmp_p
     rubric_path.write_text(rubric_path.read_text().replace("weight: 2", "weight: 5"))
     edited = load_rubric(rubric_path)
     assert edited.judge_facing() == rubric.judge_facing()
-    spec = {"name": "rubric", "normalize": ["strip"]}
+    spec = ScorerConfig(name="rubric")
     a, b = ScoringContext("", rubric, "m"), ScoringContext("", edited, "m")
     assert scoring_hash(spec, a) != scoring_hash(spec, b)
     # correct: yes, yes, no; terse: yes, partly, unsure

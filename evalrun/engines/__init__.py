@@ -1,10 +1,20 @@
-"""Engines turn generation requests into completions. The harness sees only :class:`Engine`."""
+"""Engines turn generation requests into completions. The harness sees only :class:`Engine`.
+
+An engine is a class registered by name with ``@engine("NAME")``; ``engine.name`` in the config
+selects one (:func:`build_engine`). vLLM and transformers are imported only when their engine is
+built, so the built-in engines are *declared* here (name -> the module that registers it) and their
+modules are imported on first use: checking or listing engine names imports neither.
+"""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from pathlib import Path
+from typing import Any, Protocol, TypeVar
+
+from evalrun.config.registry import Registry
 
 
 @dataclass(frozen=True)
@@ -112,3 +122,28 @@ class Engine(Protocol):
     def describe(self) -> dict[str, Any]:
         """Engine name, version and effective settings, for the manifest and output rows."""
         ...
+
+
+# model directory, model dtype, the engine settings (``engine`` config section as a record)
+EngineFactory = Callable[[Path, str, dict[str, Any]], Engine]
+
+ENGINES: Registry[EngineFactory] = Registry("engine", field="engine.name")
+ENGINES.declare("vllm", "evalrun.engines.vllm")
+ENGINES.declare("hf", "evalrun.engines.hf")
+
+
+E = TypeVar("E", bound=EngineFactory)
+
+
+def engine(name: str) -> Callable[[E], E]:
+    """Register an engine class as ``name``: ``cls(model_path, model_dtype, settings)`` builds one."""
+
+    def register(cls: E) -> E:
+        ENGINES.add(name, cls)
+        return cls
+
+    return register
+
+
+def build_engine(name: str, model_path: Path, model_dtype: str, settings: dict[str, Any]) -> Engine:
+    return ENGINES.get(name)(model_path, model_dtype, settings)

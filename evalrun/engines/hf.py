@@ -38,6 +38,7 @@ from evalrun.engines import (
     LoglikelihoodRequest,
     SamplingSpec,
     checked_logprob,
+    engine,
     loglikelihood_tokens,
 )
 
@@ -117,6 +118,7 @@ class _StopStrings(StoppingCriteria):
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
 
+@engine("hf")
 class HFEngine:
     def __init__(self, model_path: Path, model_dtype: str, settings: dict[str, Any]) -> None:
         import torch

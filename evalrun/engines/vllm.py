@@ -17,6 +17,7 @@ from evalrun.engines import (
     Loglikelihood,
     LoglikelihoodRequest,
     checked_logprob,
+    engine,
     loglikelihood_tokens,
 )
 
@@ -26,6 +27,7 @@ def _finite(value: float) -> float | None:
     return value if math.isfinite(value) else None
 
 
+@engine("vllm")
 class VLLMEngine:
     def __init__(self, model_path: Path, model_dtype: str, settings: dict[str, Any]) -> None:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")

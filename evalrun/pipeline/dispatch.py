@@ -1,7 +1,11 @@
 """Dispatch: hand batches of episodes to engine workers and yield outcomes as they arrive.
 
-``InlineDispatcher`` runs one worker in this process (debugging, machines without Ray).
-``RayDispatcher`` runs one Ray actor per worker, each owning an engine, with at most
+A dispatcher is a class registered by name with ``@dispatcher("NAME")``; ``cluster.name`` in the
+config selects one (:func:`open_dispatcher`).
+
+``inline``: one worker in this process (debugging, machines without Ray).
+``local`` and ``ray``: one Ray actor per worker (a local Ray started here, or the Ray cluster at
+``cluster.address``), each owning an engine, with at most
 ``max_in_flight`` batches queued per worker so a slow worker never holds up the rest. A batch
 whose worker dies or fails goes back to the queue and runs on a live or restarted worker; the
 driver only ever receives a batch's results once, from the attempt that succeeded.
@@ -11,10 +15,12 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
+from evalrun.config import ClusterConfig
+from evalrun.config.registry import Registry
 from evalrun.pipeline.plan import Episode
 from evalrun.pipeline.worker import BatchOutcome, EngineWorker, WorkerSpec
 from evalrun.records.canonical import canonical_hash
@@ -43,17 +49,33 @@ class Dispatcher(Protocol):
     def close(self) -> None: ...
 
 
-def dispatcher_key(spec: WorkerSpec, cluster: dict[str, Any]) -> str:
+DispatcherFactory = Callable[[WorkerSpec, ClusterConfig], Dispatcher]
+D = TypeVar("D", bound=DispatcherFactory)
+
+DISPATCHERS: Registry[DispatcherFactory] = Registry("dispatcher", field="cluster.name")
+
+
+def dispatcher(name: str) -> Callable[[D], D]:
+    """Register a dispatcher class as ``name``: ``cls(worker_spec, cluster)`` opens one."""
+
+    def register(cls: D) -> D:
+        DISPATCHERS.add(name, cls)
+        return cls
+
+    return register
+
+
+def dispatcher_key(spec: WorkerSpec, cluster: ClusterConfig) -> str:
     """Runs whose key matches may share a dispatcher: same model, engine, determinism and workers.
 
     The batch size is left out: it is the driver's choice, and results must not depend on it.
     """
-    workers = {k: v for k, v in cluster.items() if k != "batch_size"}
-    return canonical_hash({"worker": spec.as_record(), "cluster": workers})
+    return canonical_hash({"worker": spec.as_record(), "cluster": cluster.worker_settings()})
 
 
+@dispatcher("inline")
 class InlineDispatcher:
-    def __init__(self, spec: WorkerSpec, cluster: dict[str, Any]) -> None:
+    def __init__(self, spec: WorkerSpec, cluster: ClusterConfig) -> None:
         self.key = dispatcher_key(spec, cluster)
         self.stats = DispatchStats()
         self.worker = EngineWorker(spec, "inline-0")
@@ -81,8 +103,10 @@ class _Slot:
     info: dict[str, Any] | None = None
 
 
+@dispatcher("local")
+@dispatcher("ray")
 class RayDispatcher:
-    def __init__(self, spec: WorkerSpec, cluster: dict[str, Any]) -> None:
+    def __init__(self, spec: WorkerSpec, cluster: ClusterConfig) -> None:
         import ray
 
         self.key = dispatcher_key(spec, cluster)
@@ -90,22 +114,22 @@ class RayDispatcher:
         self._spec = spec
         self._started_ray = False
         if not ray.is_initialized():
-            if cluster["name"] == "ray":
-                ray.init(address=cluster["address"], log_to_driver=False)
+            if cluster.name == "ray":
+                ray.init(address=cluster.address, log_to_driver=False)
             else:
                 ray.init(include_dashboard=False, log_to_driver=False)
             self._started_ray = True
-        gpus = cluster["gpus_per_worker"]
+        gpus = cluster.gpus_per_worker
         if gpus is None:
-            gpus = spec.engine["tensor_parallel_size"] if ray.cluster_resources().get("GPU", 0) > 0 else 0
-        self._actor_class = ray.remote(EngineWorker).options(num_cpus=cluster["cpus_per_worker"], num_gpus=gpus)
-        self._max_in_flight = cluster["max_in_flight"]
-        self._max_restarts = cluster["max_worker_restarts"]
-        self._max_attempts = cluster["max_batch_attempts"]
-        self._start_timeout = cluster["worker_start_timeout_s"]
+            gpus = spec.engine.tensor_parallel_size if ray.cluster_resources().get("GPU", 0) > 0 else 0
+        self._actor_class = ray.remote(EngineWorker).options(num_cpus=cluster.cpus_per_worker, num_gpus=gpus)
+        self._max_in_flight = cluster.max_in_flight
+        self._max_restarts = cluster.max_worker_restarts
+        self._max_attempts = cluster.max_batch_attempts
+        self._start_timeout = cluster.worker_start_timeout_s
         self._restarts_total = 0
         self._starting: dict[Any, _Slot] = {}
-        self._slots = [_Slot(i, self._new_actor(i)) for i in range(cluster["num_workers"])]
+        self._slots = [_Slot(i, self._new_actor(i)) for i in range(cluster.num_workers)]
         refs = {slot.actor.info.remote(): slot for slot in self._slots}
         try:
             infos = ray.get(list(refs), timeout=self._start_timeout)
@@ -208,7 +232,5 @@ class RayDispatcher:
             ray.shutdown()
 
 
-def open_dispatcher(spec: WorkerSpec, cluster: dict[str, Any]) -> Dispatcher:
-    if cluster["name"] == "inline":
-        return InlineDispatcher(spec, cluster)
-    return RayDispatcher(spec, cluster)
+def open_dispatcher(spec: WorkerSpec, cluster: ClusterConfig) -> Dispatcher:
+    return DISPATCHERS.get(cluster.name)(spec, cluster)

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from evalrun.config import DecodingConfig, SeedsConfig
 from evalrun.engines import SamplingSpec
 from evalrun.records.canonical import canonical_hash, sha256_hex
 from evalrun.records.seeds import derive_seed
@@ -65,25 +66,27 @@ def episode_id(task: str, item_id: str, seed: int, repeat: int, seeds: dict[str,
     return canonical_hash({"task": task, "item": item_id, "seed": seed, "repeat": repeat, "seeds": seeds})
 
 
-JUDGE_DECODING = {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "max_tokens": 4, "stop": ["\n"], "logprobs": False}
+# How judges decode unless their judge pack says otherwise.
+JUDGE_DECODING = DecodingConfig(name="judge", temperature=0.0, top_p=1.0, top_k=0, max_tokens=4, stop=("\n",),
+                                logprobs=False)  # fmt: skip
 
 
-def sampling_spec(decoding: Mapping[str, Any], seed: int) -> SamplingSpec:
+def sampling_spec(decoding: DecodingConfig, seed: int) -> SamplingSpec:
     return SamplingSpec(
-        temperature=float(decoding["temperature"]),
-        top_p=float(decoding["top_p"]),
-        top_k=int(decoding["top_k"]),
-        max_tokens=int(decoding["max_tokens"]),
-        stop=tuple(decoding["stop"]),
+        temperature=float(decoding.temperature),
+        top_p=float(decoding.top_p),
+        top_k=decoding.top_k,
+        max_tokens=decoding.max_tokens,
+        stop=decoding.stop,
         seed=seed,
-        logprobs=bool(decoding["logprobs"]),
+        logprobs=decoding.logprobs,
     )
 
 
-def build_plan(task: Task, decoding: dict[str, Any], seeds: dict[str, Any]) -> list[Episode]:
-    master = seeds["master"]
+def build_plan(task: Task, decoding: DecodingConfig, seeds: SeedsConfig) -> list[Episode]:
+    master = seeds.master
     pool = task.pack.fewshot
-    scoring = task.choices["scoring"] if task.multiple_choice else ""
+    scoring = task.choices.scoring if task.multiple_choice else ""
     rubric = task.rubric
     criteria, judges = (rubric.criteria, rubric.judges) if rubric is not None else ((), ())
     prepared = []
@@ -93,7 +96,7 @@ def build_plan(task: Task, decoding: dict[str, Any], seeds: dict[str, Any]) -> l
             fewshot = select_fewshot(pool.ids, pool.examples, pool.k, pool.stratify, master, task.name, item.id)
         options = task.options(item) if task.multiple_choice else ()
         order = tuple(range(len(options)))
-        if options and task.choices["shuffle"]:
+        if options and task.choices.shuffle:
             order = shuffle_order(len(options), master, task.name, item.id)
         shown = tuple(options[i] for i in order)
         examples = [pool.examples[i] for i in fewshot] if pool is not None else []
@@ -105,10 +108,10 @@ def build_plan(task: Task, decoding: dict[str, Any], seeds: dict[str, Any]) -> l
             for judge in judges
         ]
         prepared.append((item, prompt, ids, options, order, judge_orders))
-    judge_decoding = {**JUDGE_DECODING, **rubric.judge_pack.decoding} if rubric is not None else {}
+    judge_decoding = JUDGE_DECODING.with_overrides(rubric.judge_pack.decoding) if rubric is not None else JUDGE_DECODING
     episodes = []
-    for seed in seeds["set"]:
-        for repeat in range(seeds["repeats"]):
+    for seed in seeds.set:
+        for repeat in range(seeds.repeats):
             for item, prompt, ids, options, order, judge_orders in prepared:
                 sampling = sampling_spec(decoding, derive_seed(master, "sampling", task.name, item.id, seed, repeat))
                 judge_calls = tuple(

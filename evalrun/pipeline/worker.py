@@ -13,6 +13,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from evalrun.config import DeterminismConfig, EngineConfig
+from evalrun.engines import build_engine
 from evalrun.pipeline import determinism
 from evalrun.pipeline.encode import Provenance, encode_part
 from evalrun.pipeline.environment import hardware_fingerprint
@@ -32,8 +34,8 @@ class WorkerSpec:
 
     model_path: str
     model_dtype: str
-    engine: dict[str, Any]
-    determinism: dict[str, Any]
+    engine: EngineConfig
+    determinism: DeterminismConfig
     engine_factory: Callable[[WorkerSpec], Any] | None = None
     judge_model_path: str | None = None  # a second engine, same settings, for a rubric's judges
     judge_model_dtype: str | None = None
@@ -43,8 +45,8 @@ class WorkerSpec:
         return {
             "model_path": self.model_path,
             "model_dtype": self.model_dtype,
-            "engine": self.engine,
-            "determinism": self.determinism,
+            "engine": self.engine.as_record(),
+            "determinism": self.determinism.as_record(),
             "engine_factory": None if factory is None else f"{factory.__module__}.{factory.__qualname__}",
             "judge_model_path": self.judge_model_path,
             "judge_model_dtype": self.judge_model_dtype,
@@ -61,7 +63,8 @@ class BatchOutcome:
 class EngineWorker:
     def __init__(self, spec: WorkerSpec, name: str) -> None:
         self.name = f"{name}@{socket.gethostname()}:{os.getpid()}"
-        self.determinism = determinism.apply(spec.determinism, seed=spec.engine["seed"])
+        settings = spec.determinism.as_record()
+        self.determinism = determinism.apply(settings, seed=spec.engine.seed, engine=spec.engine.name)
         self.hardware = canonical_json(hardware_fingerprint())
         self.engine = _build_engine(spec)
         self.judge_engine = self.engine
@@ -92,12 +95,4 @@ class EngineWorker:
 def _build_engine(spec: WorkerSpec) -> Any:
     if spec.engine_factory is not None:
         return spec.engine_factory(spec)
-    if spec.engine["name"] == "vllm":
-        from evalrun.engines.vllm import VLLMEngine
-
-        return VLLMEngine(Path(spec.model_path), spec.model_dtype, spec.engine)
-    if spec.engine["name"] == "hf":
-        from evalrun.engines.hf import HFEngine
-
-        return HFEngine(Path(spec.model_path), spec.model_dtype, spec.engine)
-    raise ValueError(f"unknown engine {spec.engine['name']!r}")
+    return build_engine(spec.engine.name, Path(spec.model_path), spec.model_dtype, spec.engine.as_record())

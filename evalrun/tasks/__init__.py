@@ -17,7 +17,7 @@ from typing import Any
 
 from jinja2.exceptions import UndefinedError
 
-from evalrun.config import EvalConfig
+from evalrun.config import ChoicesConfig, EvalConfig
 from evalrun.config.jsonl import objects
 from evalrun.errors import BadInput
 from evalrun.records.canonical import file_sha256
@@ -41,37 +41,37 @@ class Task:
     pack: PromptPack
     dataset_path: Path
     dataset_sha256: str
-    choices: Mapping[str, Any]  # the task.choices config section
+    choices: ChoicesConfig
     rubric: Rubric | None = None
 
     @property
     def multiple_choice(self) -> bool:
-        return self.choices["field"] is not None
+        return self.choices.field is not None
 
     def options(self, item: Item) -> tuple[str, ...]:
         """An item's options in original order, the cannot-assess option last when the task has one."""
-        extra = self.choices["cannot_assess"]
+        extra = self.choices.cannot_assess
         return (*item.options, extra) if extra is not None else item.options
 
 
 def load_task(config: EvalConfig) -> Task:
     """Read the dataset (already checked by config.validate), prompt pack and rubric of ``config``'s task."""
-    spec = config.section("task")
-    choices_field = spec["choices"]["field"]
+    spec = config.task
+    choices_field = spec.choices.field
     items = []
     for _where, record in objects(config.dataset_path):
         options = tuple(record[choices_field]) if choices_field is not None else ()
-        items.append(Item(str(record[spec["id_field"]]), record, str(record[spec["target_field"]]), options))
-    if config.raw["limit"] is not None:
-        items = items[: config.raw["limit"]]
-    pack = load_pack(config.prompt_path) if spec["prompt_pack"] is not None else template_pack(config.prompt_path)
+        items.append(Item(str(record[spec.id_field]), record, str(record[spec.target_field]), options))
+    if config.limit is not None:
+        items = items[: config.limit]
+    pack = load_pack(config.prompt_path) if spec.prompt_pack is not None else template_pack(config.prompt_path)
     return Task(
-        name=spec["name"],
+        name=spec.name,
         items=tuple(items),
         pack=pack,
         dataset_path=config.dataset_path,
         dataset_sha256=file_sha256(config.dataset_path),
-        choices=spec["choices"],
+        choices=spec.choices,
         rubric=load_rubric(config.rubric_path) if config.rubric_path is not None else None,
     )
 

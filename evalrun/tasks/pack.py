@@ -37,7 +37,6 @@ from evalrun.errors import BadInput
 from evalrun.records.canonical import canonical_hash, file_sha256, sha256_hex
 
 PACK_FILE = "pack.yaml"
-DECODING_KEYS = ("temperature", "top_p", "top_k", "max_tokens", "stop", "logprobs")
 _JINJA = Environment(undefined=StrictUndefined, keep_trailing_newline=True, autoescape=False)
 
 

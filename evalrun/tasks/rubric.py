@@ -21,14 +21,12 @@ A rubric is a YAML file under version control::
 What the judges see (judge pack, questions, option labels, judges, scoring mode, cannot-assess
 text) is the rubric's *judge-facing* part: changing it needs new judge calls, a new run. Weights,
 option values and the aggregation only turn recorded verdicts into scores, so a rescore can apply
-an edit of them to a finished run without any model call.
+an edit of them to a finished run without any model call. Turning verdicts into scores is
+scoring's (:mod:`evalrun.scoring.rubric`).
 """
 
 from __future__ import annotations
 
-import statistics
-from collections import Counter
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -155,28 +153,3 @@ def load_rubric(path: Path) -> Rubric:
         criteria.append(Criterion(c.id, c.question, c.weight, c.kind, labels, values))
     return Rubric(path, spec.name, spec.version, tuple(spec.judges), spec.aggregation, spec.scoring,
                   spec.cannot_assess, tuple(criteria), pack)  # fmt: skip
-
-
-def aggregate(criterion: Criterion, verdicts: Sequence[int | None], aggregation: str) -> float | None:
-    """One criterion's value from its judges' verdicts (original option indices; None: no verdict).
-
-    Verdicts of no option and of the cannot-assess option are left out; with none left the
-    criterion is not assessed (None). Majority ties go to the lowest option index.
-    """
-    chosen = [v for v in verdicts if v is not None and criterion.values[v] is not None]
-    if not chosen:
-        return None
-    if aggregation == "majority":
-        counts = Counter(chosen)
-        best = max(counts.values())
-        return criterion.values[min(v for v, n in counts.items() if n == best)]
-    values = [criterion.values[v] for v in chosen]
-    return float(statistics.fmean(values) if aggregation == "mean" else statistics.median(values))  # type: ignore[arg-type]
-
-
-def rubric_score(rubric: Rubric, criterion_values: dict[str, float | None]) -> float | None:
-    """Weighted mean over the assessed criteria (weights renormalised); None if none was assessed."""
-    assessed = [(c.weight, criterion_values[c.id]) for c in rubric.criteria if criterion_values.get(c.id) is not None]
-    if not assessed:
-        return None
-    return sum(w * v for w, v in assessed) / sum(w for w, _ in assessed)  # type: ignore[operator]

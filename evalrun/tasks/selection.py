@@ -1,13 +1,12 @@
 """Seeded choices a task makes: few-shot examples per item, option orders per (item, criterion, judge).
-
 Each draws from :func:`evalrun.records.seeds.derive_rng` with its own purpose ("fewshot", "shuffle") and
 the keys that identify it, so the same config gives the same examples and orders on any machine,
-in any dispatch order, with any number of workers.
+in any dispatch order, with any number of workers. Reading a letter back out of an output is
+scoring's (:func:`evalrun.scoring.choice.parse_letter`).
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -49,18 +48,6 @@ def shuffle_order(
     order = list(range(n))
     derive_rng(master, "shuffle", task, item_id, criterion, judge).shuffle(order)
     return tuple(order)
-
-
-_LETTER = re.compile(r"\b([A-Z])\b")
-
-
-def parse_letter(text: str, order: Sequence[int]) -> int | None:
-    """The original index of the option whose letter the text names first; None if it names none."""
-    for match in _LETTER.finditer(text):
-        position = LETTERS.index(match.group(1))
-        if position < len(order):
-            return order[position]
-    return None
 
 
 def option_continuation(label: str) -> str:

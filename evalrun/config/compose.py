@@ -1,0 +1,68 @@
+"""Composition: a config from command-line overrides (Hydra), or from a run's stored config.yaml."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+from hydra import compose, initialize_config_dir
+from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+from hydra.core.global_hydra import GlobalHydra
+from hydra.errors import HydraException
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from evalrun.config.overrides import apply_overrides, parse_overrides
+from evalrun.config.paths import CONF_DIR
+from evalrun.config.schema import Schema
+from evalrun.config.settings import EvalConfig
+from evalrun.config.validate import validate
+from evalrun.errors import BadInput
+
+
+def expand_multirun(overrides: list[str]) -> list[list[str]]:
+    """Hydra's basic-sweeper expansion: ``a=1,2 b=x,y`` gives the four jobs' override lists."""
+    parsed = parse_overrides(overrides)
+    try:
+        (jobs,) = BasicSweeper.split_arguments([o.hydra for o in parsed], None)
+    except HydraException as exc:
+        raise BadInput("overrides", str(exc)) from exc
+    return jobs
+
+
+def compose_config(overrides: list[str], config_dir: Path = CONF_DIR) -> DictConfig:
+    """Compose ``config.yaml`` with Hydra overrides; composition errors become :class:`BadInput`."""
+    parsed = parse_overrides(overrides)
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(config_dir), version_base="1.3"):
+            return compose(config_name="config", overrides=overrides)
+    except (HydraException, OmegaConfBaseException) as exc:
+        where = next((o.key for o in parsed if o.key in str(exc)), "overrides")
+        raise BadInput(where, str(exc).strip().splitlines()[0]) from exc
+    finally:
+        GlobalHydra.instance().clear()
+
+
+def load_stored(path: Path, overrides: list[str]) -> DictConfig:
+    """A run's resolved ``config.yaml`` over the current schema, then ``KEY=VALUE`` overrides.
+
+    Not yet validated: callers adjust it (replay drops the model path) and then call :func:`validate`.
+    """
+    parsed = parse_overrides(overrides, plain=True)
+    try:
+        cfg = OmegaConf.merge(OmegaConf.structured(Schema), OmegaConf.load(path))
+    except (OSError, ValueError, OmegaConfBaseException) as exc:
+        raise BadInput(str(path), f"expected a resolved evalrun config ({str(exc).splitlines()[0]})") from exc
+    assert isinstance(cfg, DictConfig)
+    apply_overrides(cfg, parsed)
+    return cfg
+
+
+def load(overrides: list[str]) -> EvalConfig:
+    return validate(compose_config(overrides))
+
+
+def to_yaml(config: EvalConfig) -> str:
+    """config.yaml: the settings as composed (and with a prompt pack's decoding settings applied)."""
+    return yaml.safe_dump(config.as_record(), sort_keys=True, allow_unicode=True)

@@ -1,0 +1,68 @@
+"""``KEY=VALUE`` overrides: one parser, Hydra's override grammar, for every command that takes them.
+
+``evalrun run`` composes its overrides with Hydra (group choices such as ``task=addition_mc`` and
+``+model@judge_model=NAME`` too); ``resume`` and ``replay`` apply them to a run's stored config;
+``rescore`` to its scorer settings. All of them parse with :func:`parse_overrides`, so a value is
+read the same way everywhere: ``[strip,lower]`` is a list, ``null`` is None, ``'a b'`` a quoted
+string (quote a value with brackets, commas or parentheses: ``pattern='answer is (\\d+)'``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import Override as HydraOverride
+from hydra.core.override_parser.types import OverrideType
+from hydra.errors import HydraException
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from evalrun.errors import BadInput
+
+
+@dataclass(frozen=True)
+class Override:
+    text: str  # as given: what an error names
+    key: str  # the dotted key (or config group) it sets
+    value: Any  # parsed: str, int, float, bool, None, list, dict (a sweep: Hydra's sweep object)
+    hydra: HydraOverride = field(repr=False, compare=False)
+
+    @property
+    def plain(self) -> bool:
+        """``KEY=VALUE``: no ``+``/``++``/``~`` prefix, no ``@package``, no sweep."""
+        h = self.hydra
+        return h.type is OverrideType.CHANGE and h.package is None and not h.is_sweep_override()
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def parse_overrides(texts: Sequence[str], *, plain: bool = False) -> list[Override]:
+    """Parse each ``KEY=VALUE``; a BadInput names the first override that does not parse (or, with
+    ``plain``, one that is not a plain ``KEY=VALUE``)."""
+    parser = OverridesParser.create()
+    parsed = []
+    for text in texts:
+        try:
+            hydra = parser.parse_override(text)
+        except HydraException as exc:
+            raise BadInput(text, f"expected KEY=VALUE in Hydra's override grammar ({_first_line(exc)})") from exc
+        override = Override(text, hydra.key_or_group, None if hydra.is_delete() else hydra.value(), hydra)
+        if plain and not override.plain:
+            raise BadInput(text, "expected KEY=VALUE (a setting, without +, ~, @ or sweeps)")
+        parsed.append(override)
+    return parsed
+
+
+def apply_overrides(cfg: DictConfig, overrides: Sequence[Override]) -> None:
+    """Set each override's value in ``cfg`` (checked against its schema); a BadInput names the override."""
+    for override in overrides:
+        try:
+            OmegaConf.update(cfg, override.key, override.value, merge=True, force_add=False)
+        except (ValueError, OmegaConfBaseException) as exc:
+            raise BadInput(override.text, _first_line(exc)) from exc

@@ -1,0 +1,367 @@
+"""The settings, typed and frozen: one dataclass per config group, the one definition of each setting.
+
+Every setting's name, type, default and valid values are written here once. Hydra composes into
+mutable copies of these classes (:mod:`evalrun.config.schema`, generated from them); validation
+turns the composed result into them once (:meth:`Section.from_record`), and from then on code reads
+attributes (``config.decoding.temperature``), never string keys. Where a record needs a section as
+data (config.yaml, the manifest, digest preimages) it takes :meth:`Section.as_record`, which gives
+back exactly the dict that was composed: ``from_record(r).as_record() == r``.
+
+Plug-in names (``engine.name``, ``cluster.name``, ``task.scorer.name``, ``task.scorer.normalize``)
+are plain strings here: the registries of the packages that implement them check them, before any
+model loads (:func:`evalrun.pipeline.runner.prepare`).
+"""
+
+from __future__ import annotations
+
+import re
+import types
+from collections.abc import Mapping
+from dataclasses import Field, dataclass, field, fields, replace
+from functools import cache
+from pathlib import Path
+from typing import Any, ClassVar, Literal, TypeVar, Union, get_args, get_origin, get_type_hints
+
+from evalrun.errors import BadInput
+
+MISSING = "???"  # Hydra's marker of a value the config must supply
+MAX_TEMPERATURE = 2.0  # vLLM's limit
+NOT_A_SETTING = {"setting": False}  # field metadata: resolved by validation, not composed or recorded
+
+Dtype = Literal["float32", "bfloat16", "float16", "auto"]
+ChoiceScoring = Literal["letter", "loglikelihood", "both"]
+
+S = TypeVar("S", bound="Section")
+
+
+def _join(where: str, key: str) -> str:
+    return f"{where}.{key}" if where else key
+
+
+def _fail(where: str, expected: str, got: Any) -> BadInput:
+    return BadInput(where, f"expected {expected}, got {got!r}")
+
+
+def settings_fields(cls: type) -> list[Field[Any]]:
+    """The fields of a section that are settings (composed by Hydra, recorded in config.yaml)."""
+    return [f for f in fields(cls) if f.metadata.get("setting", True)]
+
+
+@cache
+def _hints(cls: type) -> dict[str, Any]:
+    return get_type_hints(cls)
+
+
+def _optional_inner(tp: Any) -> Any | None:
+    """``X`` for ``X | None``; None for any other type."""
+    if get_origin(tp) in (Union, types.UnionType):
+        inner = [a for a in get_args(tp) if a is not type(None)]
+        if len(inner) == 1:
+            return inner[0]
+    return None
+
+
+_SCALARS: dict[type, tuple[str, tuple[type, ...]]] = {
+    bool: ("true or false", (bool,)),
+    int: ("an integer", (int,)),
+    float: ("a number", (int, float)),
+    str: ("a string", (str,)),
+}
+
+
+def _typed(tp: Any, value: Any, where: str) -> Any:
+    """``value`` as type ``tp``: sections built, lists made tuples, literals and scalar types checked.
+    Scalars are kept as given (an integer stays an integer), so the record comes back unchanged."""
+    inner = _optional_inner(tp)
+    if inner is not None:
+        if value is None:
+            return None
+        if get_origin(inner) is Literal and value not in get_args(inner):
+            raise _fail(where, f"one of {get_args(inner)} or null", value)
+        return _typed(inner, value, where)
+    origin = get_origin(tp)
+    if isinstance(tp, type) and issubclass(tp, Section):
+        if not isinstance(value, Mapping):
+            raise _fail(where, "a mapping of settings", value)
+        return tp.from_record(value, where)
+    if origin is Literal:
+        if value not in get_args(tp):
+            raise _fail(where, f"one of {get_args(tp)}", value)
+        return value
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)):
+            raise _fail(where, "a list", value)
+        return tuple(_typed(get_args(tp)[0], v, f"{where}.{i}") for i, v in enumerate(value))
+    if origin in (dict, Mapping):
+        if not (isinstance(value, Mapping) and all(isinstance(x, str) for kv in value.items() for x in kv)):
+            raise _fail(where, "a mapping of strings to strings", value)
+        return dict(value)
+    expected, accepted = _SCALARS[tp]
+    if not isinstance(value, accepted) or (tp is not bool and isinstance(value, bool)):
+        raise _fail(where, expected, value)
+    return value
+
+
+def _record(value: Any) -> Any:
+    if isinstance(value, Section):
+        return value.as_record()
+    if isinstance(value, tuple):
+        return [_record(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _record(v) for k, v in value.items()}
+    return value
+
+
+class Section:
+    """A group of settings: built from its record once, given back as the same record."""
+
+    where: ClassVar[str] = ""  # the section's dotted name in the config, for error messages
+
+    @classmethod
+    def from_record(cls: type[S], record: Mapping[str, Any], where: str | None = None) -> S:
+        """The section of a composed record; a BadInput names the first field that is missing,
+        unknown or of the wrong type or value."""
+        where = cls.where if where is None else where
+        names = [f.name for f in settings_fields(cls)]
+        unknown = sorted(set(record) - set(names))
+        if unknown:
+            raise BadInput(_join(where, str(unknown[0])), "not a setting")
+        values = {}
+        for name in names:
+            if name not in record:
+                raise BadInput(_join(where, name), "missing")
+            values[name] = _typed(_hints(cls)[name], record[name], _join(where, name))
+        return cls(**values)
+
+    def as_record(self) -> dict[str, Any]:
+        """The settings as plain data (lists, dicts), exactly as they were composed."""
+        return {f.name: _record(getattr(self, f.name)) for f in settings_fields(type(self))}
+
+
+@dataclass(frozen=True)
+class ModelConfig(Section):
+    where: ClassVar[str] = "model"
+
+    name: str = MISSING
+    id: str = MISSING
+    path: str | None = None
+    revision: str | None = None
+    cache_dir: str | None = None  # hub cache to resolve id + revision in (None: Hugging Face's default)
+    pinned: bool = True
+    dtype: Dtype = "float32"
+    sha256: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class EngineConfig(Section):
+    where: ClassVar[str] = "engine"
+
+    name: str = "vllm"  # a registered engine (evalrun.engines.ENGINES)
+    dtype: Dtype | None = None  # None: the model's dtype
+    max_num_seqs: int = 256
+    max_model_len: int | None = None
+    enable_prefix_caching: bool = False
+    tensor_parallel_size: int = 1
+    enforce_eager: bool = False
+    gpu_memory_utilization: float = 0.85
+    cpu_kvcache_gib: int = 1
+    seed: int = 0
+    device: str | None = None  # engine=hf only: cpu | cuda | cuda:N (None: cuda where available, else cpu)
+
+    def check(self) -> None:
+        for key in ("max_num_seqs", "tensor_parallel_size", "cpu_kvcache_gib"):
+            if getattr(self, key) < 1:
+                raise _fail(f"engine.{key}", "an integer >= 1", getattr(self, key))
+        if self.name == "hf" and (self.tensor_parallel_size != 1 or self.enable_prefix_caching):
+            raise BadInput("engine", "engine=hf supports tensor_parallel_size=1 and enable_prefix_caching=false only")
+        if self.device is not None and (self.name != "hf" or not re.fullmatch(r"cpu|cuda(:\d+)?", self.device)):
+            raise _fail("engine.device", "null, or cpu | cuda | cuda:N with engine=hf", self.device)
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise _fail("engine.gpu_memory_utilization", "a number in (0, 1]", self.gpu_memory_utilization)
+
+
+@dataclass(frozen=True)
+class DecodingConfig(Section):
+    where: ClassVar[str] = "decoding"
+
+    name: str = "greedy"
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0: no top-k
+    max_tokens: int = 16
+    stop: tuple[str, ...] = ()
+    logprobs: bool = True
+
+    def with_overrides(self, overrides: Mapping[str, Any]) -> DecodingConfig:
+        """These settings with ``overrides`` (a prompt pack's decoding settings) over them, checked."""
+        decoding = DecodingConfig.from_record({**self.as_record(), **overrides})
+        decoding.check()
+        return decoding
+
+    def check(self) -> None:
+        if not 0 <= self.temperature <= MAX_TEMPERATURE:
+            raise _fail("decoding.temperature", f"a number in [0, {MAX_TEMPERATURE}]", self.temperature)
+        if not 0 < self.top_p <= 1:
+            raise _fail("decoding.top_p", "a number in (0, 1]", self.top_p)
+        if self.top_k < 0:
+            raise _fail("decoding.top_k", "an integer >= 0 (0 disables top-k)", self.top_k)
+        if self.max_tokens < 1:
+            raise _fail("decoding.max_tokens", "an integer >= 1", self.max_tokens)
+        if any(not s for s in self.stop):
+            raise _fail("decoding.stop", "non-empty stop strings", list(self.stop))
+
+
+@dataclass(frozen=True)
+class SeedsConfig(Section):
+    where: ClassVar[str] = "seeds"
+
+    master: int = 1234
+    set: tuple[int, ...] = (0,)
+    repeats: int = 1
+
+    def check(self) -> None:
+        if not self.set:
+            raise _fail("seeds.set", "at least one seed", list(self.set))
+        duplicates = sorted({s for s in self.set if self.set.count(s) > 1})
+        if duplicates:
+            raise BadInput("seeds.set", f"expected distinct seeds, {duplicates} appear more than once")
+        if any(s < 0 for s in self.set) or self.master < 0:
+            raise _fail("seeds", "non-negative seeds", {"master": self.master, "set": list(self.set)})
+        if self.repeats < 1:
+            raise _fail("seeds.repeats", "an integer >= 1", self.repeats)
+
+
+@dataclass(frozen=True)
+class ScorerConfig(Section):
+    where: ClassVar[str] = "task.scorer"
+
+    name: str = "exact_match"  # a registered scorer (evalrun.scoring.SCORERS)
+    normalize: tuple[str, ...] = ("strip",)  # registered normalisers, applied in order
+    pattern: str | None = None  # regex scorer: the answer is group ``group`` of the first match
+    group: int = 1
+    extract: Literal["first", "last"] = "first"  # number scorer: which number in the output
+    tolerance: float = 0.0
+
+
+@dataclass(frozen=True)
+class ChoicesConfig(Section):
+    where: ClassVar[str] = "task.choices"
+
+    field: str | None = None  # the item field listing the options; None: not a multiple-choice task
+    cannot_assess: str | None = None  # an option appended before shuffling ("Cannot assess", "N/A", ...)
+    shuffle: bool = True
+    scoring: ChoiceScoring = "letter"
+
+
+@dataclass(frozen=True)
+class TaskConfig(Section):
+    where: ClassVar[str] = "task"
+
+    name: str = MISSING
+    dataset: str = MISSING
+    template: str | None = None  # a single user template file, or:
+    prompt_pack: str | None = None  # a prompt pack directory (pack.yaml; see evalrun/tasks/pack.py)
+    id_field: str = "id"
+    target_field: str = "answer"  # multiple choice: the original index of the right option
+    choices: ChoicesConfig = field(default_factory=ChoicesConfig)
+    rubric: str | None = None  # a rubric file: the output is graded by model judges
+    scorer: ScorerConfig = field(default_factory=ScorerConfig)
+
+    def check(self) -> None:
+        if (self.scorer.name == "choice") != (self.choices.field is not None):
+            raise BadInput("task.scorer.name", "the choice scorer goes with task.choices.field, and only with it")
+        if (self.scorer.name == "rubric") != (self.rubric is not None):
+            raise BadInput("task.scorer.name", "the rubric scorer goes with task.rubric, and only with it")
+        if self.choices.field is not None and self.rubric is not None:
+            raise BadInput("task.rubric", "a task is multiple choice or rubric-graded, not both")
+        if (self.template is None) == (self.prompt_pack is None):
+            raise BadInput("task", "expected exactly one of task.template (a file) and task.prompt_pack (a directory)")
+
+
+@dataclass(frozen=True)
+class ClusterConfig(Section):
+    where: ClassVar[str] = "cluster"
+
+    name: str = "local"  # a registered dispatcher (evalrun.pipeline.dispatch.DISPATCHERS): local | ray | inline
+    address: str | None = None
+    num_workers: int = 1
+    cpus_per_worker: float = 1.0
+    gpus_per_worker: float | None = None  # None: engine.tensor_parallel_size where GPUs exist, else 0
+    batch_size: int = 256
+    max_in_flight: int = 2
+    max_worker_restarts: int = 3  # replacement actors per run, over all workers
+    max_batch_attempts: int = 3
+    worker_start_timeout_s: float = 600.0
+
+    def worker_settings(self) -> dict[str, Any]:
+        """What decides the workers (all but the batch size, which is the driver's choice)."""
+        return {k: v for k, v in self.as_record().items() if k != "batch_size"}
+
+    def check(self) -> None:
+        if self.name == "ray" and not self.address:
+            raise BadInput("cluster.address", "cluster=ray needs the address of a running Ray cluster")
+        for key in ("num_workers", "batch_size", "max_in_flight", "max_batch_attempts"):
+            if getattr(self, key) < 1:
+                raise _fail(f"cluster.{key}", "an integer >= 1", getattr(self, key))
+        if self.max_worker_restarts < 0:
+            raise _fail("cluster.max_worker_restarts", "an integer >= 0", self.max_worker_restarts)
+        if self.worker_start_timeout_s <= 0:
+            raise _fail("cluster.worker_start_timeout_s", "a number of seconds > 0", self.worker_start_timeout_s)
+
+
+@dataclass(frozen=True)
+class DeterminismConfig(Section):
+    where: ClassVar[str] = "determinism"
+
+    name: str = "strict"
+    enabled: bool = True
+    batch_invariant: bool = True
+    cublas_workspace_config: str = ":4096:8"
+    disable_v1_multiprocessing: bool = True
+
+
+@dataclass(frozen=True)
+class RunConfig(Section):
+    where: ClassVar[str] = "run"
+
+    root: str = "runs"
+    dir: str | None = None  # an exact run directory, instead of a new one under root
+    progress: bool = True
+
+
+@dataclass(frozen=True)
+class EvalConfig(Section):
+    """A composed and checked configuration: the settings, and the task files they name, resolved."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    decoding: DecodingConfig = field(default_factory=DecodingConfig)
+    seeds: SeedsConfig = field(default_factory=SeedsConfig)
+    task: TaskConfig = field(default_factory=TaskConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    determinism: DeterminismConfig = field(default_factory=DeterminismConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+    limit: int | None = None  # the first N items of the task (None: all)
+    # The model a rubric's judges run on (``+model@judge_model=NAME``); None: the run's own model.
+    judge_model: ModelConfig | None = None
+
+    # Resolved by evalrun.config.validate (absolute, checked to exist); not settings.
+    dataset_path: Path = field(default=Path(), kw_only=True, metadata=NOT_A_SETTING)
+    prompt_path: Path = field(default=Path(), kw_only=True, metadata=NOT_A_SETTING)  # template file or pack dir
+    rubric_path: Path | None = field(default=None, kw_only=True, metadata=NOT_A_SETTING)
+
+    def check(self) -> None:
+        """Every check of values that needs no file: a BadInput names the first field at fault."""
+        self.decoding.check()
+        self.seeds.check()
+        if self.limit is not None and self.limit < 1:
+            raise _fail("limit", "an integer >= 1 or null", self.limit)
+        self.engine.check()
+        self.cluster.check()
+        self.task.check()
+        if self.judge_model is not None and self.task.rubric is None:
+            raise BadInput("judge_model", "a judge model grades a rubric: the task has no task.rubric")
+
+    def with_decoding(self, overrides: Mapping[str, Any]) -> EvalConfig:
+        """This config with a prompt pack's decoding settings over the decoding group's, checked again."""
+        return replace(self, decoding=self.decoding.with_overrides(overrides))

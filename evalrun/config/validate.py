@@ -1,0 +1,85 @@
+"""Validation: a composed Hydra config to a checked, typed :class:`EvalConfig`, before any model loads."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from evalrun.config.jsonl import objects
+from evalrun.config.settings import EvalConfig
+from evalrun.errors import BadInput
+
+
+def _resolve_path(value: str, field_name: str, *, must_be: str = "file") -> Path:
+    path = Path(value).expanduser()
+    if not path.is_absolute():
+        path = Path.cwd() / path
+    ok = path.is_file() if must_be == "file" else path.is_dir()
+    if not ok:
+        raise BadInput(field_name, f"{path} does not exist or is not a {must_be}")
+    return path
+
+
+def check_dataset(path: Path, id_field: str, target_field: str, choices_field: str | None = None) -> int:
+    """Check a JSON Lines dataset line by line; returns the item count. Errors name file and line.
+
+    With ``choices_field``, each item lists at least two distinct option strings there, and its
+    target is the index of the right one.
+    """
+    seen: dict[str, str] = {}
+    for where, item in objects(path):
+        for key in (id_field, target_field):
+            if key not in item:
+                raise BadInput(where, f"missing field {key!r}")
+        if choices_field is not None:
+            _check_choices(item, where, choices_field, target_field)
+        item_id = str(item[id_field])
+        if item_id in seen:
+            raise BadInput(where, f"duplicate item id {item_id!r} (first at {seen[item_id]})")
+        seen[item_id] = where
+    if not seen:
+        raise BadInput(str(path), "the dataset has no items")
+    return len(seen)
+
+
+def _check_choices(item: dict[str, Any], where: str, choices_field: str, target_field: str) -> None:
+    options = item.get(choices_field)
+    if not isinstance(options, list) or len(options) < 2 or not all(isinstance(o, str) and o for o in options):
+        raise BadInput(
+            f"{where}: field {choices_field}", f"expected a list of at least two option strings, got {options!r}"
+        )
+    if len(set(options)) != len(options):
+        raise BadInput(f"{where}: field {choices_field}", f"expected distinct options, got {options!r}")
+    answer = item[target_field]
+    if type(answer) is not int or not 0 <= answer < len(options):
+        raise BadInput(f"{where}: field {target_field}",
+                       f"expected the index of the right option (0 to {len(options) - 1}), got {answer!r}")  # fmt: skip
+
+
+def validate(cfg: DictConfig) -> EvalConfig:
+    """Resolve, type, check values and files; raise :class:`BadInput` naming the first problem."""
+    try:
+        raw = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
+    except OmegaConfBaseException as exc:
+        key = getattr(exc, "full_key", None) or "config"
+        raise BadInput(key, f"missing or unresolvable value ({exc.msg if hasattr(exc, 'msg') else exc})") from exc
+    assert isinstance(raw, dict)
+    settings = EvalConfig.from_record(raw)
+    settings.check()
+    task = settings.task
+    dataset_path = _resolve_path(task.dataset, "task.dataset")
+    if task.prompt_pack is not None:
+        prompt_path = _resolve_path(task.prompt_pack, "task.prompt_pack", must_be="dir")
+    else:
+        assert task.template is not None
+        prompt_path = _resolve_path(task.template, "task.template")
+    rubric_path = _resolve_path(task.rubric, "task.rubric") if task.rubric is not None else None
+    check_dataset(dataset_path, task.id_field, task.target_field, task.choices.field)
+    for name, model in (("model", settings.model), ("judge_model", settings.judge_model)):
+        if model is not None and model.path:
+            _resolve_path(str(Path(model.path)), f"{name}.path", must_be="dir")
+    return replace(settings, dataset_path=dataset_path, prompt_path=prompt_path, rubric_path=rubric_path)

@@ -1,0 +1,44 @@
+"""What a multiple-choice or rubric scorer needs beyond the ``task.scorer`` settings."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from evalrun.config import ChoicesConfig
+from evalrun.records.canonical import canonical_hash
+from evalrun.tasks.rubric import Rubric
+
+
+@dataclass(frozen=True)
+class ScoringContext:
+    """``judge_model`` identifies the judges' model (the sha256 of its pinned files, as a hash): a
+    rubric's verdicts are only as good as the model that gave them, so it is part of the scoring hash.
+    """
+
+    choice_scoring: str = ""  # letter | loglikelihood | both
+    rubric: Rubric | None = None
+    judge_model: str | None = None
+
+    @classmethod
+    def of(cls, choices: ChoicesConfig, rubric: Rubric | None, model_files: dict[str, str]) -> ScoringContext:
+        """The context of a task's choices settings, its loaded rubric and the judges' pinned model files."""
+        choice = choices.scoring if choices.field is not None else ""
+        return cls(choice, rubric, canonical_hash(model_files) if rubric is not None else None)
+
+    @classmethod
+    def recorded(cls, manifest: dict[str, Any], rubric: Rubric | None) -> ScoringContext:
+        """The context a finished run was scored with, from its manifest (``rubric`` read again)."""
+        choices = manifest.get("task", {}).get("choices") or {"field": None, "scoring": ""}
+        choice = choices["scoring"] if choices["field"] is not None else ""
+        if rubric is None:
+            return cls(choice)
+        judges = manifest.get("judge_model") or manifest["model"]  # the run's model when no judge model
+        return cls(choice, rubric, canonical_hash(judges["files"]))
+
+    def as_record(self) -> dict[str, Any]:
+        return {
+            "choice_scoring": self.choice_scoring,
+            "rubric": self.rubric.as_record() if self.rubric is not None else None,
+            "judge_model": self.judge_model,
+        }
