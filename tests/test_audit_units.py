@@ -6,13 +6,23 @@ import random
 
 import pytest
 
-from evalrun.audit.proofs import InclusionProof, check_proof
+from evalrun.audit.proofs import check_proof
 from evalrun.engines import Completion, SamplingSpec
 from evalrun.errors import CheckFailed
-from evalrun.pipeline.harness import record_episode, request_record
+from evalrun.pipeline.harness import record_episode
 from evalrun.pipeline.plan import Episode, episode_id
 from evalrun.records.canonical import Canonical, canonical_json, sha256_hex
-from evalrun.records.chain import SCHEDULE_FORMAT, ChainBuilder
+from evalrun.records.chain import ChainBuilder
+from evalrun.records.entries import (
+    CompletionResponse,
+    EndEntry,
+    EpisodeSeeds,
+    HeaderEntry,
+    ModelEntry,
+    generation_request,
+    request_hash,
+)
+from evalrun.records.formats import Generator, Proof
 from evalrun.records.merkle import audit_path, leaf, leaf_hash, merkle_root, root_from_path
 
 GENERATOR = {"name": "evalrun", "version": "0.1.0", "git_commit": "b71fef766ef34b5bab2f1f70cff2107470327a8b"}
@@ -20,15 +30,16 @@ TEXTS = ["", " 86", 'naïve \u2028 \x00 \x1f \\ " / 😀', "a\nb\tc\r", "\ud7ff\
 
 
 def generic_record(episode: Episode, completion: Completion, generator: dict) -> tuple[tuple[str, ...], str]:
-    """The chain built the slow, obviously right way: dict entries through canonical_json."""
+    """The chain built the slow, obviously right way: typed entries through the generic encoder."""
     chain = ChainBuilder(episode.episode_id)
-    chain.append("header", format=SCHEDULE_FORMAT, generator=generator, task=episode.task, item=episode.item_id,
-                 seed=episode.seed, repeat=episode.repeat, seeds=episode.seeds_record())  # fmt: skip
-    request = canonical_json(request_record(episode))
-    response = {"text": completion.text, "token_ids": list(completion.token_ids),
-                "logprobs": list(completion.logprobs), "finish_reason": completion.finish_reason}  # fmt: skip
-    chain.append("model", call=0, request=Canonical(request), request_hash=sha256_hex(request), response=response)
-    chain.append("end", status="ok", model_calls=1)
+    chain.append(HeaderEntry, generator=Generator(**generator), task=episode.task, item=episode.item_id,
+                 seed=episode.seed, repeat=episode.repeat, seeds=EpisodeSeeds(**episode.seeds_record()))  # fmt: skip
+    request = generation_request(episode.prompt, episode.sampling)
+    response = CompletionResponse(text=completion.text, token_ids=list(completion.token_ids),
+                                  logprobs=list(completion.logprobs),
+                                  finish_reason=completion.finish_reason)  # fmt: skip
+    chain.append(ModelEntry, call=0, request=request, request_hash=request_hash(request), response=response)
+    chain.append(EndEntry, status="ok", model_calls=1)
     return tuple(chain.lines), chain.head
 
 
@@ -66,7 +77,8 @@ def test_every_audit_path_leads_to_the_merkle_root(size: int) -> None:
     for index, (eid, head) in enumerate(pairs):
         path = audit_path(index, hashes)
         assert root_from_path(leaf(eid, head), index, size, path).hex() == root
-        proof = InclusionProof(eid, head, index, size, tuple(p.hex() for p in path), root, ())
+        proof = Proof(episode_id=eid, head=head, leaf_index=index, tree_size=size, path=[p.hex() for p in path],
+                      root=root)  # fmt: skip
         check_proof(proof, root)
         if size > 1:  # the same path does not prove another leaf, another position or another root
             assert root_from_path(leaf(eid, pairs[index - 1][1]), index, size, path).hex() != root

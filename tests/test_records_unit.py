@@ -1,4 +1,4 @@
-"""Hashing primitives against their written definitions (DESIGN.md), computed independently here."""
+"""Hashing primitives against their written definitions (docs/design.md), computed independently here."""
 
 from __future__ import annotations
 
@@ -13,6 +13,8 @@ from hypothesis import strategies as st
 
 from evalrun.records.canonical import CanonicalJSONError, canonical_hash, canonical_json, combine
 from evalrun.records.chain import GENESIS, ChainBuilder, chain_head
+from evalrun.records.entries import EndEntry, EpisodeSeeds, HeaderEntry
+from evalrun.records.formats import Generator
 from evalrun.records.merkle import EMPTY_ROOT, merkle_root
 from evalrun.records.seeds import derive_seed
 
@@ -37,14 +39,16 @@ def test_derive_seed_follows_the_design_formula() -> None:
 
 def test_chain_links_each_line_to_the_previous_hash() -> None:
     chain = ChainBuilder("ep")
-    first = chain.append("header", format="evalrun.schedule/1")
-    second = chain.append("end", status="ok")
+    generator = Generator(name="evalrun", version="0", git_commit=None)
+    first = chain.append(HeaderEntry, generator=generator, task="t", item="i", seed=0, repeat=0,
+                         seeds=EpisodeSeeds(sampling="1"))  # fmt: skip
+    second = chain.append(EndEntry, model_calls=0, status="ok")
     assert json.loads(first)["prev"] == GENESIS and json.loads(first)["seq"] == 0
     h1 = hashlib.sha256((GENESIS + first).encode()).hexdigest()
     assert json.loads(second)["prev"] == h1
     assert chain.head == hashlib.sha256((h1 + second).encode()).hexdigest() == chain_head([first, second])
     with pytest.raises(ValueError):
-        chain.append("nonsense")
+        chain.append(EndEntry, model_calls=0, status="ok", nonsense=1)
 
 
 def _reference_root(leaves: list[bytes]) -> bytes:

@@ -1,6 +1,8 @@
 """A batch's results as the bytes of its log part and output part, made where the results are.
 
-Workers encode; the driver only commits bytes (:mod:`evalrun.rundir.writer`).
+Workers encode; the driver only commits bytes (:mod:`evalrun.rundir.writer`). Output rows are built
+column by column in the storage schema derived from :class:`evalrun.records.outputs.OutputRow`
+(no row model per episode: this is the write path's hot loop).
 """
 
 from __future__ import annotations

@@ -13,9 +13,22 @@ from typing import Any
 
 from evalrun.engines import Completion, Engine, GenerationRequest, Loglikelihood, LoglikelihoodRequest, SamplingSpec
 from evalrun.pipeline.plan import Episode, JudgeCall
-from evalrun.records.canonical import MAX_SAFE_INTEGER, Canonical, _es6_number, canonical_json, sha256_hex
-from evalrun.records.chain import GENESIS, SCHEDULE_FORMAT, ChainBuilder
-from evalrun.records.entries import loglikelihood_fields, request_fields
+from evalrun.records.canonical import MAX_SAFE_INTEGER, Canonical, _es6_number, canonical_json
+from evalrun.records.chain import GENESIS, ChainBuilder
+from evalrun.records.entries import (
+    CompletionResponse,
+    EndEntry,
+    Entry,
+    EpisodeSeeds,
+    HeaderEntry,
+    JudgeEntry,
+    LoglikelihoodEntry,
+    LoglikelihoodResponse,
+    ModelEntry,
+    generation_request,
+    loglikelihood_request,
+)
+from evalrun.records.formats import SCHEDULE_FORMAT, Generator
 from evalrun.tasks import render_prompt
 from evalrun.tasks.selection import LETTERS, option_continuation
 
@@ -45,18 +58,14 @@ class EpisodeResult:
     judgements: tuple[Judgement, ...] = ()
 
 
-def completion_record(completion: Completion) -> dict[str, Any]:
-    return {"finish_reason": completion.finish_reason, "logprobs": list(completion.logprobs), "text": completion.text,
-            "token_ids": list(completion.token_ids)}  # fmt: skip
+def completion_record(completion: Completion) -> CompletionResponse:
+    return CompletionResponse(finish_reason=completion.finish_reason, logprobs=list(completion.logprobs),
+                              text=completion.text, token_ids=list(completion.token_ids))  # fmt: skip
 
 
-def loglikelihood_record(score: Loglikelihood) -> dict[str, Any]:
-    return {"greedy": score.greedy, "logprob": score.logprob, "prompt_tokens": score.prompt_tokens,
-            "token_ids": list(score.token_ids)}  # fmt: skip
-
-
-def request_record(episode: Episode) -> dict[str, Any]:
-    return request_fields(episode.prompt, episode.sampling)
+def loglikelihood_record(score: Loglikelihood) -> LoglikelihoodResponse:
+    return LoglikelihoodResponse(greedy=score.greedy, logprob=score.logprob, prompt_tokens=score.prompt_tokens,
+                                 token_ids=list(score.token_ids))  # fmt: skip
 
 
 def encode_generator(generator: dict[str, Any] | Canonical) -> Canonical:
@@ -111,8 +120,10 @@ def record_episode(episode: Episode, completion: Completion, generator: dict[str
     """The chain of one single-turn episode: header, one model call, end.
 
     The three lines are assembled directly in canonical form (keys in JCS order, every value
-    through the canonical encoder), which is several times faster than encoding three dicts; a
-    test checks them byte for byte against :class:`evalrun.records.chain.ChainBuilder`.
+    through the canonical encoder), which is several times faster than building and encoding the
+    typed entries; a property test (tests/test_formats.py) checks them byte for byte against the
+    generic encoder, :class:`evalrun.records.chain.ChainBuilder` over :class:`HeaderEntry`,
+    :class:`ModelEntry` and :class:`EndEntry`.
     """
     eid = _string(episode.episode_id)
     seeds = (
@@ -180,11 +191,14 @@ def _score(engine: Engine, requests: list[LoglikelihoodRequest]) -> list[Loglike
 _NOT_GENERATED = Completion(text="", token_ids=(), logprobs=(), finish_reason="not_generated", prompt_tokens=0)
 
 
+_Call = tuple[type[Entry], dict[str, Any]]  # an entry type and its fields but the call number and the request hash
+
+
 @dataclass
 class _Calls:
-    """An episode's model calls in call order: (entry fields, request record, response record)."""
+    """An episode's model calls in call order."""
 
-    entries: list[tuple[dict[str, Any], dict[str, Any], dict[str, Any]]]
+    entries: list[_Call]
     completion: Completion = _NOT_GENERATED
     option_logprobs: tuple[float, ...] | None = None
 
@@ -198,26 +212,29 @@ def _run_staged(engine: Engine, episodes: list[Episode], generator: Canonical,
     ]
     for i, request, completion in zip(generating, requests, _generate(engine, requests), strict=True):
         calls[i].completion = completion
-        calls[i].entries.append(({}, request_fields(request.prompt, request.sampling), completion_record(completion)))
+        calls[i].entries.append((ModelEntry, {"request": generation_request(request.prompt, request.sampling),
+                                              "response": completion_record(completion)}))  # fmt: skip
 
-    scored: list[tuple[int, dict[str, Any]]] = []
+    scored: list[tuple[int, int]] = []  # (episode index, option)
     ll_requests: list[LoglikelihoodRequest] = []
     for i, e in enumerate(episodes):
         if e.choice_scoring in ("loglikelihood", "both"):
             for option, label in enumerate(e.options):
                 ll_requests.append(LoglikelihoodRequest(e.prompt, option_continuation(label), e.episode_id,
                                                         len(calls[i].entries) + option))  # fmt: skip
-                scored.append((i, {"option": option}))
+                scored.append((i, option))
             calls[i].option_logprobs = ()
-    for (i, fields), request, score in zip(scored, ll_requests, _score(engine, ll_requests), strict=True):
-        request_rec = loglikelihood_fields(request.context, request.continuation)
-        calls[i].entries.append((fields, request_rec, loglikelihood_record(score)))
+    for (i, option), request, score in zip(scored, ll_requests, _score(engine, ll_requests), strict=True):
+        request_rec = loglikelihood_request(request.context, request.continuation)
+        calls[i].entries.append((LoglikelihoodEntry, {"option": option, "request": request_rec,
+                                                      "response": loglikelihood_record(score)}))  # fmt: skip
         calls[i].option_logprobs = (*(calls[i].option_logprobs or ()), score.logprob)
 
     judgements = _judge(judge_engine, episodes, calls)
+    typed_generator = Generator.model_validate_json(generator)  # once per batch
     results = []
     for e, c, judged in zip(episodes, calls, judgements, strict=True):
-        results.append(_record_staged(e, c, judged, generator))
+        results.append(_record_staged(e, c, judged, typed_generator))
     return results
 
 
@@ -242,7 +259,7 @@ def _judge(engine: Engine, episodes: list[Episode], calls: list[_Calls]) -> list
         call_number = len(calls[i].entries)
         for jc in e.judge_calls:
             prompt = judge_prompt(e, jc, calls[i].completion.text)
-            fields = {"criterion": jc.criterion, "judge": jc.judge, "role": "judge", "shuffle_order": list(jc.order)}
+            fields = {"criterion": jc.criterion, "judge": jc.judge, "shuffle_order": list(jc.order)}
             if e.judging.scoring == "letter":
                 generate.append((i, jc, fields, GenerationRequest(prompt, jc.sampling, e.episode_id, call_number)))
                 call_number += 1
@@ -254,21 +271,19 @@ def _judge(engine: Engine, episodes: list[Episode], calls: list[_Calls]) -> list
                 score.append((i, jc, {**fields, "option": original, "position": position}, request))
                 call_number += 1
     # Entries go in call order; both stages' results are put back where their calls were numbered.
-    staged: list[dict[int, tuple[dict[str, Any], dict[str, Any], dict[str, Any]]]] = [{} for _ in episodes]
+    staged: list[dict[int, _Call]] = [{} for _ in episodes]
     texts: dict[tuple[int, str, str], str] = {}
     logprobs: dict[tuple[int, str, str], dict[int, float]] = {}
     completions = _generate(engine, [r for *_, r in generate])
     for (i, jc, fields, request), completion in zip(generate, completions, strict=True):
-        staged[i][request.call] = (
-            fields,
-            request_fields(request.prompt, request.sampling),
-            completion_record(completion),
-        )
+        request_rec, response_rec = generation_request(request.prompt, request.sampling), completion_record(completion)
+        staged[i][request.call] = (JudgeEntry, {**fields, "request": request_rec, "response": response_rec})
         texts[(i, jc.criterion, jc.judge)] = completion.text
     scores = _score(engine, [r for *_, r in score])
     for (i, jc, fields, request), result in zip(score, scores, strict=True):
-        request_rec = loglikelihood_fields(request.context, request.continuation)
-        staged[i][request.call] = (fields, request_rec, loglikelihood_record(result))
+        request_rec = loglikelihood_request(request.context, request.continuation)
+        response = loglikelihood_record(result)
+        staged[i][request.call] = (JudgeEntry, {**fields, "request": request_rec, "response": response})
         logprobs.setdefault((i, jc.criterion, jc.judge), {})[fields["option"]] = result.logprob
     judged = []
     for i, e in enumerate(episodes):
@@ -286,22 +301,20 @@ def _judge(engine: Engine, episodes: list[Episode], calls: list[_Calls]) -> list
 
 
 def _record_staged(episode: Episode, calls: _Calls, judgements: tuple[Judgement, ...],
-                   generator: Canonical) -> EpisodeResult:  # fmt: skip
+                   generator: Generator) -> EpisodeResult:  # fmt: skip
     """The chain of a staged episode: header, every model call in call order, end."""
     chain = ChainBuilder(episode.episode_id)
-    header: dict[str, Any] = {"format": SCHEDULE_FORMAT, "generator": generator, "item": episode.item_id,
-                              "repeat": episode.repeat, "seed": episode.seed, "seeds": episode.seeds_record(),
+    header: dict[str, Any] = {"generator": generator, "item": episode.item_id, "repeat": episode.repeat,
+                              "seed": episode.seed, "seeds": EpisodeSeeds(**episode.seeds_record()),
                               "task": episode.task}  # fmt: skip
     if episode.fewshot_ids:
         header["fewshot"] = list(episode.fewshot_ids)
     if episode.options:
         header["shuffle_order"] = list(episode.shuffle_order)
-    chain.append("header", **header)
-    for call, (fields, request, response) in enumerate(calls.entries):
-        request_text = canonical_json(request)
-        chain.append("model", **fields, call=call, request=Canonical(request_text),
-                     request_hash=sha256_hex(request_text), response=response)  # fmt: skip
-    chain.append("end", model_calls=len(calls.entries), status="ok")
+    chain.append(HeaderEntry, **header)
+    for call, (entry_type, fields) in enumerate(calls.entries):
+        chain.append(entry_type, **fields, call=call)  # the builder fills in request_hash
+    chain.append(EndEntry, model_calls=len(calls.entries), status="ok")
     return EpisodeResult(
         episode, calls.completion, tuple(chain.lines), chain.head, episode.prompt_sha256, calls.option_logprobs,
         judgements,

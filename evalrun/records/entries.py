@@ -1,27 +1,402 @@
-"""What a chain's model entries record of a request: one definition for the harness that writes
-them and the replay engine that matches recorded calls against new requests."""
+"""Chain entries: every kind of line an episode's hash chain holds, defined once and typed.
+
+See docs/design.md "Chain entries". Each entry is one canonical JSON line (the pydantic
+models of :mod:`evalrun.records.formats`: frozen, strict, no unknown fields, optional fields
+absent rather than null). Every entry has the link fields ``episode`` (its episode id), ``seq``
+(0, 1, 2, ... within the chain), ``kind`` and ``prev`` (the hash before it; see
+:mod:`evalrun.records.chain`).
+
+Kinds written today (their names and fields are fixed by the runs already recorded):
+
+* ``header`` (seq 0): the schedule format, the generator, the episode's task, item, seed, repeat
+  and seeds; ``fewshot`` (ids of the few-shot examples) and ``shuffle_order`` (shown position ->
+  original option) only when the episode has them.
+* ``model``, in three typed forms told apart by their fields:
+  :class:`ModelEntry` a generation call; :class:`LoglikelihoodEntry` a loglikelihood call (its
+  request has ``op: "loglikelihood"``; ``option`` is the original option it scores);
+  :class:`JudgeEntry` a judge's call (``role: "judge"``, ``criterion``, ``judge``,
+  ``shuffle_order``, and for loglikelihood judging ``option``/``position``). Every one has
+  ``call`` (the episode's model calls numbered from 0), ``request``, ``request_hash`` (sha256 of
+  the request's canonical JSON, what a replay matches) and ``response``.
+* ``end``: the number of model calls and the status.
+
+Kinds for agent episodes, defined here so that their encoding is fixed before they are written.
+An *effect* is anything from outside the episode that a replay must serve from the record: each
+effect entry has ``call`` (that kind's calls in the episode, numbered from 0; a replay finds
+the recorded effect by episode, kind and call), ``request`` and ``request_hash`` (as for model
+entries: recomputed by verify, matched by replay) and, unless noted, ``response``:
+
+* ``tool``: the episode calls a tool (``request``: name and JSON arguments); no response: the
+  result comes back as an ``observation`` entry with the same ``call``, possibly after other entries.
+* ``observation``: a tool call's result (``call`` of the tool entry; ``status`` ok | error;
+  ``content``, any JSON value).
+* ``clock``: a clock reading (``request.clock`` wall | monotonic; ``response.seconds``).
+* ``random``: random bits from outside the seeded streams (``request``: purpose and bits;
+  ``response.value`` as a decimal string).
+* ``uuid``: a generated UUID (``request.version``; ``response.uuid``).
+* ``env``: an environment variable read (``request.name``; ``response.value``, null when unset).
+* ``join``: the episode waited for several tool calls at once (``calls``, in the order their
+  observations were recorded); not an effect, it records the order concurrent results were taken.
+
+The fast encoder (:func:`evalrun.pipeline.harness.record_episode`) and verify's fast path write and
+read the common three-line chain as string templates; the tests check them byte for byte against
+:func:`entry_line` of these models.
+"""
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+import json
+from typing import Annotated, Any, Literal, Protocol, Union
 
-from evalrun.records.canonical import sha256_hex
+from pydantic import Discriminator, Field, Tag, TypeAdapter, ValidationError, model_validator
+
+from evalrun.records.canonical import Canonical, canonical_json, sha256_hex
+from evalrun.records.formats import (
+    SCHEDULE_FORMAT,
+    Count,
+    DecimalString,
+    Generator,
+    Hex64,
+    Json,
+    JsonInt,
+    OptionalFields,
+    RecordModel,
+    first_error,
+)
+
+# --- what calls record: requests and responses -------------------------------------------------
 
 
-class SamplingRecord(Protocol):
+class SamplingRecord(RecordModel):
+    """How a generation samples; the 64-bit seed as a decimal string."""
+
+    temperature: float
+    top_p: float
+    top_k: JsonInt
+    max_tokens: Count
+    stop: list[str]
+    seed: DecimalString
+    logprobs: bool
+
+
+class SamplingSource(Protocol):
     def as_record(self) -> dict[str, Any]: ...
 
 
-def request_fields(prompt: str, sampling: SamplingRecord) -> dict[str, Any]:
-    """What a model entry records of a generation request; its canonical JSON is hashed into ``request_hash``."""
-    return {"prompt": prompt, "prompt_sha256": sha256_hex(prompt), "sampling": sampling.as_record()}
+class GenerationRequest(RecordModel):
+    prompt: str
+    prompt_sha256: Hex64
+    sampling: SamplingRecord
+
+
+class LoglikelihoodRequest(RecordModel):
+    """How likely ``continuation`` is after ``prompt``."""
+
+    continuation: str
+    op: Literal["loglikelihood"] = "loglikelihood"
+    prompt: str
+    prompt_sha256: Hex64
+
+
+class CompletionResponse(RecordModel):
+    finish_reason: str
+    logprobs: list[float | None]  # of the chosen tokens (null: not finite); empty when not requested
+    text: str
+    token_ids: list[JsonInt]
+
+
+class LoglikelihoodResponse(RecordModel):
+    greedy: bool  # every continuation token was the model's argmax
+    logprob: float  # the sum over the continuation's tokens
+    prompt_tokens: Count  # tokens of prompt + continuation
+    token_ids: list[JsonInt]  # the continuation's tokens
+
+
+class ToolRequest(RecordModel):
+    name: str
+    arguments: dict[str, Json]
+
+
+class ClockRequest(RecordModel):
+    clock: Literal["wall", "monotonic"]
+
+
+class ClockReading(RecordModel):
+    seconds: float  # wall: since the Unix epoch; monotonic: since an arbitrary origin
+
+
+class RandomRequest(RecordModel):
+    purpose: str
+    bits: int = Field(ge=1, le=64)
+
+
+class RandomDraw(RecordModel):
+    value: DecimalString
+
+
+class UuidRequest(RecordModel):
+    version: JsonInt
+
+
+class UuidValue(RecordModel):
+    uuid: Annotated[str, Field(pattern=r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")]
+
+
+class EnvRequest(RecordModel):
+    name: str
+
+
+class EnvValue(RecordModel):
+    value: str | None  # null: the variable is not set
+
+
+class EpisodeSeeds(RecordModel):
+    sampling: DecimalString
+
+
+# --- entries -----------------------------------------------------------------------------------
+
+
+class Entry(RecordModel):
+    """The link fields every chain entry has."""
+
+    episode: str
+    seq: Count
+    prev: Hex64
+
+
+class HeaderEntry(Entry, OptionalFields):
+    kind: Literal["header"] = "header"
+    format: Literal["evalrun.schedule/1"] = SCHEDULE_FORMAT
+    generator: Generator
+    task: str
+    item: str
+    seed: JsonInt
+    repeat: JsonInt
+    seeds: EpisodeSeeds
+    fewshot: list[str] | None = None  # few-shot example ids, when the episode has them
+    shuffle_order: list[Count] | None = None  # multiple choice: shown position -> original option
+
+
+class ModelEntry(Entry):
+    """The policy's generation call."""
+
+    kind: Literal["model"] = "model"
+    call: Count
+    request: GenerationRequest
+    request_hash: Hex64
+    response: CompletionResponse
+
+
+class LoglikelihoodEntry(Entry):
+    """The policy's loglikelihood of one option (multiple choice scored by loglikelihood)."""
+
+    kind: Literal["model"] = "model"
+    call: Count
+    option: Count  # the original option index scored
+    request: LoglikelihoodRequest
+    request_hash: Hex64
+    response: LoglikelihoodResponse
+
+
+class JudgeEntry(Entry, OptionalFields):
+    """A judge's call on one criterion: a generation (letter judging) or one option's loglikelihood."""
+
+    kind: Literal["model"] = "model"
+    role: Literal["judge"] = "judge"
+    call: Count
+    criterion: str
+    judge: str
+    shuffle_order: list[Count]  # shown position -> original option, for this criterion and judge
+    option: Count | None = None  # loglikelihood judging: the original option scored ...
+    position: Count | None = None  # ... and where it was shown
+    request: GenerationRequest | LoglikelihoodRequest
+    request_hash: Hex64
+    response: CompletionResponse | LoglikelihoodResponse
+
+    @model_validator(mode="after")
+    def _one_mode(self) -> JudgeEntry:
+        scored = isinstance(self.request, LoglikelihoodRequest)
+        if scored != isinstance(self.response, LoglikelihoodResponse):
+            raise ValueError("request and response are of different call types")
+        if scored != (self.option is not None) or scored != (self.position is not None):
+            raise ValueError("option and position are recorded with, and only with, a loglikelihood request")
+        return self
+
+
+class EndEntry(Entry):
+    kind: Literal["end"] = "end"
+    model_calls: Count
+    status: str
+
+
+class ToolEntry(Entry):
+    kind: Literal["tool"] = "tool"
+    call: Count
+    request: ToolRequest
+    request_hash: Hex64
+
+
+class ObservationEntry(Entry):
+    kind: Literal["observation"] = "observation"
+    call: Count  # the tool call this answers
+    status: Literal["ok", "error"]
+    content: Json
+
+
+class ClockEntry(Entry):
+    kind: Literal["clock"] = "clock"
+    call: Count
+    request: ClockRequest
+    request_hash: Hex64
+    response: ClockReading
+
+
+class RandomEntry(Entry):
+    kind: Literal["random"] = "random"
+    call: Count
+    request: RandomRequest
+    request_hash: Hex64
+    response: RandomDraw
+
+
+class UuidEntry(Entry):
+    kind: Literal["uuid"] = "uuid"
+    call: Count
+    request: UuidRequest
+    request_hash: Hex64
+    response: UuidValue
+
+
+class EnvEntry(Entry):
+    kind: Literal["env"] = "env"
+    call: Count
+    request: EnvRequest
+    request_hash: Hex64
+    response: EnvValue
+
+
+class JoinEntry(Entry):
+    kind: Literal["join"] = "join"
+    calls: list[Count] = Field(min_length=1)  # tool calls, in the order their observations were recorded
+
+
+ENTRY_TYPES: dict[str, type[Entry]] = {
+    "header": HeaderEntry,
+    "model": ModelEntry,
+    "loglikelihood": LoglikelihoodEntry,
+    "judge": JudgeEntry,
+    "tool": ToolEntry,
+    "observation": ObservationEntry,
+    "clock": ClockEntry,
+    "random": RandomEntry,
+    "uuid": UuidEntry,
+    "env": EnvEntry,
+    "join": JoinEntry,
+    "end": EndEntry,
+}
+"""Typed forms by tag; the tag is the ``kind`` written, except that ``model`` lines are told apart as above."""
+
+MODEL_CALLS = (ModelEntry, LoglikelihoodEntry, JudgeEntry)
+"""The typed forms of ``model`` lines."""
+
+ENTRY_KINDS = frozenset(t.model_fields["kind"].default for t in ENTRY_TYPES.values())
+"""The ``kind`` values a chain line may have."""
+
+_TAG_OF_TYPE = {entry_type: tag for tag, entry_type in ENTRY_TYPES.items()}
+
+
+def entry_tag(value: Any) -> str | None:
+    """The typed form of an entry (a parsed JSON object or an entry)."""
+    if not isinstance(value, dict):
+        return _TAG_OF_TYPE.get(type(value))
+    kind = value.get("kind")
+    if kind == "model":
+        if "role" in value:
+            return "judge"
+        request = value.get("request")
+        return "loglikelihood" if isinstance(request, dict) and "op" in request else "model"
+    return kind if isinstance(kind, str) else None
+
+
+ChainEntry = Annotated[
+    Union[tuple(Annotated[entry_type, Tag(tag)] for tag, entry_type in ENTRY_TYPES.items())],  # noqa: UP007
+    Discriminator(
+        entry_tag,
+        custom_error_type="entry_kind",
+        custom_error_message=f"kind must be one of {sorted(ENTRY_KINDS)}",
+    ),
+]
+_ENTRY: TypeAdapter[Any] = TypeAdapter(ChainEntry)
+
+
+class EntryError(ValueError):
+    """A JSON object that is not a chain entry; ``field`` names the first field at fault."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field, self.message = field, message
+
+
+def parse_entry(value: dict[str, Any]) -> Entry:
+    """The typed entry of a parsed chain line; EntryError naming the field otherwise."""
+    try:
+        return _ENTRY.validate_python(value)
+    except ValidationError as exc:
+        raise EntryError(*first_error(exc, ENTRY_TYPES)) from None
+
+
+def parse_line(line: str) -> Entry:
+    """The typed entry of a chain line; EntryError if it is not JSON or not an entry."""
+    try:
+        value = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise EntryError("(line)", f"not valid JSON ({exc.msg})") from None
+    if not isinstance(value, dict):
+        raise EntryError("(line)", "not a JSON object")
+    return parse_entry(value)
+
+
+def entry_line(entry: Entry, request_json: str | None = None) -> str:
+    """The generic encoder: an entry's line is the canonical JSON of its record.
+
+    ``request_json``, when the caller has made it already, is the canonical JSON of the entry's
+    request, embedded as it is rather than made again (the same bytes; tests/test_formats.py checks).
+    """
+    if request_json is None:
+        return canonical_json(entry.as_record())
+    record = entry.model_dump(by_alias=True, exclude={"request"})
+    record["request"] = Canonical(request_json)
+    return canonical_json(record)
+
+
+def request_text(request: RecordModel) -> str:
+    """A request's canonical JSON: what ``request_hash`` hashes, and what the line holds."""
+    return canonical_json(request.as_record())
+
+
+def request_hash(request: RecordModel) -> str:
+    """What an entry's ``request_hash`` is: sha256 of the request's canonical JSON."""
+    return sha256_hex(request_text(request))
+
+
+def generation_request(prompt: str, sampling: SamplingSource) -> GenerationRequest:
+    """What a model entry records of a generation request."""
+    return GenerationRequest(
+        prompt=prompt, prompt_sha256=sha256_hex(prompt), sampling=SamplingRecord(**sampling.as_record())
+    )
+
+
+def loglikelihood_request(context: str, continuation: str) -> LoglikelihoodRequest:
+    """What a model entry records of a loglikelihood request."""
+    return LoglikelihoodRequest(continuation=continuation, prompt=context, prompt_sha256=sha256_hex(context))
+
+
+def request_fields(prompt: str, sampling: SamplingSource) -> dict[str, Any]:
+    """:func:`generation_request` as a JSON object (its canonical JSON is hashed into ``request_hash``)."""
+    return generation_request(prompt, sampling).as_record()
 
 
 def loglikelihood_fields(context: str, continuation: str) -> dict[str, Any]:
-    """What a model entry records of a loglikelihood request."""
-    return {
-        "continuation": continuation,
-        "op": "loglikelihood",
-        "prompt": context,
-        "prompt_sha256": sha256_hex(context),
-    }
+    """:func:`loglikelihood_request` as a JSON object."""
+    return loglikelihood_request(context, continuation).as_record()

@@ -1,4 +1,4 @@
-"""RFC 6962 Merkle tree hash over a run's episodes (DESIGN.md "Run root"), and audit paths for inclusion proofs."""
+"""RFC 6962 Merkle tree hash over a run's episodes (docs/design.md "Record"), and audit paths for inclusion proofs."""
 
 from __future__ import annotations
 

@@ -1,52 +1,142 @@
-"""The output row: one Parquet row per episode (``outputs/part-NNNNN.parquet``).
+"""The output row (``outputs/part-NNNNN.parquet``, one row per episode) and the score row
+(``scores.parquet``, one row per episode and metric), defined once.
 
-Every column but the provenance columns at the end is a copy of something the episode's chain
-records; ``evalrun verify`` checks each against the chain.
+Each row is a typed model whose fields carry their Arrow types; the Parquet schemas
+(:data:`OUTPUT_SCHEMA`, :data:`SCORES_SCHEMA`) and the columns ``evalrun verify`` checks against the
+chain (:data:`CHAIN_COLUMNS`) are derived from them. Writers build columns in bulk from the same
+schemas (no model per row on the hot path).
+
+Where an output column comes from:
+
+* ``chain``: a copy of something the episode's chain records; verify checks each against it.
+* ``plan``: from the plan, not recorded in the chain (the target).
+* ``engine``: reported by the engine, not recorded in the chain (prompt tokens).
+* ``provenance``: may differ between identical runs (worker, hardware, batch size, latency).
 """
 
 from __future__ import annotations
 
+import types
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
+
 import pyarrow as pa
+from pydantic import BaseModel
 
-JUDGEMENT = pa.struct(
-    [
-        ("criterion", pa.string()),
-        ("judge", pa.string()),
-        ("shuffle_order", pa.list_(pa.int32())),
-        ("output", pa.string()),
-        ("option_logprobs", pa.list_(pa.float64())),
-    ]
-)
+from evalrun.records.formats import RecordModel
 
-OUTPUT_SCHEMA = pa.schema(
-    [
-        ("episode_id", pa.string()),
-        ("task", pa.string()),
-        ("item_id", pa.string()),
-        ("seed", pa.int64()),
-        ("repeat", pa.int32()),
-        ("seeds", pa.struct([("sampling", pa.uint64())])),
-        ("prompt", pa.string()),
-        ("prompt_sha256", pa.string()),
-        ("target", pa.string()),
-        ("output", pa.string()),
-        ("token_ids", pa.list_(pa.int32())),
-        ("token_logprobs", pa.list_(pa.float64())),
-        ("finish_reason", pa.string()),
-        ("prompt_tokens", pa.int32()),
-        ("output_tokens", pa.int32()),
-        ("head", pa.string()),
-        ("fewshot_ids", pa.list_(pa.string())),
-        ("shuffle_order", pa.list_(pa.int32())),  # shown position -> original option index
-        ("option_logprobs", pa.list_(pa.float64())),  # per original option; null unless scored so
-        ("judgements", pa.list_(JUDGEMENT)),
-        # provenance: may differ between identical runs, never part of any chain
-        ("worker", pa.string()),
-        ("hardware", pa.string()),
-        ("batch_size", pa.int32()),
-        ("latency_s", pa.float64()),
-    ]
-)
+Source = Literal["chain", "plan", "engine", "provenance"]
 
-PROVENANCE_COLUMNS = ("worker", "hardware", "batch_size", "latency_s")
+
+class Column:
+    """Where an output column comes from (see the module docstring)."""
+
+    def __init__(self, source: Source) -> None:
+        self.source = source
+
+
+CHAIN, PLAN, ENGINE, PROVENANCE = Column("chain"), Column("plan"), Column("engine"), Column("provenance")
+
+Int32 = Annotated[int, pa.int32()]
+Int64 = Annotated[int, pa.int64()]
+UInt64 = Annotated[int, pa.uint64()]
+
+
+class SamplingSeedColumn(RecordModel):
+    sampling: UInt64
+
+
+class JudgementRow(RecordModel):
+    """One judge's answer on one criterion, as recorded (the scorer turns it into a verdict)."""
+
+    criterion: str
+    judge: str
+    shuffle_order: list[Int32]
+    output: str | None  # letter judging: the judge's text
+    option_logprobs: list[float] | None  # loglikelihood judging: per original option index
+
+
+class OutputRow(RecordModel):
+    episode_id: Annotated[str, CHAIN]
+    task: Annotated[str, CHAIN]
+    item_id: Annotated[str, CHAIN]
+    seed: Annotated[Int64, CHAIN]
+    repeat: Annotated[Int32, CHAIN]
+    seeds: Annotated[SamplingSeedColumn, CHAIN]
+    prompt: Annotated[str, CHAIN]
+    prompt_sha256: Annotated[str, CHAIN]
+    target: Annotated[str, PLAN]
+    output: Annotated[str, CHAIN]
+    token_ids: Annotated[list[Int32], CHAIN]
+    token_logprobs: Annotated[list[float | None], CHAIN]
+    finish_reason: Annotated[str, CHAIN]
+    prompt_tokens: Annotated[Int32, ENGINE]
+    output_tokens: Annotated[Int32, CHAIN]
+    head: Annotated[str, CHAIN]
+    fewshot_ids: Annotated[list[str], CHAIN]
+    shuffle_order: Annotated[list[Int32], CHAIN]  # shown position -> original option index
+    option_logprobs: Annotated[list[float] | None, CHAIN]  # per original option; null unless scored so
+    judgements: Annotated[list[JudgementRow], CHAIN]
+    worker: Annotated[str, PROVENANCE]
+    hardware: Annotated[str, PROVENANCE]  # canonical JSON of the worker's hardware fingerprint
+    batch_size: Annotated[Int32, PROVENANCE]
+    latency_s: Annotated[float, PROVENANCE]
+
+
+class ScoreRow(RecordModel):
+    episode_id: str
+    task: str
+    item_id: str
+    seed: Int64
+    repeat: Int32
+    metric: str
+    value: float
+    extracted: str | None
+    scorer: str
+    scorer_version: str
+
+
+_SCALARS: dict[Any, pa.DataType] = {str: pa.string(), float: pa.float64(), bool: pa.bool_()}
+
+
+def arrow_type(annotation: Any) -> pa.DataType:
+    """The Arrow type of a field annotation: ``Annotated[int, pa.int32()]``, str, float, bool, lists,
+    optional types (Arrow columns are nullable) and nested record models (structs)."""
+    if get_origin(annotation) is Annotated:
+        base, *metadata = get_args(annotation)
+        explicit = [m for m in metadata if isinstance(m, pa.DataType)]
+        return explicit[0] if explicit else arrow_type(base)
+    if get_origin(annotation) in (Union, types.UnionType):
+        (inner,) = [a for a in get_args(annotation) if a is not type(None)]
+        return arrow_type(inner)
+    if get_origin(annotation) is list:
+        return pa.list_(arrow_type(get_args(annotation)[0]))
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return pa.struct([(name, _field_type(f)) for name, f in annotation.model_fields.items()])
+    if annotation in _SCALARS:
+        return _SCALARS[annotation]
+    raise TypeError(f"no Arrow type for {annotation!r}: annotate integers with their width")
+
+
+def _field_type(field: Any) -> pa.DataType:
+    explicit = [m for m in field.metadata if isinstance(m, pa.DataType)]
+    return explicit[0] if explicit else arrow_type(field.annotation)
+
+
+def arrow_schema(model: type[BaseModel]) -> pa.Schema:
+    return pa.schema([(name, _field_type(f)) for name, f in model.model_fields.items()])
+
+
+def columns_from(model: type[BaseModel], source: Source) -> tuple[str, ...]:
+    return tuple(
+        name for name, f in model.model_fields.items() if any(getattr(m, "source", None) == source for m in f.metadata)
+    )
+
+
+OUTPUT_SCHEMA = arrow_schema(OutputRow)
+SCORES_SCHEMA = arrow_schema(ScoreRow)
+JUDGEMENT = OUTPUT_SCHEMA.field("judgements").type.value_type
+
+CHAIN_COLUMNS = columns_from(OutputRow, "chain")  # what verify checks against the chain, in schema order
+CHAIN_SCHEMA = pa.schema([OUTPUT_SCHEMA.field(c) for c in CHAIN_COLUMNS])
+PROVENANCE_COLUMNS = columns_from(OutputRow, "provenance")
 STAGED_COLUMNS = ("fewshot_ids", "shuffle_order", "option_logprobs", "judgements")  # empty for single-call episodes

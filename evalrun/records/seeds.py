@@ -1,4 +1,4 @@
-"""Seed derivation (DESIGN.md "Seeds"): every random choice draws from a seed derived here.
+"""Seed derivation (docs/design.md "Seeds"): every random choice draws from a seed derived here.
 
 ``derive_seed(master, purpose, *keys)`` is the first 8 bytes, big-endian, of
 ``sha256(canonical([master, purpose, *keys]))``. It depends only on its arguments, never on

@@ -6,42 +6,48 @@ are record.json and every file record.json lists, each with its sha256; the pred
 manifest digest and the Merkle root. Signing needs ``cryptography`` and a PEM Ed25519 private key
 (``openssl genpkey -algorithm ed25519 -out key.pem``; public half: ``openssl pkey -in key.pem
 -pubout -out key.pub``); ``evalrun run`` signs when ``EVALRUN_SIGNING_KEY`` names such a key.
+The Statement, its predicate and the envelope are typed in :mod:`evalrun.records.formats`.
 """
 
 from __future__ import annotations
 
 import base64
+import binascii
 import json
 import os
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from evalrun.errors import BadInput, CheckFailed
 from evalrun.records.canonical import canonical_json, file_sha256, sha256_hex
+from evalrun.records.formats import (
+    PAYLOAD_TYPE,
+    AttestationPredicate,
+    Envelope,
+    Record,
+    Signature,
+    Statement,
+    Subject,
+    SubjectDigest,
+    first_error,
+)
 from evalrun.rundir import layout, writer
 from evalrun.rundir.layout import ATTESTATION
+from evalrun.rundir.reader import load_record
 
-STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
-PREDICATE_TYPE = "https://evalrun.dev/attestation/run/v1"
-PAYLOAD_TYPE = "application/vnd.in-toto+json"
 SIGNING_KEY_ENV = "EVALRUN_SIGNING_KEY"
 
 
-def build_statement(run: layout.RunDir, record: dict[str, Any]) -> dict[str, Any]:
-    subjects = [{"name": layout.RECORD, "digest": {"sha256": file_sha256(run.record)}}]
-    subjects += [{"name": rel, "digest": {"sha256": sha}} for rel, sha in sorted(record["files"].items())]
-    return {
-        "_type": STATEMENT_TYPE,
-        "subject": subjects,
-        "predicateType": PREDICATE_TYPE,
-        "predicate": {
-            "merkle_root": record["merkle_root"],
-            "digest": record["digest"],
-            "manifest_sha256": record["manifest_sha256"],
-            "episodes": record["episodes"],
-            "record_format": record["format"],
-        },
-    }
+def build_statement(run: layout.RunDir, record: Record) -> Statement:
+    files = [(layout.RECORD, file_sha256(run.record)), *sorted(record.files.items())]
+    predicate = AttestationPredicate(
+        merkle_root=record.merkle_root, digest=record.digest, manifest_sha256=record.manifest_sha256,
+        episodes=record.episodes, record_format=record.format,
+    )  # fmt: skip
+    subject = [Subject(name=name, digest=SubjectDigest(sha256=sha)) for name, sha in files]
+    return Statement(subject=subject, predicate=predicate)
 
 
 def pae(payload_type: str, payload: bytes) -> bytes:
@@ -75,19 +81,19 @@ def _keyid(public_key: Any) -> str:
     return sha256_hex(raw)
 
 
-def write_attestation(run: layout.RunDir, record: dict[str, Any], key_path: Path | None = None) -> Path:
+def write_attestation(run: layout.RunDir, record: Record, key_path: Path | None = None) -> Path:
     """Write the attestation for a finished run (record.json already written)."""
     statement = build_statement(run, record)
-    document: dict[str, Any] = statement
+    document: Statement | Envelope = statement
     if key_path is not None:
         key = _load_key(key_path, private=True)
-        payload = canonical_json(statement).encode("utf-8")
+        payload = canonical_json(statement.as_record()).encode("utf-8")
         signature = key.sign(pae(PAYLOAD_TYPE, payload))
-        document = {
-            "payloadType": PAYLOAD_TYPE,
-            "payload": base64.b64encode(payload).decode("ascii"),
-            "signatures": [{"keyid": _keyid(key.public_key()), "sig": base64.b64encode(signature).decode("ascii")}],
-        }
+        document = Envelope(
+            payloadType=PAYLOAD_TYPE,
+            payload=base64.b64encode(payload).decode("ascii"),
+            signatures=[Signature(keyid=_keyid(key.public_key()), sig=base64.b64encode(signature).decode("ascii"))],
+        )
     path = run.path / ATTESTATION
     writer.write_json(path, document)
     return path
@@ -97,14 +103,14 @@ def attest_finished_run(run_path: Path) -> Path:
     """Called by the runner after record.json: sign when ``EVALRUN_SIGNING_KEY`` names a key."""
     run = layout.RunDir(run_path)
     key = os.environ.get(SIGNING_KEY_ENV)
-    return write_attestation(run, run.read_json(layout.RECORD), Path(key) if key else None)
+    return write_attestation(run, load_record(run), Path(key) if key else None)
 
 
 def _fail(message: str) -> CheckFailed:
     return CheckFailed(f"{ATTESTATION}: {message}")
 
 
-def check_attestation(run: layout.RunDir, record: dict[str, Any], public_key: Path | None) -> str:
+def check_attestation(run: layout.RunDir, record: Record, public_key: Path | None) -> str:
     """Check the attestation against the run (whose files are already verified); returns its status."""
     path = run.path / ATTESTATION
     if not path.exists():
@@ -120,13 +126,17 @@ def check_attestation(run: layout.RunDir, record: dict[str, Any], public_key: Pa
     status = "checked"
     if signed:
         try:
-            payload = base64.b64decode(document["payload"], validate=True)
-            signatures = [base64.b64decode(s["sig"], validate=True) for s in document["signatures"]]
+            envelope = Envelope.model_validate(document)
+            payload = base64.b64decode(envelope.payload, validate=True)
+            signatures = [base64.b64decode(s.sig, validate=True) for s in envelope.signatures]
             statement = json.loads(payload)
-        except (KeyError, TypeError, ValueError) as exc:
+        except ValidationError as exc:
+            field, message = first_error(exc)
+            raise _fail(f"malformed DSSE envelope (field {field}: {message})") from None
+        except (binascii.Error, ValueError) as exc:
             raise _fail(f"malformed DSSE envelope ({exc})") from exc
-        if document["payloadType"] != PAYLOAD_TYPE:
-            raise _fail(f"payloadType {document['payloadType']!r}, expected {PAYLOAD_TYPE!r}")
+        if envelope.payloadType != PAYLOAD_TYPE:
+            raise _fail(f"payloadType {envelope.payloadType!r}, expected {PAYLOAD_TYPE!r}")
         status = "signed, signature not checked"
         if key is not None:
             from cryptography.exceptions import InvalidSignature
@@ -146,13 +156,16 @@ def check_attestation(run: layout.RunDir, record: dict[str, Any], public_key: Pa
     else:
         statement = document
     expected = build_statement(run, record)
-    if not isinstance(statement, dict) or statement.get("_type") != STATEMENT_TYPE:
-        raise _fail(f"not an in-toto Statement ({STATEMENT_TYPE})")
-    if statement.get("subject") != expected["subject"]:
-        names = {s["name"]: s["digest"] for s in expected["subject"]}
-        got = {s.get("name"): s.get("digest") for s in statement.get("subject") or [] if isinstance(s, dict)}
+    try:
+        stated = Statement.model_validate(statement)
+    except ValidationError as exc:
+        field, message = first_error(exc)
+        raise _fail(f"not an in-toto Statement of an evalrun run (field {field}: {message})") from None
+    if stated.subject != expected.subject:
+        names = {s.name: s.digest for s in expected.subject}
+        got = {s.name: s.digest for s in stated.subject}
         differing = sorted(n for n in names.keys() | got.keys() if names.get(n) != got.get(n))
         raise _fail(f"subject {differing[0] if differing else '?'} does not match the run's files")
-    if statement.get("predicate") != expected["predicate"]:
+    if stated.predicate != expected.predicate:
         raise _fail("predicate does not match record.json (merkle_root, digest, episodes)")
     return status

@@ -3,7 +3,9 @@
 It checks what reading needs (a run directory, a canonical record.json of a known format, the
 parts it lists, chains that link, output parts of evalrun's schema) and raises
 :class:`~evalrun.errors.CheckFailed` naming the file and line, or :class:`~evalrun.errors.BadInput`
-for something that is not a run at all. What a result *means* is checked by :mod:`evalrun.audit.verify`.
+for something that is not a run at all. What it reads comes back typed, as the formats of
+:mod:`evalrun.records` define them: a :class:`~evalrun.records.formats.Record`, chains of
+:mod:`evalrun.records.entries` entries. What a result *means* is checked by :mod:`evalrun.audit.verify`.
 """
 
 from __future__ import annotations
@@ -11,22 +13,26 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+from pydantic import ValidationError
 
 from evalrun.errors import BadInput, CheckFailed
 from evalrun.records.canonical import canonical_json, sha256_hex
-from evalrun.records.chain import GENESIS, SCHEDULE_FORMAT, link
-from evalrun.records.outputs import OUTPUT_SCHEMA
+from evalrun.records.chain import GENESIS, link
+from evalrun.records.entries import (
+    Entry,
+    EntryError,
+    GenerationRequest,
+    LoglikelihoodRequest,
+    parse_entry,
+    request_hash,
+)
+from evalrun.records.formats import RECORD_FORMAT, SCHEDULE_FORMAT, Record, first_error
+from evalrun.records.outputs import CHAIN_COLUMNS, CHAIN_SCHEMA
 from evalrun.rundir import layout
-
-RECORD_FORMAT = "evalrun.record/1"
-ROW_COLUMNS = ["episode_id", "task", "item_id", "seed", "repeat", "seeds", "prompt", "prompt_sha256", "output",
-               "token_ids", "token_logprobs", "finish_reason", "output_tokens", "head", "fewshot_ids",
-               "shuffle_order", "option_logprobs", "judgements"]  # fmt: skip
-ROW_SCHEMA = pa.schema([OUTPUT_SCHEMA.field(c) for c in ROW_COLUMNS])
 
 
 def _fail(where: str, message: str) -> CheckFailed:
@@ -43,7 +49,8 @@ def open_run(path: Path) -> layout.RunDir:
     return run
 
 
-def load_record(run: layout.RunDir) -> dict[str, Any]:
+def load_record(run: layout.RunDir) -> Record:
+    """record.json, typed; CheckFailed naming the field for anything :class:`Record` does not allow."""
     if not run.record.is_file():
         raise _fail(layout.RECORD, "missing: the run did not finish, or the file was removed")
     text = run.record.read_text(encoding="utf-8", errors="replace")
@@ -55,15 +62,17 @@ def load_record(run: layout.RunDir) -> dict[str, Any]:
         raise _fail(layout.RECORD, "not a canonical JSON object")
     if record.get("format") != RECORD_FORMAT:
         raise BadInput(layout.RECORD, f"unknown record format {record.get('format')!r}; expected {RECORD_FORMAT!r}")
-    for key in ("files", "merkle_root", "episodes", "parts", "digest", "manifest_sha256"):
-        if key not in record:
-            raise _fail(layout.RECORD, f"missing field {key!r}")
-    return record
+    try:
+        return Record.model_validate(record)
+    except ValidationError as exc:
+        field, message = first_error(exc)
+        problem = f"missing field {field!r}" if message == "missing" else f"field {field!r}: {message}"
+        raise _fail(layout.RECORD, problem) from None
 
 
-def part_pairs(run: layout.RunDir, record: dict[str, Any]) -> list[tuple[str, str]]:
+def part_pairs(run: layout.RunDir, record: Record) -> list[tuple[str, str]]:
     """(log part, output part) relative paths; every part on disk must be listed and vice versa."""
-    listed = set(record["files"])
+    listed = set(record.files)
     on_disk = {f"{d}/{p.name}" for d in (layout.LOG, layout.OUTPUTS) for p in (run.path / d).glob("*") if p.is_file()}
     for rel in sorted(on_disk - listed):
         raise _fail(rel, "present in the run directory but not listed in record.json")
@@ -80,21 +89,29 @@ def part_pairs(run: layout.RunDir, record: dict[str, Any]) -> list[tuple[str, st
         if out_rel not in listed:
             raise _fail(out_rel, f"missing: {log_rel} has no output part")
         pairs.append((log_rel, out_rel))
-    if len(outs) != len(pairs) or record["parts"] != len(pairs):
+    if len(outs) != len(pairs) or record.parts != len(pairs):
         raise _fail(
-            layout.RECORD, f"parts is {record['parts']}, the run lists {len(logs)} log and {len(outs)} output parts"
+            layout.RECORD, f"parts is {record.parts}, the run lists {len(logs)} log and {len(outs)} output parts"
         )
     return pairs
 
 
-Chain = tuple[str, list[dict[str, Any]], list[str], str, int]
+class Chain(NamedTuple):
+    """One episode's chain as read: typed entries, their lines, its head, the line number it starts at."""
+
+    episode: str
+    entries: list[Entry]
+    lines: list[str]
+    head: str
+    start: int
 
 
 def iter_chains(path: Path, rel: str, known_format_only: bool = False) -> Iterator[Chain]:
-    """Yield ``(episode, entries, lines, head, first_line_number)`` per chain, checking each link.
+    """Yield each chain of a log part, checking each link and parsing each line into its typed entry.
 
     A header of another schedule format fails the check; with ``known_format_only`` (replay, which
-    must not interpret a schedule it does not know) it is a BadInput instead.
+    must not interpret a schedule it does not know) it is a BadInput instead. Every failure names
+    the file and line, and the episode and seq where the line has them.
     """
     with open(path, "rb") as fh:
         data = fh.read()
@@ -107,64 +124,84 @@ def iter_chains(path: Path, rel: str, known_format_only: bool = False) -> Iterat
         line_no = data[: exc.start].count(b"\n") + 1
         raise _fail(f"{rel}:{line_no}", "not valid UTF-8") from exc
     episode: str | None = None
-    entries: list[dict[str, Any]] = []
+    entries: list[Entry] = []
     lines: list[str] = []
     head = GENESIS
     start = 0
     for number, line in enumerate(text.split("\n")[:-1], start=1):
         where = f"{rel}:{number}"
         try:
-            entry = json.loads(line)
-            eid, seq, kind, prev = entry["episode"], entry["seq"], entry["kind"], entry["prev"]
+            value = json.loads(line)
+            eid, seq, kind, prev = value["episode"], value["seq"], value["kind"], value["prev"]
         except (json.JSONDecodeError, KeyError, TypeError) as exc:
             raise _fail(where, f"not a chain entry ({exc})") from exc
         if episode is None:
             if seq != 0 or kind != "header":
                 raise _fail(where, f"episode {eid} seq {seq}: a chain must start with a header at seq 0")
-            if entry.get("format") != SCHEDULE_FORMAT:
+            if value.get("format") != SCHEDULE_FORMAT:
                 error = BadInput if known_format_only else _fail
-                raise error(where, f"unknown schedule format {entry.get('format')!r}; expected {SCHEDULE_FORMAT!r}")
+                raise error(where, f"unknown schedule format {value.get('format')!r}; expected {SCHEDULE_FORMAT!r}")
             episode, start = eid, number
         elif eid != episode:
             raise _fail(where, f"episode {eid} seq {seq}: inside the chain of episode {episode}, which has not ended")
+        elif kind == "header":
+            raise _fail(where, f"episode {eid} seq {seq}: a header inside the chain")
         if seq != len(entries):
             raise _fail(where, f"episode {eid} seq {seq}: expected seq {len(entries)}")
         if prev != head:
             raise _fail(where, f"episode {eid} seq {seq}: prev does not match the hash of the entry before it")
-        if kind == "model":
-            _check_model_entry(entry, line, where)
+        try:
+            entry = parse_entry(value)
+        except EntryError as exc:
+            raise _fail(where, f"episode {eid} seq {seq}: not a valid {kind!r} entry (field {exc.field}: "
+                               f"{exc.message})") from None  # fmt: skip
+        _check_request(entry, line, where)
         head = link(head, line)
         entries.append(entry)
         lines.append(line)
         if kind == "end":
-            yield episode, entries, lines, head, start
+            yield Chain(episode, entries, lines, head, start)
             episode, entries, lines, head = None, [], [], GENESIS
     if episode is not None:
         raise _fail(f"{rel}:{start}", f"episode {episode}: chain has no end entry (truncated?)")
 
 
-def _check_model_entry(entry: dict[str, Any], line: str, where: str) -> None:
-    request = entry.get("request")
-    marker = line.find('"request":')
-    stop = line.find(',"request_hash":"', marker)
-    if not isinstance(request, dict) or marker < 0 or stop < 0:
-        raise _fail(where, f"episode {entry['episode']} seq {entry['seq']}: model entry without a request")
-    if sha256_hex(line[marker + len('"request":') : stop]) != entry.get("request_hash"):
-        raise _fail(where, f"episode {entry['episode']} seq {entry['seq']}: request_hash does not match the request")
-    if sha256_hex(str(request.get("prompt"))) != request.get("prompt_sha256"):
-        raise _fail(where, f"episode {entry['episode']} seq {entry['seq']}: prompt_sha256 does not match the prompt")
+def _check_request(entry: Entry, line: str, where: str) -> None:
+    """An effect entry's request_hash and a model call's prompt_sha256.
+
+    ``request_hash`` is the sha256 of the request's canonical JSON, which a canonical line holds
+    verbatim: the request's text in the line is hashed first (cheap), and only when that differs
+    is the canonical JSON of the typed request made and hashed (a line that is not canonical, or a
+    request with a nested ``request_hash`` key that hides where its text ends).
+    """
+    request = getattr(entry, "request", None)
+    if request is None:
+        return
+    expected = getattr(entry, "request_hash", None)
+    start = line.find('"request":') + len('"request":')
+    stop = line.find(',"request_hash":"', start)
+    try:
+        if (stop < 0 or sha256_hex(line[start:stop]) != expected) and request_hash(request) != expected:
+            raise _fail(where, f"episode {entry.episode} seq {entry.seq}: request_hash does not match the request")
+        prompted = isinstance(request, GenerationRequest | LoglikelihoodRequest)
+        if prompted and sha256_hex(request.prompt) != request.prompt_sha256:
+            raise _fail(where, f"episode {entry.episode} seq {entry.seq}: prompt_sha256 does not match the prompt")
+    except ValueError as exc:  # e.g. a lone surrogate escaped in a string: no UTF-8 text holds it
+        problem = f"the request has no canonical JSON ({exc})"
+        raise _fail(where, f"episode {entry.episode} seq {entry.seq}: {problem}") from None
 
 
 def read_output_part(path: Path, rel: str) -> list[dict[str, Any]]:
+    """The columns verify checks against the chain (:data:`CHAIN_COLUMNS`), checked to be of evalrun's types."""
     try:
         table = pq.read_table(path)
-        missing = [c for c in ROW_COLUMNS if c not in table.column_names]
+        missing = [c for c in CHAIN_COLUMNS if c not in table.column_names]
         if missing:
             raise _fail(rel, f"missing output columns {missing}")
-        table = table.select(ROW_COLUMNS)
-        if not table.schema.equals(ROW_SCHEMA):
-            wrong = next(f.name for f in table.schema if f != ROW_SCHEMA.field(f.name))
-            raise _fail(rel, f"column {wrong!r} is not of evalrun's type {ROW_SCHEMA.field(wrong).type}")
+        table = table.select(list(CHAIN_COLUMNS))
+        if not table.schema.equals(CHAIN_SCHEMA):
+            wrong = next(f.name for f in table.schema if f != CHAIN_SCHEMA.field(f.name))
+            raise _fail(rel, f"column {wrong!r} is not of evalrun's type {CHAIN_SCHEMA.field(wrong).type}")
         return table.to_pylist()
     except (pa.ArrowException, OSError, ValueError, IndexError, KeyError) as exc:
         raise _fail(rel, f"unreadable Parquet part ({type(exc).__name__}: {exc})") from exc

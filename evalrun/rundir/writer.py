@@ -19,6 +19,7 @@ import pyarrow.parquet as pq
 
 from evalrun.errors import BadInput
 from evalrun.records.canonical import canonical_json, file_sha256, sha256_hex
+from evalrun.records.formats import RecordModel
 from evalrun.rundir.layout import LOCK, LOG, OUTPUTS, PART_PATTERN, RECORD, SCORES, SUMMARY, RunDir
 
 
@@ -155,5 +156,7 @@ class PartWriter:
         return True
 
 
-def write_json(path: Path, value: Any) -> str:
-    return write_atomic(path, (canonical_json(value) + "\n").encode("utf-8"))
+def write_json(path: Path, value: RecordModel | Any) -> str:
+    """Write a record (or any JSON value) as canonical JSON and a newline; returns its sha256."""
+    data = value.as_record() if isinstance(value, RecordModel) else value
+    return write_atomic(path, (canonical_json(data) + "\n").encode("utf-8"))

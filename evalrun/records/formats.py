@@ -1,0 +1,297 @@
+"""Every JSON document evalrun writes or reads, defined once and typed (docs/design.md "Record formats").
+
+The models are pydantic v2 models: pydantic is the project's choice for typed records (a declared
+dependency, also used for the config), for its strict validation of untrusted input with errors
+that name the field. Every record model is frozen, forbids unknown fields and is strict (no
+coercion: a ``"1"`` is not an int, a ``1`` is not a bool, no NaN or infinity), so what parses is
+exactly what evalrun could have written. A model's :meth:`RecordModel.as_record` is the JSON
+object as written; ``canonical_json(model.as_record())`` is its canonical text.
+
+Absent versus null: a field that has the default ``None`` is *left out* when it is None, never
+written as null (and an explicit null for it is refused on input), so optional fields stay absent
+as they always were; a required field whose type allows None is written as null.
+
+Chain entries are in :mod:`evalrun.records.entries`, output and score rows in
+:mod:`evalrun.records.outputs`; every ``*_FORMAT`` name of a written record is here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from typing import Annotated, Any, ClassVar, Literal
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    JsonValue,
+    SerializerFunctionWrapHandler,
+    StringConstraints,
+    ValidationError,
+    model_serializer,
+    model_validator,
+)
+
+from evalrun.records.canonical import MAX_SAFE_INTEGER
+
+SCHEDULE_FORMAT = "evalrun.schedule/1"  # an episode chain's header (the schedule the chain follows)
+RECORD_FORMAT = "evalrun.record/1"  # record.json
+MANIFEST_FORMAT = "evalrun.manifest/1"  # manifest.json
+SUMMARY_FORMAT = "evalrun.summary/2"  # summary.json, as new runs write it
+SUMMARY_FORMATS = ("evalrun.summary/1", "evalrun.summary/2")  # /1: clustered normal interval; /2: bounded for 0/1
+PROOF_FORMAT = "evalrun.proof/1"  # evalrun prove
+COMPARE_FORMAT = "evalrun.compare/1"  # evalrun compare --json
+NONDET_FORMAT = "evalrun.nondet/1"  # evalrun nondet --json
+VERIFY_FORMAT = "evalrun.verify/1"  # evalrun verify --json
+RESCORE_FORMAT = "evalrun.rescore/1"  # evalrun rescore --json
+REPLAY_FORMAT = "evalrun.replay/1"  # evalrun replay --json
+STATEMENT_TYPE = "https://in-toto.io/Statement/v1"  # attestation.intoto.json
+PREDICATE_TYPE = "https://evalrun.dev/attestation/run/v1"
+PAYLOAD_TYPE = "application/vnd.in-toto+json"  # DSSE payload type of a signed attestation
+
+Hex64 = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
+"""A SHA-256 digest: 64 lowercase hex digits."""
+
+DecimalString = Annotated[str, StringConstraints(pattern=r"^[0-9]+$")]
+"""An unsigned integer written as a decimal string (64-bit seeds: JSON numbers stop at 2**53)."""
+
+JsonInt = Annotated[int, Field(ge=-MAX_SAFE_INTEGER, le=MAX_SAFE_INTEGER)]
+"""An integer canonical JSON can hold exactly (RFC 8785 numbers are IEEE doubles)."""
+
+Count = Annotated[int, Field(ge=0, le=MAX_SAFE_INTEGER)]
+
+
+def _read_as_jcs(value: Any) -> Any:
+    """An untyped JSON value as RFC 8785 reads it: every number is a double, so an integer literal
+    beyond 2**53 (how canonical JSON writes a large integral double, 1e20 as 100000000000000000000)
+    is that double."""
+    if type(value) is int and not -MAX_SAFE_INTEGER <= value <= MAX_SAFE_INTEGER:
+        try:
+            return float(value)
+        except OverflowError:
+            raise ValueError("a number beyond the range of JSON numbers") from None
+    if type(value) is list:
+        return [_read_as_jcs(v) for v in value]
+    if type(value) is dict:
+        return {k: _read_as_jcs(v) for k, v in value.items()}
+    return value
+
+
+Json = Annotated[JsonValue, AfterValidator(_read_as_jcs)]
+"""Any JSON value (tool arguments and results), its numbers read as canonical JSON writes them."""
+
+
+class RecordModel(BaseModel):
+    """A record evalrun writes: frozen, strict, no unknown fields. A record with optional fields
+    derives from :class:`OptionalFields` (checked when the class is made)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True, allow_inf_nan=False)
+
+    absent_when_none: ClassVar[frozenset[str]] = frozenset()
+
+    @classmethod
+    def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
+        super().__pydantic_init_subclass__(**kwargs)
+        absent = frozenset(
+            field.serialization_alias or field.alias or name
+            for name, field in cls.model_fields.items()
+            if not field.is_required() and field.default is None
+        )
+        if absent and not issubclass(cls, OptionalFields):
+            raise TypeError(f"{cls.__name__} has optional fields {sorted(absent)}: derive it from OptionalFields")
+        cls.absent_when_none = absent
+
+    def as_record(self) -> dict[str, Any]:
+        """The JSON object as written (pass it to ``canonical_json``)."""
+        return self.model_dump(by_alias=True)
+
+
+class OptionalFields(RecordModel):
+    """A record with optional fields (default None): left out when None, and an explicit null refused.
+
+    Only such records pay for the two Python hooks below; the others validate and dump in pydantic-core alone.
+    """
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_null_for_absent(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            for key in cls.absent_when_none:
+                if key in data and data[key] is None:
+                    raise ValueError(f"{key!r} is left out when it has no value, never written as null")
+        return data
+
+    @model_serializer(mode="wrap")
+    def _leave_out_absent(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        for key in self.absent_when_none:
+            if key in data and data[key] is None:
+                del data[key]
+        return data
+
+
+def first_error(exc: ValidationError, tags: Collection[str] = ()) -> tuple[str, str]:
+    """(dotted field path, message) of a validation error's first problem, for BadInput/CheckFailed;
+    a leading union tag in ``tags`` is left out of the path."""
+    error = exc.errors(include_url=False)[0]
+    loc = error["loc"][1:] if error["loc"] and error["loc"][0] in tags else error["loc"]
+    where = ".".join(str(part) for part in loc) or "(top level)"
+    if error["type"] == "missing":
+        return where, "missing"
+    return where, error["msg"]
+
+
+class Generator(RecordModel):
+    """Who wrote a run: in every chain header and in the manifest."""
+
+    name: str
+    version: str
+    git_commit: str | None
+
+
+# --- record.json -------------------------------------------------------------------------------
+
+
+class EpisodeCounts(RecordModel):
+    planned: Count
+    written: Count
+
+
+class Record(OptionalFields):
+    """record.json, written last: a run directory without it is not a result."""
+
+    format: Literal["evalrun.record/1"] = RECORD_FORMAT
+    episodes: EpisodeCounts
+    parts: Count
+    output_tokens: Count | None = None
+    merkle_root: Hex64
+    digest: Hex64
+    manifest_sha256: Hex64
+    files: dict[str, Hex64]  # relative path -> sha256, for every file of the run but record.json itself
+    dispatch: dict[str, Any] | None = None  # retries, restarts, events, resumed, kept_parts
+    ended_at: str | None = None  # ISO 8601, UTC
+
+
+# --- summary.json ------------------------------------------------------------------------------
+
+
+class Estimate(OptionalFields):
+    """One metric's estimate over items (see :mod:`evalrun.stats.estimates`)."""
+
+    mean: float
+    se: float | None
+    ci95: list[float] | None  # [low, high]
+    interval: str | None = None  # which interval ci95 is (evalrun.summary/2 names it; /1 does not)
+    spread: float
+    n_items: Count
+    trials_per_item: float
+    n_observations: Count
+
+
+class Summary(RecordModel):
+    """summary.json: per task and overall, every metric's estimate. ``format`` (one of
+    :data:`SUMMARY_FORMATS`) and ``method`` say how the estimates and intervals were computed."""
+
+    format: str
+    method: str
+    tasks: dict[str, dict[str, Estimate]]
+    overall: dict[str, Estimate]
+
+
+# --- manifest.json -----------------------------------------------------------------------------
+
+
+class DigestRecord(RecordModel):
+    """The run's digest and its three parts (docs/design.md "Manifest")."""
+
+    prompt_pack: Hex64
+    seed_set: Hex64
+    scoring: Hex64
+    digest: Hex64  # sha256(prompt_pack + seed_set + scoring)
+
+
+class Manifest(OptionalFields):
+    """manifest.json: how a run was made. The top level is typed; config sections stay JSON objects."""
+
+    format: Literal["evalrun.manifest/1"] = MANIFEST_FORMAT
+    identity: dict[str, Any]  # what decides what the run computes; resume refuses a run whose identity changed
+    digest: DigestRecord
+    digest_inputs: dict[str, Any] | None = None  # part -> the exact record its hash covers
+    task: dict[str, Any]
+    limit: JsonInt | None
+    episodes: Count
+    model: dict[str, Any]
+    judge_model: dict[str, Any] | None
+    engine: dict[str, Any]
+    decoding: dict[str, Any]
+    seeds: dict[str, Any]
+    determinism: dict[str, Any]
+    cluster: dict[str, Any]
+    workers: list[dict[str, Any]]
+    generator: Generator
+    libraries: dict[str, Any]
+    python: str
+    git: dict[str, Any]
+    hardware: dict[str, Any]
+    started_at: str  # ISO 8601, UTC
+
+
+# --- attestation.intoto.json -------------------------------------------------------------------
+
+
+class SubjectDigest(RecordModel):
+    sha256: Hex64
+
+
+class Subject(RecordModel):
+    name: str
+    digest: SubjectDigest
+
+
+class AttestationPredicate(RecordModel):
+    """What the attestation states of a run, beyond its files' digests: copied from record.json."""
+
+    merkle_root: Hex64
+    digest: Hex64
+    manifest_sha256: Hex64
+    episodes: EpisodeCounts
+    record_format: str
+
+
+class Statement(RecordModel):
+    """An in-toto Statement v1 over record.json and every file it lists."""
+
+    type_: Literal["https://in-toto.io/Statement/v1"] = Field(default=STATEMENT_TYPE, alias="_type")
+    subject: list[Subject]
+    predicateType: Literal["https://evalrun.dev/attestation/run/v1"] = PREDICATE_TYPE  # in-toto's name
+    predicate: AttestationPredicate
+
+
+class Signature(OptionalFields):
+    keyid: str | None = None
+    sig: str  # base64
+
+
+class Envelope(RecordModel):
+    """A DSSE envelope (https://github.com/secure-systems-lab/dsse) around a canonical Statement."""
+
+    payloadType: str  # DSSE's name
+    payload: str  # base64 of the canonical JSON of the Statement
+    signatures: list[Signature] = Field(min_length=1)
+
+
+# --- evalrun prove -----------------------------------------------------------------------------
+
+
+class Proof(RecordModel):
+    """An inclusion proof: one episode against a run's Merkle root, its chain disclosed."""
+
+    format: Literal["evalrun.proof/1"] = PROOF_FORMAT
+    episode_id: str
+    head: Hex64
+    leaf_index: Count
+    tree_size: Annotated[int, Field(ge=1, le=MAX_SAFE_INTEGER)]
+    path: list[Hex64]  # RFC 6962 audit path, leaf to root
+    root: Hex64
+    lines: list[str] = []  # the episode's chain lines
