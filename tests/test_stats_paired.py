@@ -101,4 +101,5 @@ def test_estimate_keeps_its_output_keys() -> None:
     est = estimate([("a", 0, 1.0), ("b", 0, 0.0)])
     assert set(est.__dataclass_fields__) == {
         "mean", "se", "ci95", "spread", "n_items", "trials_per_item", "n_observations",
+        "interval",  # which interval ci95 is (summary/2 names it; summary/1 leaves it out)
     }  # fmt: skip

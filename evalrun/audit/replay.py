@@ -7,24 +7,35 @@ not asked: :class:`evalrun.engines.replay.ReplayEngine` answers each call from t
 by (episode, call) and checked by request hash. Each episode's header reuses the recorded
 generator, so an unchanged run reproduces its heads at any later commit.
 
+Only the code that recorded a run can *reproduce* it. The report compares the generators the run
+recorded (each chain header's and the manifest's ``generator``, with the manifest's git dirty
+flag) with the code replaying it (:func:`evalrun.pipeline.manifest.generator_info`), and its
+verdict says which it was: "reproduced with the recording code", or "replayed with different
+code ...: this tests the new code, it is not a reproduction". Overrides likewise make a replay a
+test of the changed config.
+
 A schedule whose ``format`` this code does not know is refused (BadInput, exit 2).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import pyarrow.parquet as pq
 
-from evalrun.config import load_stored, validate
+from evalrun.config import EvalConfig, load_stored, validate
 from evalrun.engines.replay import Divergence, RecordedCall, ReplayEngine
 from evalrun.pipeline import encode
+from evalrun.pipeline.environment import git_state
 from evalrun.pipeline.harness import EpisodeResult, run_episodes
+from evalrun.pipeline.manifest import generator_info
 from evalrun.pipeline.plan import Episode, build_plan
 from evalrun.records.canonical import Canonical, canonical_json
 from evalrun.records.chain import link
+from evalrun.records.entries import MODEL_CALLS, HeaderEntry
 from evalrun.records.merkle import merkle_root
 from evalrun.rundir import layout
 from evalrun.rundir.reader import iter_chains, load_record, open_run, part_pairs
@@ -40,12 +51,107 @@ class Recorded:
 
 
 @dataclass(frozen=True)
+class CodeIdentity:
+    """Who recorded the run and who replays it."""
+
+    recorded: tuple[dict[str, Any], ...]  # distinct generators: chain headers' and the manifest's
+    recorded_dirty: bool | None  # the manifest's git.dirty (None: not recorded)
+    current: dict[str, Any]  # generator_info() of the code replaying
+    current_dirty: bool | None
+
+    @property
+    def same_code(self) -> bool:
+        """One recorded generator, equal to the current one, both at a known commit with no uncommitted changes."""
+        return (
+            list(self.recorded) == [self.current]
+            and self.current.get("git_commit") is not None
+            and self.recorded_dirty is False
+            and self.current_dirty is False
+        )
+
+    def describe(self) -> str:
+        recorded = ", ".join(_describe(g, self.recorded_dirty) for g in self.recorded) or "no generator"
+        if self.same_code:
+            return recorded
+        return f"recorded {recorded}, now {_describe(self.current, self.current_dirty)}"
+
+
+def _describe(generator: dict[str, Any], dirty: bool | None) -> str:
+    commit = generator.get("git_commit") or "unknown commit"
+    state = {True: " with uncommitted changes", None: " (working tree state unknown)"}.get(dirty, "")
+    return f"{commit}/{generator.get('version')}{state}"
+
+
+@dataclass(frozen=True)
 class ReplayReport:
     episodes: int
     reproduced: int  # episodes whose every line, and so head, came out identical
     divergences: tuple[Divergence, ...]  # the first per diverging episode, in episode id order
     root_matches: bool
     scores_identical: bool | None  # None when some episode diverged (scores not compared)
+    code: CodeIdentity
+    overrides: tuple[str, ...] = ()
+
+    @property
+    def same_code(self) -> bool:
+        return self.code.same_code
+
+    @property
+    def matches(self) -> bool:
+        """Every head, the Merkle root and the scores came out as recorded."""
+        return not self.divergences and self.root_matches and self.scores_identical is True
+
+    @property
+    def verdict(self) -> str:
+        if self.matches:
+            outcome = "every head, the Merkle root and the scores came out as recorded"
+        elif self.divergences:
+            outcome = f"{len(self.divergences)} of {self.episodes} episodes diverge"
+        else:
+            root = "matches" if self.root_matches else "differs"
+            scores = "are identical" if self.scores_identical else "differ"
+            outcome = f"every head came out as recorded, but the Merkle root {root} and the scores {scores}"
+        overrides = f" with overrides ({' '.join(self.overrides)})" if self.overrides else ""
+        if not self.same_code:
+            return (f"replayed with different code ({self.code.describe()}){overrides}: {outcome}; "
+                    "this tests the new code, it is not a reproduction")  # fmt: skip
+        if self.overrides:
+            return (f"replayed with the recording code ({self.code.describe()}){overrides}: {outcome}; "
+                    "this tests the changed config, it is not a reproduction")  # fmt: skip
+        if self.matches:
+            return f"reproduced with the recording code ({self.code.describe()}): {outcome}"
+        return f"not reproduced with the recording code ({self.code.describe()}): {outcome}"
+
+    def as_record(self) -> dict[str, Any]:
+        return {
+            "verdict": self.verdict,
+            "same_code": self.same_code,
+            "matches": self.matches,
+            "episodes": self.episodes,
+            "reproduced": self.reproduced,
+            "root_matches": self.root_matches,
+            "scores_identical": self.scores_identical,
+            "divergences": [
+                {"episode": d.episode, "seq": d.seq, "expected": d.expected, "got": d.got} for d in self.divergences
+            ],
+            "code": {**asdict(self.code), "recorded": list(self.code.recorded)},
+            "overrides": list(self.overrides),
+        }
+
+
+def code_identity(manifest: dict[str, Any], recorded: dict[str, Recorded]) -> CodeIdentity:
+    """The generators the run recorded against the code running now."""
+    generators = {r.generator for r in recorded.values()}
+    if isinstance(manifest.get("generator"), dict):
+        generators.add(Canonical(canonical_json(manifest["generator"])))
+    git = manifest.get("git") if isinstance(manifest.get("git"), dict) else {}
+    dirty = git.get("dirty")
+    return CodeIdentity(
+        recorded=tuple(json.loads(g) for g in sorted(generators)),
+        recorded_dirty=dirty if isinstance(dirty, bool) else None,
+        current=generator_info(),
+        current_dirty=git_state()["dirty"],
+    )
 
 
 def load_recording(run: layout.RunDir) -> tuple[dict[str, Recorded], dict[tuple[str, int], RecordedCall]]:
@@ -55,19 +161,21 @@ def load_recording(run: layout.RunDir) -> tuple[dict[str, Recorded], dict[tuple[
     prompt_tokens = dict(zip(*run.read_outputs(["episode_id", "prompt_tokens"]).to_pydict().values(), strict=True))
     for log_rel, _out_rel in part_pairs(run, record):
         for eid, entries, lines, head, _start in iter_chains(run.path / log_rel, log_rel, known_format_only=True):
-            generator = Canonical(canonical_json(entries[0]["generator"]))
+            header = entries[0]
+            assert isinstance(header, HeaderEntry)  # the reader starts every chain with a header
+            generator = Canonical(canonical_json(header.generator.as_record()))
             recorded[eid] = Recorded(lines=tuple(lines), head=head, generator=generator)
             for entry in entries:
-                if entry["kind"] == "model":
-                    calls[(eid, entry["call"])] = RecordedCall(
-                        episode_id=eid, seq=entry["seq"], call=entry["call"], request=entry["request"],
-                        request_hash=entry["request_hash"], response=entry["response"],
+                if isinstance(entry, MODEL_CALLS):
+                    calls[(eid, entry.call)] = RecordedCall(
+                        episode_id=eid, seq=entry.seq, call=entry.call, request=entry.request.as_record(),
+                        request_hash=entry.request_hash, response=entry.response.as_record(),
                         prompt_tokens=prompt_tokens.get(eid, 0),
                     )  # fmt: skip
     return recorded, calls
 
 
-def replay_config(run: layout.RunDir, overrides: list[str]) -> Any:
+def replay_config(run: layout.RunDir, overrides: list[str]) -> EvalConfig:
     """The run's resolved config over the current schema, with overrides; the model is not needed."""
     cfg = load_stored(run.config, overrides)
     cfg.model.path = None  # replay serves recorded responses: the weights need not be here
@@ -94,7 +202,7 @@ def replay_run(path: Path, overrides: list[str]) -> ReplayReport:
     config = replay_config(run, overrides)
     task = load_task(config)
     config = config.with_decoding(task.pack.decoding)
-    episodes = build_plan(task, config.section("decoding"), config.section("seeds"))
+    episodes = build_plan(task, config.decoding, config.seeds)
     engine = ReplayEngine(calls)
     divergences: list[Divergence] = []
     results: list[EpisodeResult] = []
@@ -112,15 +220,16 @@ def replay_run(path: Path, overrides: list[str]) -> ReplayReport:
     divergences.sort(key=lambda d: d.episode)
     heads = {r.episode.episode_id: r.head for r in results}
     record = run.read_json(layout.RECORD)
+    manifest = run.read_json(layout.MANIFEST)
     scores_identical = None
     if not divergences:
         provenance = encode.Provenance(worker="replay", hardware="{}", batch_size=1, latency_s=0.0)
-        context = ScoringContext.recorded(run.read_json(layout.MANIFEST), task.rubric)
-        scores = score_outputs(encode.output_rows(results, provenance), config.section("task")["scorer"], context)
+        context = ScoringContext.recorded(manifest, task.rubric)
+        scores = score_outputs(encode.output_rows(results, provenance), config.task.scorer, context)
         recorded_scores = pq.read_table(run.scores)
         scores_identical = recorded_scores.schema.equals(scores.schema) and recorded_scores.equals(scores)
     return ReplayReport(
         episodes=len(recorded), reproduced=len(results), divergences=tuple(divergences),
         root_matches=not divergences and merkle_root(heads.items()) == record["merkle_root"],
-        scores_identical=scores_identical,
+        scores_identical=scores_identical, code=code_identity(manifest, recorded), overrides=tuple(overrides),
     )  # fmt: skip

@@ -12,17 +12,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import yaml
 
+from evalrun.config import Override, ScorerConfig, parse_overrides
 from evalrun.errors import BadInput, CheckFailed
 from evalrun.records.canonical import canonical_hash
 from evalrun.rundir import layout, writer
 from evalrun.rundir.reader import open_run
-from evalrun.scoring import SCORER_VERSIONS, ScoringContext, make_scorer, score_columns, score_outputs, scoring_hash
+from evalrun.scoring import ScoringContext, make_scorer, score_columns, score_outputs, scorer_version, scoring_hash
 from evalrun.stats.summary import summarize
 from evalrun.tasks.rubric import load_rubric
 
@@ -48,29 +48,43 @@ class RescoreReport:
     written: Path | None
 
 
-def recorded_scorer(run: layout.RunDir) -> dict[str, Any]:
+def recorded_scorer(run: layout.RunDir) -> ScorerConfig:
+    """The run's ``task.scorer`` settings (config.yaml), over the current defaults as a stored config is read."""
     try:
         raw = yaml.safe_load(run.config.read_text(encoding="utf-8"))
-        return dict(raw["task"]["scorer"])
+        record = dict(raw["task"]["scorer"])
     except (OSError, yaml.YAMLError, KeyError, TypeError) as exc:
         raise BadInput(layout.CONFIG, f"expected the run's resolved config with task.scorer ({exc})") from exc
+    return ScorerConfig.from_record({**ScorerConfig().as_record(), **record})
 
 
-def apply_overrides(spec: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """``KEY=VALUE`` over the scorer spec; KEY may be written ``task.scorer.KEY`` or ``scorer.KEY``."""
-    spec = dict(spec)
-    for override in overrides:
-        key, sep, value = override.partition("=")
-        key = key.removeprefix("task.").removeprefix("scorer.")
-        if not sep or key not in spec:
-            raise BadInput(override, f"expected KEY=VALUE with KEY one of {sorted(spec)}")
-        spec[key] = yaml.safe_load(value)
-    try:
-        if spec["name"] not in ("choice", "rubric"):  # those two read whole rows; their context is checked apart
-            make_scorer(spec)
-    except (ValueError, KeyError, TypeError) as exc:
-        raise BadInput("scorer", f"not a valid scorer ({exc})") from exc
-    return spec
+SCORER_SETTINGS = tuple(ScorerConfig().as_record())
+
+
+def _scorer_key(override: Override) -> str | None:
+    """The scorer setting an override sets (``KEY``, ``scorer.KEY`` or ``task.scorer.KEY``); None for another key."""
+    key = override.key
+    for prefix in ("task.scorer.", "scorer."):
+        if key.startswith(prefix):
+            key = key[len(prefix) :]
+            break
+    return key if key in SCORER_SETTINGS else None
+
+
+def split_overrides(overrides: list[str]) -> tuple[dict[str, object], Path | None]:
+    """The scorer settings and the rubric file (``task.rubric=PATH`` or ``rubric=PATH``) that ``overrides`` set."""
+    settings: dict[str, object] = {}
+    rubric = None
+    for override in parse_overrides(overrides, plain=True):
+        key = _scorer_key(override)
+        if key is not None:
+            settings[key] = override.value
+        elif override.key in ("task.rubric", "rubric") and isinstance(override.value, str):
+            rubric = Path(override.value).expanduser().resolve()
+        else:
+            names = ", ".join(SCORER_SETTINGS)
+            raise BadInput(override.text, f"expected KEY=VALUE with KEY a scorer setting ({names}) or task.rubric")
+    return settings, rubric
 
 
 def _diffs(old: pa.Table, new: pa.Table) -> tuple[TaskDiff, ...]:
@@ -92,18 +106,6 @@ def _diffs(old: pa.Table, new: pa.Table) -> tuple[TaskDiff, ...]:
         )
         for t, m in pairs
     )
-
-
-def _rubric_override(overrides: list[str]) -> tuple[Path | None, list[str]]:
-    """``task.rubric=PATH`` (or ``rubric=PATH``) apart from the scorer overrides."""
-    rubric, rest = None, []
-    for override in overrides:
-        key, sep, value = override.partition("=")
-        if sep and key.removeprefix("task.") == "rubric":
-            rubric = Path(value).expanduser().resolve()
-        else:
-            rest.append(override)
-    return rubric, rest
 
 
 def recorded_context(run: layout.RunDir, rubric_path: Path | None) -> tuple[ScoringContext, bool]:
@@ -132,14 +134,15 @@ def recorded_context(run: layout.RunDir, rubric_path: Path | None) -> tuple[Scor
 def rescore_run(path: Path, overrides: list[str]) -> RescoreReport:
     run = open_run(path)
     recorded = recorded_scorer(run)
-    rubric_path, overrides = _rubric_override(overrides)
+    settings, rubric_path = split_overrides(overrides)
     context, rubric_changed = recorded_context(run, rubric_path)
-    spec = apply_overrides(recorded, overrides)
+    spec = ScorerConfig.from_record({**recorded.as_record(), **settings})
+    make_scorer(spec, context)  # a BadInput names a setting the scorer cannot use
     new = score_outputs(run.read_outputs(score_columns(spec)), spec, context)
     old_bytes = run.scores.read_bytes()
     old = pq.read_table(pa.BufferReader(old_bytes))
     old_versions = set(old.column("scorer_version").to_pylist()) if "scorer_version" in old.column_names else set()
-    scorer_changed = spec != recorded or rubric_changed or old_versions - {SCORER_VERSIONS[spec["name"]]} != set()
+    scorer_changed = spec != recorded or rubric_changed or old_versions - {scorer_version(spec)} != set()
     identical = old.schema.equals(new.schema) and old.equals(new)
     new_bytes = writer.table_bytes(new)
     if identical:
@@ -148,28 +151,14 @@ def rescore_run(path: Path, overrides: list[str]) -> RescoreReport:
     out_dir.mkdir(parents=True, exist_ok=True)
     writer.write_atomic(out_dir / layout.SCORES, new_bytes)
     writer.write_json(out_dir / layout.SUMMARY, summarize(new))
-    writer.write_json(out_dir / "scorer.json", {**spec, "context": context.as_record()})
+    writer.write_json(out_dir / "scorer.json", {**spec.as_record(), "context": context.as_record()})
     diffs = _diffs(old, new)
     report = RescoreReport(new.num_rows, scorer_changed, False, False, diffs, out_dir)
     if not scorer_changed:
         changed = sum(d.changed_episodes for d in diffs)
         raise CheckFailed(
-            f"{layout.SCORES}: rescoring with the recorded scorer {spec['name']} version "
-            f"{SCORER_VERSIONS[spec['name']]} gives different scores ({changed} rows differ; new scores in "
+            f"{layout.SCORES}: rescoring with the recorded scorer {spec.name} version "
+            f"{scorer_version(spec)} gives different scores ({changed} rows differ; new scores in "
             f"{out_dir}): the scorer code changed without a version bump, or the outputs changed"
         )
     return report
-
-
-def format_report(report: RescoreReport) -> str:
-    if report.identical:
-        kind = "bit-identical" if report.bytes_identical else "identical values (Parquet bytes differ)"
-        return f"rescored {report.rows} rows: {kind} to scores.parquet"
-    lines = [f"rescored {report.rows} rows with a changed scorer; new scores in {report.written}",
-             f"{'task':<20} {'metric':<16} {'old':>9} {'new':>9} {'delta':>9} {'changed':>8}"]  # fmt: skip
-    for d in report.diffs:
-        delta = None if d.old_mean is None or d.new_mean is None else d.new_mean - d.old_mean
-        cells = [f"{v:+.4f}" if v is not None and i == 2 else (f"{v:.4f}" if v is not None else "-")
-                 for i, v in enumerate((d.old_mean, d.new_mean, delta))]  # fmt: skip
-        lines.append(f"{d.task:<20} {d.metric:<16} {cells[0]:>9} {cells[1]:>9} {cells[2]:>9} {d.changed_episodes:>8}")
-    return "\n".join(lines)

@@ -10,8 +10,9 @@ Order of checks (the first failure is reported, naming file, line, episode and s
    output row's head equals its chain's head and its fields equal what the chain recorded.
 3. The sha256 of every file record.json lists (this also catches changes the structure allows,
    such as two whole chains swapped).
-4. Counts, the Merkle root (and ``--expect-root``), the manifest digest from its parts, scores
-   against outputs, summary.json from scores.parquet.
+4. Counts, the Merkle root (and ``--expect-root``), the manifest digest from its parts and each
+   part from what the manifest records (:mod:`evalrun.audit.digest_check`), scores against
+   outputs, summary.json from scores.parquet (in the summary format it declares).
 5. attestation.intoto.json if present (and its Ed25519 signature when a public key is given).
 """
 
@@ -33,27 +34,28 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from evalrun.audit.digest_check import check_digest
 from evalrun.errors import CheckFailed
-from evalrun.records.canonical import canonical_hash, canonical_json, combine, file_sha256, sha256_hex
-from evalrun.records.chain import GENESIS, SCHEDULE_FORMAT
-from evalrun.records.merkle import leaf_hash, root_of_leaf_hashes
-from evalrun.rundir import attest, layout
-from evalrun.rundir.reader import (
-    ROW_COLUMNS,
-    ROW_SCHEMA,
-    iter_chains,
-    load_record,
-    open_run,
-    part_pairs,
-    read_output_part,
+from evalrun.records.canonical import MAX_SAFE_INTEGER, canonical_json, file_sha256, sha256_hex
+from evalrun.records.chain import GENESIS
+from evalrun.records.entries import (
+    Entry,
+    HeaderEntry,
+    JudgeEntry,
+    LoglikelihoodEntry,
+    LoglikelihoodResponse,
+    ModelEntry,
+    SamplingRecord,
 )
-from evalrun.stats.summary import summarize
+from evalrun.records.formats import SCHEDULE_FORMAT, Generator, Record, RecordModel
+from evalrun.records.merkle import leaf_hash, root_of_leaf_hashes
+from evalrun.records.outputs import CHAIN_COLUMNS, CHAIN_SCHEMA, STAGED_COLUMNS
+from evalrun.rundir import attest, layout
+from evalrun.rundir.reader import iter_chains, load_record, open_run, part_pairs, read_output_part
+from evalrun.stats.summary import resummarize
 
 _string = encode_basestring  # JCS string escaping (see evalrun.records.canonical)
 _FORMAT = _string(SCHEDULE_FORMAT)
-
-
-STAGED_COLUMNS = ["fewshot_ids", "shuffle_order", "option_logprobs", "judgements"]  # empty for single-call episodes
 
 
 @dataclass(frozen=True)
@@ -75,6 +77,9 @@ class VerifyReport:
     parts: int
     merkle_root: str
     attestation: str  # absent | checked | signature checked | signed, signature not checked
+    # digest part -> how verify checked it: recomputed from digest_inputs | recomputed from the manifest |
+    # not recomputable: no recorded inputs (evalrun.audit.digest_check)
+    digest_parts: dict[str, str] = field(default_factory=dict)
 
 
 def _fail(where: str, message: str) -> CheckFailed:
@@ -84,68 +89,53 @@ def _fail(where: str, message: str) -> CheckFailed:
 # --- one part: chains and output rows --------------------------------------------------------
 
 
-def _row_mismatch(row: dict[str, Any], entries: list[dict[str, Any]]) -> str | None:
-    """The first output column that disagrees with the chain, or None.
-
-    A field the chain lacks (or holds as another type) counts as a difference, never as a crash.
-    """
+def _row_mismatch(row: dict[str, Any], entries: list[Entry]) -> str | None:
+    """The first output column that disagrees with the chain (typed entries, as the reader gives them), or None."""
     header = entries[0]
-    expected: dict[str, Any] = {"task": header.get("task"), "item_id": header.get("item"),
-                                "seed": header.get("seed"), "repeat": header.get("repeat")}  # fmt: skip
-    models = [e for e in entries if e["kind"] == "model"]
-    policy = [e for e in models if "role" not in e]
-    generated = [e for e in policy if "op" not in _dict(e.get("request"))]
-    scored = [e for e in policy if "op" in _dict(e.get("request"))]
-    if generated or scored:
-        request = _dict((generated or scored)[0].get("request"))
-        expected.update(prompt=request.get("prompt"), prompt_sha256=request.get("prompt_sha256"))
+    assert isinstance(header, HeaderEntry)  # the reader starts every chain with a header
+    expected: dict[str, Any] = {"task": header.task, "item_id": header.item, "seed": header.seed,
+                                "repeat": header.repeat}  # fmt: skip
+    generated = [e for e in entries if isinstance(e, ModelEntry)]
+    scored = [e for e in entries if isinstance(e, LoglikelihoodEntry)]
+    first = generated[0] if generated else scored[0] if scored else None
+    if first is not None:
+        expected.update(prompt=first.request.prompt, prompt_sha256=first.request.prompt_sha256)
     if generated:
-        response = _dict(generated[0].get("response"))
-        token_ids = response.get("token_ids")
+        response = generated[0].response
         expected.update(
-            output=response.get("text"), token_ids=token_ids, token_logprobs=response.get("logprobs"),
-            finish_reason=response.get("finish_reason"),
-            output_tokens=len(token_ids) if isinstance(token_ids, list) else None,
+            output=response.text, token_ids=response.token_ids, token_logprobs=response.logprobs,
+            finish_reason=response.finish_reason, output_tokens=len(response.token_ids),
         )  # fmt: skip
     elif scored:
         expected.update(output="", token_ids=[], token_logprobs=[], finish_reason="not_generated", output_tokens=0)
     expected.update(
-        fewshot_ids=header.get("fewshot", []), shuffle_order=header.get("shuffle_order", []),
-        option_logprobs=[_dict(e.get("response")).get("logprob") for e in scored] if scored else None,
-        judgements=_judgements(models),
+        fewshot_ids=header.fewshot or [], shuffle_order=header.shuffle_order or [],
+        option_logprobs=[e.response.logprob for e in scored] if scored else None,
+        judgements=_judgements([e for e in entries if isinstance(e, JudgeEntry)]),
     )  # fmt: skip
     for column, value in expected.items():
         if row[column] != value:
             return column
-    sampling = _dict(header.get("seeds")).get("sampling")
-    if row["seeds"] is not None and sampling is not None and str(row["seeds"]["sampling"]) != sampling:
+    if row["seeds"] is not None and str(row["seeds"]["sampling"]) != header.seeds.sampling:
         return "seeds"
     return None
 
 
-def _judgements(models: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _judgements(judges: list[JudgeEntry]) -> list[dict[str, Any]]:
     """The output row's judgements as the chain's judge entries give them, in call order."""
-    judged: dict[tuple[Any, Any], dict[str, Any]] = {}
-    for entry in models:
-        if entry.get("role") != "judge":
-            continue
-        key = (entry.get("criterion"), entry.get("judge"))
-        order = entry.get("shuffle_order")
-        row = judged.setdefault(key, {"criterion": key[0], "judge": key[1], "shuffle_order": order, "output": None,
-                                      "option_logprobs": None})  # fmt: skip
-        response = _dict(entry.get("response"))
-        if "op" in _dict(entry.get("request")):
-            by_option = row["option_logprobs"] = row["option_logprobs"] or [None] * len(order or [])
-            option = entry.get("option")
-            if isinstance(option, int) and 0 <= option < len(by_option):
-                by_option[option] = response.get("logprob")
+    judged: dict[tuple[str, str], dict[str, Any]] = {}
+    for entry in judges:
+        row = judged.setdefault((entry.criterion, entry.judge), {
+            "criterion": entry.criterion, "judge": entry.judge, "shuffle_order": entry.shuffle_order, "output": None,
+            "option_logprobs": None,
+        })  # fmt: skip
+        if isinstance(entry.response, LoglikelihoodResponse):
+            by_option = row["option_logprobs"] = row["option_logprobs"] or [None] * len(row["shuffle_order"])
+            if entry.option is not None and entry.option < len(by_option):
+                by_option[entry.option] = entry.response.logprob
         else:
-            row["output"] = response.get("text")
+            row["output"] = entry.response.text
     return list(judged.values())
-
-
-def _dict(value: Any) -> dict[str, Any]:
-    return value if isinstance(value, dict) else {}
 
 
 def verify_part(run_path: str, log_rel: str, out_rel: str) -> PartResult:
@@ -198,7 +188,7 @@ def _verify_part_precise(root: Path, log_rel: str, out_rel: str) -> PartResult:
 
 # --- one part, fast path ---------------------------------------------------------------------
 
-_SEED_SLOT = re.compile(r'"seed":"\d+"')
+_SEED_SLOT = re.compile(r'"seed":"[0-9]+"')
 _REQUEST_HASH_KEY = '},"request_hash":"'
 _TAIL = len(_REQUEST_HASH_KEY) + 64
 _SCALAR_COLUMNS = ["episode_id", "task", "item_id", "seed", "repeat", "prompt", "prompt_sha256", "output",
@@ -211,12 +201,14 @@ def _verify_part_fast(log_data: bytes, out_data: bytes) -> PartResult | None:
     It accepts a part only when its chains are, in row order, exactly the three lines that
     :func:`evalrun.pipeline.harness.record_episode` writes, each byte for byte the canonical text rebuilt
     from its output row, apart from four slots checked no less strictly than the precise path
-    checks them: the generator (valid JSON), the request's sampling record (valid JSON; it is
-    hashed into request_hash), request_hash (recomputed exactly as the precise path does) and the
-    response's logprobs (parsed with ``json.loads``, as the precise path parses the whole line, and
-    compared with ``==`` to the row's list, as the precise path compares them). Whatever passes
-    here passes there; anything else, broken or merely unusual, goes to the precise path, which
-    names the first broken thing.
+    checks them: the generator (the canonical JSON of a valid :class:`Generator`), the request's
+    sampling record (the canonical JSON of a valid :class:`SamplingRecord`; it is hashed into
+    request_hash), request_hash (recomputed from the request's text, which is then canonical, as
+    the precise path recomputes it from the canonical request) and the response's logprobs (numbers
+    or nulls, no booleans, parsed with ``json.loads`` and compared with ``==`` to the row's list,
+    which holds finite numbers or nulls, as the precise path compares them). Whatever passes here
+    passes there (tests/test_verify_synthetic.py checks both paths agree); anything else, broken or
+    merely unusual, goes to the precise path, which names the first broken thing.
     """
     try:
         return _fast_part(log_data, out_data)
@@ -229,9 +221,14 @@ def _fast_part(log_data: bytes, out_data: bytes) -> PartResult | None:
         return None
     lines = log_data.decode("utf-8").split("\n")
     lines.pop()  # after the last newline
-    table = pq.read_table(pa.BufferReader(out_data), columns=ROW_COLUMNS)
-    if not table.schema.equals(ROW_SCHEMA):  # so a column holds its type's values or nulls, never another type's
+    table = pq.read_table(pa.BufferReader(out_data), columns=list(CHAIN_COLUMNS))
+    if not table.schema.equals(CHAIN_SCHEMA):  # so a column holds its type's values or nulls, never another type's
         return None
+    if pc.any(pc.invert(pc.is_finite(pc.list_flatten(table.column("token_logprobs"))))).as_py():
+        return None  # a logprob no canonical line can hold
+    low, high = pc.min_max(table.column("seed")).as_py().values()
+    if low is not None and not -MAX_SAFE_INTEGER <= low <= high <= MAX_SAFE_INTEGER:
+        return None  # nor a seed beyond JSON's exact integers
     n = table.num_rows
     if len(lines) != 3 * n:
         return None
@@ -261,8 +258,8 @@ def _fast_part(log_data: bytes, out_data: bytes) -> PartResult | None:
     )  # fmt: skip
     sha256 = hashlib.sha256
     loads = _json_value
-    generators: set[str] = set()  # generator texts found to be valid JSON
-    samplings: set[tuple[str, ...]] = set()  # sampling records, seed left out, found to be valid JSON
+    generators: set[str] = set()  # generator texts found to be canonical records
+    samplings: set[tuple[str, ...]] = set()  # sampling records, seed left out, found to be canonical records
     heads: list[str] = []
     tokens = 0
     triples = iter(lines)
@@ -278,7 +275,7 @@ def _fast_part(log_data: bytes, out_data: bytes) -> PartResult | None:
             return None
         generator = header[len(pre) : len(header) - len(post)]
         if generator not in generators:
-            loads(generator)  # raises unless valid JSON, which is all the precise path asks of it
+            _check_canonical(Generator, generator)
             generators.add(generator)
         h0 = sha256(f"{GENESIS}{header}".encode()).hexdigest()
 
@@ -298,8 +295,9 @@ def _fast_part(log_data: bytes, out_data: bytes) -> PartResult | None:
         # The logprobs slot ends where ``post`` begins. If it parses to the row's list (numbers or
         # nulls), it holds no '"', so the last ``response`` before it is the one that precedes it.
         at = model.rfind(response, len(pre) + _TAIL, stop)
-        if at < 0 or loads(model[at + len(response) : stop]) != logprobs:
-            return None
+        logprobs_text = model[at + len(response) : stop]
+        if at < 0 or "t" in logprobs_text or "f" in logprobs_text or loads(logprobs_text) != logprobs:
+            return None  # ("t" or "f": a boolean, which equals a number but is not one)
         middle = model[len(pre) : at]  # sampling record, request_hash key, request_hash
         request_hash = middle[-64:]
         if middle[-_TAIL:-64] != _REQUEST_HASH_KEY:
@@ -311,12 +309,11 @@ def _fast_part(log_data: bytes, out_data: bytes) -> PartResult | None:
         if sha256(model[marker + len('"request":') : request_end].encode()).hexdigest() != request_hash:
             return None
         sampling = middle[:-_TAIL]
-        # A seed "D" lies inside a string literal wherever it sits in valid JSON (a '"0"' outside
-        # one is no JSON), so the record with any digits there is valid if it is with "0".
+        # The record with any digits as its seed is a canonical record if it is with "0".
         slot = _SEED_SLOT.search(sampling)
         key = (sampling[: slot.start()], sampling[slot.end() :]) if slot else (sampling,)
         if key not in samplings:
-            loads('"seed":"0"'.join(key) if slot else sampling)
+            _check_canonical(SamplingRecord, '"seed":"0"'.join(key) if slot else sampling)
             samplings.add(key)
         h1 = sha256(f"{h0}{model}".encode()).hexdigest()
 
@@ -329,11 +326,18 @@ def _fast_part(log_data: bytes, out_data: bytes) -> PartResult | None:
     return PartResult(heads=dict(zip(eids, heads, strict=True)), entries=3 * n, output_tokens=tokens)
 
 
-_scan_once = json.scanner.make_scanner(json.JSONDecoder())  # type: ignore[attr-defined]
+def _check_canonical(model: type[RecordModel], text: str) -> None:
+    """Raise unless ``text`` is the canonical JSON of a valid ``model`` record."""
+    if canonical_json(model.model_validate_json(text).as_record()) != text:
+        raise ValueError(f"not the canonical JSON of a {model.__name__}")
+
+
+# Integers read as doubles, as RFC 8785 reads every number (canonical JSON writes 2.5e16 as 25000000000000000).
+_scan_once = json.scanner.make_scanner(json.JSONDecoder(parse_int=float))  # type: ignore[attr-defined]
 
 
 def _json_value(text: str) -> Any:
-    """``json.loads(text)`` for text that is exactly one JSON value (no surrounding whitespace).
+    """``json.loads(text)``, integers as floats, for text that is exactly one JSON value (no surrounding whitespace).
 
     Stricter than ``json.loads`` (whitespace raises), which is fine here: a raise sends the part to
     the precise path.
@@ -372,7 +376,8 @@ def _summary_matches(run_path: str) -> bool | None:
         run = layout.RunDir(Path(run_path))
         if not run.summary.exists():
             return True
-        return canonical_json(summarize(pq.read_table(run.scores))) == canonical_json(run.read_json(layout.SUMMARY))
+        stored = run.read_json(layout.SUMMARY)
+        return canonical_json(resummarize(pq.read_table(run.scores), stored)) == canonical_json(stored)
     except Exception:
         return None
 
@@ -380,10 +385,10 @@ def _summary_matches(run_path: str) -> bool | None:
 # --- whole-run checks ------------------------------------------------------------------------
 
 
-def check_file_hashes(run: layout.RunDir, record: dict[str, Any], known: dict[str, str] | None = None) -> None:
+def check_file_hashes(run: layout.RunDir, record: Record, known: dict[str, str] | None = None) -> None:
     """Every file record.json lists, in name order; ``known`` holds hashes already taken of the bytes checked."""
     known = known or {}
-    for rel, expected in sorted(record["files"].items()):
+    for rel, expected in sorted(record.files.items()):
         path = run.path / rel
         if not path.is_file():
             raise _fail(rel, "listed in record.json but missing")
@@ -391,28 +396,29 @@ def check_file_hashes(run: layout.RunDir, record: dict[str, Any], known: dict[st
             raise _fail(rel, "sha256 differs from record.json")
 
 
-def check_manifest(run: layout.RunDir, record: dict[str, Any]) -> dict[str, Any]:
+def check_manifest(run: layout.RunDir, record: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
+    """The manifest, and how each digest part was checked (see :mod:`evalrun.audit.digest_check`)."""
     if file_sha256(run.manifest) != record["manifest_sha256"]:
         raise _fail(layout.MANIFEST, "sha256 differs from record.json manifest_sha256")
     manifest = run.read_json(layout.MANIFEST)
-    digest = manifest.get("digest", {})
-    parts = [digest.get("prompt_pack"), digest.get("seed_set"), digest.get("scoring")]
-    if not all(isinstance(p, str) for p in parts) or combine(parts) != digest.get("digest"):
-        raise _fail(layout.MANIFEST, "digest is not sha256(prompt_pack + seed_set + scoring)")
-    if digest["digest"] != record["digest"]:
+    if not isinstance(manifest, dict):
+        raise _fail(layout.MANIFEST, "not a JSON object")
+    digest_parts = check_digest(manifest, _scorer_versions(run, record) if "digest_inputs" in manifest else ())
+    if manifest["digest"]["digest"] != record["digest"]:
         raise _fail(layout.RECORD, "digest differs from the manifest's")
-    decoding, seeds = manifest.get("decoding"), manifest.get("seeds")
-    template = (manifest.get("task") or {}).get("template") or {}
-    if isinstance(decoding, dict) and "sha256" in template:
-        settings = {k: v for k, v in decoding.items() if k != "name"}
-        pack = canonical_hash({"templates": {"user": template["sha256"]}, "fewshot": [], "decoding": settings})
-        if pack != digest["prompt_pack"]:
-            raise _fail(layout.MANIFEST, "digest.prompt_pack does not match the template sha256 and decoding settings")
-    if isinstance(seeds, dict):
-        seed_set = canonical_hash({"master": seeds["master"], "set": list(seeds["set"]), "repeats": seeds["repeats"]})
-        if seed_set != digest["seed_set"]:
-            raise _fail(layout.MANIFEST, "digest.seed_set does not match the seeds")
-    return manifest
+    return manifest, digest_parts
+
+
+def _scorer_versions(run: layout.RunDir, record: dict[str, Any]) -> set[str]:
+    """The scorer versions scores.parquet holds; empty when there are no scores to read (check_scores
+    names an unreadable file in its turn)."""
+    if layout.SCORES not in record["files"]:
+        return set()
+    try:
+        column = pq.read_table(run.scores, columns=["scorer_version"]).column("scorer_version")
+    except (pa.ArrowException, OSError, ValueError, KeyError):
+        return set()
+    return {str(v) for v in pc.unique(column).to_pylist() if v is not None}
 
 
 def check_scores(run: layout.RunDir, heads: dict[str, str], summary_ok: bool | None = None) -> None:
@@ -428,8 +434,15 @@ def check_scores(run: layout.RunDir, heads: dict[str, str], summary_ok: bool | N
         raise _fail(layout.SCORES, f"episode {missing[0]}: scored episodes differ from the output rows")
     if summary_ok:
         return
-    if run.summary.exists() and canonical_json(summarize(scores)) != canonical_json(run.read_json(layout.SUMMARY)):
-        raise _fail(layout.SUMMARY, "does not match the summary recomputed from scores.parquet")
+    if not run.summary.exists():
+        return
+    try:
+        stored = run.read_json(layout.SUMMARY)
+        recomputed = resummarize(scores, stored)  # in the format (and so with the interval method) it declares
+    except ValueError as exc:  # not JSON, or a format this code does not know
+        raise _fail(layout.SUMMARY, str(exc)) from exc
+    if canonical_json(recomputed) != canonical_json(stored):
+        raise _fail(layout.SUMMARY, f"does not match the {recomputed['format']} summary recomputed from scores.parquet")
 
 
 def verify_run(
@@ -451,7 +464,7 @@ def _verify_run(path: Path, expect_root: str | None, public_key: Path | None, jo
     run = open_run(path)
     record = load_record(run)
     pairs = part_pairs(run, record)
-    results, summary_ok = _verify_parts(run, pairs, jobs, summary=layout.SCORES in record["files"])
+    results, summary_ok = _verify_parts(run, pairs, jobs, summary=layout.SCORES in record.files)
     heads: dict[str, str] = {}
     for index, ((log_rel, _out_rel), part) in enumerate(zip(pairs, results, strict=True)):
         size = len(heads)
@@ -460,28 +473,28 @@ def _verify_run(path: Path, expect_root: str | None, public_key: Path | None, jo
             eid = next(eid for eid in part.heads if any(eid in p.heads for p in results[:index]))
             raise _fail(log_rel, f"episode {eid}: appears in more than one part")
     check_file_hashes(run, record, {rel: h for part in results for rel, h in part.file_hashes.items()})
-    written = record["episodes"].get("written")
+    written = record.episodes.written
     if written != len(heads):
         raise _fail(layout.RECORD, f"episodes.written is {written}, the parts hold {len(heads)} episodes")
-    if record["episodes"].get("planned") != written:
-        raise _fail(layout.RECORD, f"{record['episodes'].get('planned')} episodes planned, {written} written")
+    if record.episodes.planned != written:
+        raise _fail(layout.RECORD, f"{record.episodes.planned} episodes planned, {written} written")
     tokens = sum(p.output_tokens for p in results)
-    if "output_tokens" in record and record["output_tokens"] != tokens:
-        raise _fail(layout.RECORD, f"output_tokens is {record['output_tokens']}, the rows hold {tokens}")
+    if record.output_tokens is not None and record.output_tokens != tokens:
+        raise _fail(layout.RECORD, f"output_tokens is {record.output_tokens}, the rows hold {tokens}")
     # merkle_root(heads.items()), from the leaves hashed with each part (episode ids are unique by now)
     leaves = sorted(pair for part in results for pair in part.leaves)  # merges the parts' sorted runs
     root = root_of_leaf_hashes([h for _eid, h in leaves])
-    if root != record["merkle_root"]:
-        raise _fail(layout.RECORD, f"merkle_root {record['merkle_root']} differs from the root of the heads {root}")
+    if root != record.merkle_root:
+        raise _fail(layout.RECORD, f"merkle_root {record.merkle_root} differs from the root of the heads {root}")
     if expect_root is not None and root != expect_root.lower():
         raise _fail("--expect-root", f"the run's root is {root}, not {expect_root}")
-    manifest = check_manifest(run, record)
+    manifest, digest_parts = check_manifest(run, record.as_record())
     if isinstance(manifest.get("episodes"), int) and manifest["episodes"] != written:
         raise _fail(layout.MANIFEST, f"plans {manifest['episodes']} episodes, the run holds {written}")
-    if layout.SCORES in record["files"]:
+    if layout.SCORES in record.files:
         check_scores(run, heads, summary_ok)
     status = attest.check_attestation(run, record, public_key)
     return VerifyReport(
         run=run.path, episodes=len(heads), log_entries=sum(p.entries for p in results), parts=len(pairs),
-        merkle_root=root, attestation=status,
+        merkle_root=root, attestation=status, digest_parts=digest_parts,
     )  # fmt: skip

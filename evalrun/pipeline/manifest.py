@@ -1,12 +1,14 @@
-"""The run manifest and its three-part digest (DESIGN.md "Manifest and digest").
+"""The run manifest and its three-part digest (docs/design.md "Manifest").
 
 digest = sha256(prompt_pack_hash + seed_set_hash + scoring_hash): each part changes only when
-what it covers changes, so two manifests can be compared field by field.
+what it covers changes, so two manifests can be compared field by field. The exact record each
+part hashes is kept in the manifest as ``digest_inputs``, so ``evalrun verify`` can recompute every
+part and check it against the rest of the manifest.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
@@ -20,10 +22,12 @@ from evalrun.pipeline.environment import (
     python_version,
 )
 from evalrun.records.canonical import canonical_hash, combine
-from evalrun.scoring import ScoringContext, scoring_hash
+from evalrun.records.formats import MANIFEST_FORMAT
+from evalrun.scoring import ScoringContext, scoring_record
 from evalrun.tasks import Task
 
-MANIFEST_FORMAT = "evalrun.manifest/1"
+DIGEST_PARTS = ("prompt_pack", "seed_set", "scoring")
+CHOICE_DISPLAY = ("field", "cannot_assess", "shuffle")  # how options are shown: part of the prompt pack
 
 
 @dataclass(frozen=True)
@@ -31,6 +35,12 @@ class Digest:
     prompt_pack: str
     seed_set: str
     scoring: str
+    # part -> the exact record its hash covers (None for a digest made from hashes alone)
+    inputs: dict[str, dict[str, Any]] | None = field(default=None, compare=False)
+
+    @classmethod
+    def of_inputs(cls, inputs: dict[str, dict[str, Any]]) -> Digest:
+        return cls(*(canonical_hash(inputs[part]) for part in DIGEST_PARTS), inputs=inputs)
 
     @property
     def digest(self) -> str:
@@ -45,32 +55,48 @@ class Digest:
         }
 
 
+def prompt_pack_record(pack: dict[str, Any], choices: dict[str, Any]) -> dict[str, Any]:
+    """What ``digest.prompt_pack`` hashes: the pack's record (templates by content, few-shot pool and
+    settings, effective decoding settings) and, for multiple choice, how options are shown (shuffled
+    or not, the cannot-assess option)."""
+    record = dict(pack)
+    if choices["field"] is not None:
+        record["choices"] = {k: choices[k] for k in CHOICE_DISPLAY}
+    return record
+
+
+def seed_set_record(seeds: dict[str, Any]) -> dict[str, Any]:
+    """What ``digest.seed_set`` hashes."""
+    return {"master": seeds["master"], "set": list(seeds["set"]), "repeats": seeds["repeats"]}
+
+
 def prompt_pack_hash(task: Task, decoding: dict[str, Any]) -> str:
-    """The pack (templates by content, few-shot pool and settings, effective decoding settings) and,
-    for multiple choice, how options are shown (shuffled or not, the cannot-assess option)."""
-    record = task.pack.as_record(decoding)
-    if task.multiple_choice:
-        record["choices"] = {k: task.choices[k] for k in ("field", "cannot_assess", "shuffle")}
-    return canonical_hash(record)
+    return canonical_hash(prompt_pack_record(task.pack.as_record(decoding), task.choices.as_record()))
 
 
 def seed_set_hash(seeds: dict[str, Any]) -> str:
-    return canonical_hash({"master": seeds["master"], "set": list(seeds["set"]), "repeats": seeds["repeats"]})
+    return canonical_hash(seed_set_record(seeds))
 
 
 def scoring_context(config: EvalConfig, task: Task, model: ResolvedModel,
                     judge_model: ResolvedModel | None = None) -> ScoringContext:  # fmt: skip
     """The judges' model is ``judge_model``, or the run's own model when there is none."""
-    return ScoringContext.of(config.section("task"), task.rubric, (judge_model or model).files)
+    return ScoringContext.of(config.task.choices, task.rubric, (judge_model or model).files)
+
+
+def digest_inputs(config: EvalConfig, task: Task, model: ResolvedModel,
+                  judge_model: ResolvedModel | None = None) -> dict[str, dict[str, Any]]:  # fmt: skip
+    """Each digest part's preimage, recorded in the manifest as ``digest_inputs``."""
+    return {
+        "prompt_pack": prompt_pack_record(task.pack.as_record(config.decoding.as_record()), task.choices.as_record()),
+        "seed_set": seed_set_record(config.seeds.as_record()),
+        "scoring": scoring_record(config.task.scorer, scoring_context(config, task, model, judge_model)),
+    }
 
 
 def compute_digest(config: EvalConfig, task: Task, model: ResolvedModel,
                    judge_model: ResolvedModel | None = None) -> Digest:  # fmt: skip
-    return Digest(
-        prompt_pack=prompt_pack_hash(task, config.section("decoding")),
-        seed_set=seed_set_hash(config.section("seeds")),
-        scoring=scoring_hash(config.section("task")["scorer"], scoring_context(config, task, model, judge_model)),
-    )
+    return Digest.of_inputs(digest_inputs(config, task, model, judge_model))
 
 
 def generator_info() -> dict[str, Any]:
@@ -94,19 +120,19 @@ def run_identity(config: EvalConfig, task: Task, model: ResolvedModel, digest: D
             "name": task.name,
             "dataset_sha256": task.dataset_sha256,
             "items": len(task.items),
-            "prompt_pack": task.pack.as_record(config.section("decoding")),
-            "choices": task.choices,
+            "prompt_pack": task.pack.as_record(config.decoding.as_record()),
+            "choices": task.choices.as_record(),
             "rubric": task.rubric.as_record() if task.rubric is not None else None,
-            "scorer": config.section("task")["scorer"],
+            "scorer": config.task.scorer.as_record(),
         },
-        "limit": config.raw["limit"],
+        "limit": config.limit,
         "episodes": episodes,
         "model": _model_identity(model),
         "judge_model": _model_identity(judge_model),
-        "engine": config.section("engine"),
-        "decoding": config.section("decoding"),
-        "seeds": config.section("seeds"),
-        "determinism": config.section("determinism"),
+        "engine": config.engine.as_record(),
+        "decoding": config.decoding.as_record(),
+        "seeds": config.seeds.as_record(),
+        "determinism": config.determinism.as_record(),
         "generator": generator_info(),
     }
 
@@ -128,27 +154,28 @@ def build_manifest(
         "format": MANIFEST_FORMAT,
         "identity": run_identity(config, task, model, digest, episodes, judge_model),
         "digest": digest.as_record(),
+        **({"digest_inputs": digest.inputs} if digest.inputs is not None else {}),
         "task": {
             "name": task.name,
             "dataset": {"path": str(task.dataset_path), "sha256": task.dataset_sha256, "items": len(task.items)},
-            "prompt_pack": {"path": str(task.pack.path), **task.pack.as_record(config.section("decoding"))},
-            "choices": task.choices,
+            "prompt_pack": {"path": str(task.pack.path), **task.pack.as_record(config.decoding.as_record())},
+            "choices": task.choices.as_record(),
             "rubric": None if task.rubric is None else {"path": str(task.rubric.path), **task.rubric.as_record()},
-            "scorer": config.section("task")["scorer"],
+            "scorer": config.task.scorer.as_record(),
         },
-        "limit": config.raw["limit"],
+        "limit": config.limit,
         "episodes": episodes,
         "model": model.as_record(),
         "judge_model": judge_model.as_record() if judge_model is not None else None,
         "engine": workers[0]["engine"],
-        "decoding": config.section("decoding"),
-        "seeds": config.section("seeds"),
+        "decoding": config.decoding.as_record(),
+        "seeds": config.seeds.as_record(),
         "determinism": {
             "asked": workers[0]["determinism"]["asked"],
             "honoured": honoured,
             "notes": sorted({n for w in workers for n in w["determinism"]["notes"]}),
         },
-        "cluster": config.section("cluster"),
+        "cluster": config.cluster.as_record(),
         "workers": [{"worker": w["worker"], "hardware": w["hardware"]} for w in workers],
         "generator": generator_info(),
         "libraries": library_versions(),

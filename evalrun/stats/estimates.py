@@ -2,6 +2,16 @@
 
 Repeats reduce noise within an item; only more items reduce the uncertainty about which items were
 chosen, so intervals are computed over per-item means (a clustered standard error).
+
+Two interval methods (summary.json names its method; docs/design.md "Summary"):
+
+- ``clustered`` (evalrun.summary/1): mean +/- 1.96 x clustered SE. For a 0/1 metric it can leave
+  [0, 1], and it is [1, 1] when every item is right, claiming a certainty a handful of items cannot give.
+- ``bounded`` (evalrun.summary/2): when every value lies in [0, 1] and every per-item mean is 0 or
+  1 (a pass/fail per item; with repeats, every repeat of an item agrees), the Wilson score interval
+  of the proportion of items passed, n = number of items. Otherwise the clustered interval, clipped
+  to [0, 1] when every value lies in [0, 1] (per-item means are then fractions, and a binomial
+  interval over items would not fit them). Values outside [0, 1] keep the clustered interval as is.
 """
 
 from __future__ import annotations
@@ -11,8 +21,13 @@ import statistics
 from collections import defaultdict
 from collections.abc import Hashable, Iterable
 from dataclasses import dataclass
+from typing import Literal
 
 Z_95 = 1.959963984540054
+
+IntervalMethod = Literal["clustered", "bounded"]
+# Which interval an Estimate carries: the normal one, Wilson's, the normal one clipped to [0, 1], or none
+IntervalKind = Literal["clustered", "wilson", "clustered-clipped", "none"]
 
 
 @dataclass(frozen=True)
@@ -24,16 +39,34 @@ class Estimate:
     n_items: int
     trials_per_item: float
     n_observations: int
+    interval: IntervalKind  # how ci95 was computed ("none": one item, no interval)
 
 
-def estimate(observations: Iterable[tuple[Hashable, Hashable, float]]) -> Estimate:
-    """``observations``: (item, trial, value). Mean over item means, normal 95% interval over items."""
+def wilson_interval(proportion: float, n: int) -> tuple[float, float]:
+    """95% Wilson score interval of a proportion observed over ``n`` trials.
+
+    It lies within [0, 1] and holds the proportion; the bounds are clamped so rounding keeps both
+    true (at a proportion of 0 the lower bound is 0 exactly, not 5.6e-17)."""
+    z2 = Z_95 * Z_95
+    scale = 1 + z2 / n
+    centre = (proportion + z2 / (2 * n)) / scale
+    half = Z_95 * math.sqrt(proportion * (1 - proportion) / n + z2 / (4 * n * n)) / scale
+    return max(0.0, min(centre - half, proportion)), min(1.0, max(centre + half, proportion))
+
+
+def estimate(observations: Iterable[tuple[Hashable, Hashable, float]], method: IntervalMethod = "bounded") -> Estimate:
+    """``observations``: (item, trial, value). Mean over item means; 95% interval over items by
+    ``method`` (see the module docstring); no interval with a single item."""
+    if method not in ("clustered", "bounded"):
+        raise ValueError(f"unknown interval method {method!r}")
     by_item: dict[Hashable, list[float]] = defaultdict(list)
     by_trial: dict[Hashable, list[float]] = defaultdict(list)
     n = 0
+    unit = True  # every value lies in [0, 1]
     for item, trial, value in observations:
         by_item[item].append(value)
         by_trial[trial].append(value)
+        unit = unit and 0.0 <= value <= 1.0
         n += 1
     if n == 0:
         raise ValueError("no observations")
@@ -41,9 +74,14 @@ def estimate(observations: Iterable[tuple[Hashable, Hashable, float]]) -> Estima
     mean = math.fsum(item_means) / len(item_means)
     se = None
     ci = None
+    kind: IntervalKind = "none"
     if len(item_means) > 1:
         se = statistics.stdev(item_means) / math.sqrt(len(item_means))
-        ci = (mean - Z_95 * se, mean + Z_95 * se)
+        ci, kind = (mean - Z_95 * se, mean + Z_95 * se), "clustered"
+        if method == "bounded" and unit and all(m in (0.0, 1.0) for m in item_means):
+            ci, kind = wilson_interval(mean, len(item_means)), "wilson"
+        elif method == "bounded" and unit:
+            ci, kind = (max(0.0, ci[0]), min(1.0, ci[1])), "clustered-clipped"
     trial_means = [math.fsum(v) / len(v) for v in by_trial.values()]
     return Estimate(
         mean=mean,
@@ -53,6 +91,7 @@ def estimate(observations: Iterable[tuple[Hashable, Hashable, float]]) -> Estima
         n_items=len(item_means),
         trials_per_item=n / len(item_means),
         n_observations=n,
+        interval=kind,
     )
 
 

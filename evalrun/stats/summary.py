@@ -1,28 +1,66 @@
-"""summary.json: per task and overall, every metric's mean with its item-level uncertainty."""
+"""summary.json: per task and overall, every metric's mean with its item-level uncertainty.
+
+Two formats, each with its interval method (:mod:`evalrun.stats.estimates`): new runs write
+``evalrun.summary/2``; ``evalrun verify`` recomputes a stored summary in the format it declares,
+so a ``/1`` summary is recomputed with the ``/1`` method.
+"""
 
 from __future__ import annotations
 
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import pyarrow as pa
 
-from evalrun.stats.estimates import estimate
-
-SUMMARY_FORMAT = "evalrun.summary/1"
-METHOD = (
-    "mean of per-item means; 95% interval = mean +/- 1.96 x clustered SE over items; "
-    "spread = population std of per-trial means"
-)
+from evalrun.records.formats import SUMMARY_FORMAT, SUMMARY_FORMATS, Summary
+from evalrun.stats.estimates import IntervalMethod, estimate
 
 
-def _as_record(values: list[tuple[Any, Any, float]]) -> dict[str, Any]:
-    record = asdict(estimate(values))
+@dataclass(frozen=True)
+class SummaryFormat:
+    interval: IntervalMethod
+    method: str  # the summary's ``method`` string: what its numbers are
+    names_interval: bool  # each metric's record says which interval it carries
+
+
+SUMMARY_V1, SUMMARY_V2 = SUMMARY_FORMATS  # SUMMARY_V2 is SUMMARY_FORMAT, what new runs write
+METHODS = {
+    SUMMARY_V1: SummaryFormat(
+        interval="clustered",
+        method=(
+            "mean of per-item means; 95% interval = mean +/- 1.96 x clustered SE over items; "
+            "spread = population std of per-trial means"
+        ),
+        names_interval=False,
+    ),
+    SUMMARY_V2: SummaryFormat(
+        interval="bounded",
+        method=(
+            "mean of per-item means; se = clustered SE over items (std of per-item means / sqrt(items)); "
+            "95% interval, named by 'interval': 'none' with one item; 'wilson' = Wilson score interval of the "
+            "proportion of items passed, n = items, when every value lies in [0, 1] and every per-item mean is "
+            "0 or 1; else 'clustered-clipped' = mean +/- 1.96 x se clipped to [0, 1] when every value lies in "
+            "[0, 1]; else 'clustered' = mean +/- 1.96 x se; spread = population std of per-trial means"
+        ),
+        names_interval=True,
+    ),
+}
+METHOD = METHODS[SUMMARY_FORMAT].method
+
+
+def _as_record(values: list[tuple[Any, Any, float]], fmt: SummaryFormat) -> dict[str, Any]:
+    record = asdict(estimate(values, fmt.interval))
     record["ci95"] = list(record["ci95"]) if record["ci95"] is not None else None
+    if not fmt.names_interval:
+        del record["interval"]
     return record
 
 
-def summarize(scores: pa.Table) -> dict[str, Any]:
+def summarize(scores: pa.Table, summary_format: str = SUMMARY_FORMAT) -> dict[str, Any]:
+    """The summary of a scores table in ``summary_format`` (ValueError for a format this code does not know)."""
+    if summary_format not in METHODS:
+        raise ValueError(f"unknown summary format {summary_format!r}; expected one of {sorted(METHODS)}")
+    fmt = METHODS[summary_format]
     cols = scores.select(["task", "item_id", "seed", "repeat", "metric", "value"]).to_pydict()
     grouped: dict[tuple[str, str], list[tuple[Any, Any, float]]] = {}
     overall: dict[str, list[tuple[Any, Any, float]]] = {}
@@ -33,10 +71,18 @@ def summarize(scores: pa.Table) -> dict[str, Any]:
         overall.setdefault(metric, []).append(((task, item), (seed, repeat), value))
     tasks: dict[str, dict[str, Any]] = {}
     for (task, metric), values in sorted(grouped.items()):
-        tasks.setdefault(task, {})[metric] = _as_record(values)
-    return {
-        "format": SUMMARY_FORMAT,
-        "method": METHOD,
+        tasks.setdefault(task, {})[metric] = _as_record(values, fmt)
+    summary = {
+        "format": summary_format,
+        "method": fmt.method,
         "tasks": tasks,
-        "overall": {metric: _as_record(values) for metric, values in sorted(overall.items())},
+        "overall": {metric: _as_record(values, fmt) for metric, values in sorted(overall.items())},
     }
+    return Summary.model_validate(summary).as_record()
+
+
+def resummarize(scores: pa.Table, stored: Any) -> dict[str, Any]:
+    """``scores`` summarised in the format ``stored`` (a summary.json as read) declares, for a
+    byte-for-byte comparison; ValueError when it declares none this code knows."""
+    declared = stored.get("format") if isinstance(stored, dict) else None
+    return summarize(scores, declared if isinstance(declared, str) else "")
