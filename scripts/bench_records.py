@@ -38,6 +38,7 @@ from concurrent.futures import Future, ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from evalrun.config import ScorerConfig
 from evalrun.engines import Completion, SamplingSpec
 from evalrun.pipeline import encode
 from evalrun.pipeline.harness import encode_generator, record_episode
@@ -51,6 +52,7 @@ from evalrun.stats.summary import summarize
 
 SCORER = {"name": "exact_match", "normalize": ["strip"], "pattern": None, "group": 1, "extract": "first",
           "tolerance": 0.0}  # fmt: skip
+SCORER_CONFIG = ScorerConfig.from_record(SCORER)
 DECODING = {"name": "greedy", "temperature": 0.0, "top_p": 1.0, "top_k": 0, "max_tokens": 16, "stop": ["\n"],
             "logprobs": True}  # fmt: skip
 SEEDS = {"master": 1234, "set": [0], "repeats": 1}
@@ -124,7 +126,7 @@ def write_run(path: Path, episodes: list[Episode], part_size: int, pool: Process
               window: int = 0, send_episodes: bool = False) -> float:  # fmt: skip
     """Write the run directory; returns the seconds spent in chains + output parts."""
     run = layout.create_run_dir(path.parent, path.name, exact=path)
-    digest = Digest(prompt_pack=_prompt_pack(), seed_set=seed_set_hash(SEEDS), scoring=scoring_hash(SCORER))
+    digest = Digest(prompt_pack=_prompt_pack(), seed_set=seed_set_hash(SEEDS), scoring=scoring_hash(SCORER_CONFIG))
     manifest = {"format": "evalrun.manifest/1", "digest": digest.as_record(), "decoding": DECODING, "seeds": SEEDS,
                 "task": {"name": "addition", "scorer": SCORER, "template": {"sha256": TEMPLATE_SHA}},
                 "episodes": len(episodes), "note": "synthetic run written by scripts/bench_records.py"}  # fmt: skip
@@ -139,7 +141,7 @@ def write_run(path: Path, episodes: list[Episode], part_size: int, pool: Process
         write_parts_pool(parts, episodes, part_size, pool, window, send_episodes)
     write_s = time.perf_counter() - started
     scores = score_outputs(run.read_outputs(["episode_id", "task", "item_id", "seed", "repeat", "output", "target"]),
-                           SCORER)  # fmt: skip
+                           SCORER_CONFIG)  # fmt: skip
     files[layout.SCORES] = writer.write_atomic(run.scores, writer.table_bytes(scores))
     files[layout.SUMMARY] = writer.write_json(run.summary, summarize(scores))
     files.update(parts.file_hashes)

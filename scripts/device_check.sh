@@ -18,7 +18,7 @@ SITE=build/device-site
 if [[ "${1:-}" == "--prepare" ]]; then
     src=$(.venv/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
     rm -rf "$SITE" && mkdir -p "$SITE"
-    for pkg in hydra omegaconf antlr4 rich markdown_it mdurl pygments; do cp -r "$src/$pkg" "$SITE/"; done
+    for pkg in hydra omegaconf antlr4 rich markdown_it mdurl pygments click; do cp -r "$src/$pkg" "$SITE/"; done
     find "$SITE" -name __pycache__ -prune -exec rm -rf {} +
     du -sh "$SITE"
     exit 0

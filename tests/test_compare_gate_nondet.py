@@ -17,6 +17,7 @@ from evalrun.analysis.runs import load_run
 from evalrun.cli import main
 from evalrun.errors import BadInput
 from evalrun.records.canonical import canonical_json
+from evalrun.records.outputs import OUTPUT_SCHEMA
 from evalrun.rundir import layout, writer
 from evalrun.scoring import SCORES_SCHEMA
 
@@ -56,7 +57,7 @@ def make_run(root: Path, name: str, values: dict[tuple[str, int], float], m: dic
     run.manifest.write_text(canonical_json(m) + "\n")
     run.record.write_text("{}\n")
     rows: dict[str, list[Any]] = {n: [] for n in SCORES_SCHEMA.names}
-    out: dict[str, list[Any]] = {n: [] for n in outputs.OUTPUT_SCHEMA.names}
+    out: dict[str, list[Any]] = {n: [] for n in OUTPUT_SCHEMA.names}
     for (item, seed), value in sorted(values.items()):
         eid = f"{item}-{seed}"
         text, tokens, logprobs = (outputs or {}).get((item, seed), (str(value), [1, 2], [-0.1, -0.2]))
@@ -71,7 +72,7 @@ def make_run(root: Path, name: str, values: dict[tuple[str, int], float], m: dic
         for col in out:
             out[col].append(out_row.get(col))
     writer.write_atomic(run.scores, writer.table_bytes(pa.table(rows, schema=SCORES_SCHEMA)))
-    writer.write_atomic(run.output_part(0), writer.table_bytes(pa.table(out, schema=outputs.OUTPUT_SCHEMA)))
+    writer.write_atomic(run.output_part(0), writer.table_bytes(pa.table(out, schema=OUTPUT_SCHEMA)))
     return run.path
 
 

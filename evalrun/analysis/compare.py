@@ -14,10 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from evalrun.analysis.runs import OVERALL, Run, load_run
+from evalrun.records.formats import COMPARE_FORMAT
 from evalrun.records.seeds import derive_seed
 from evalrun.stats.estimates import PairedEstimate, item_means, paired
-
-COMPARE_FORMAT = "evalrun.compare/1"
 
 # Manifest field prefix -> the thing it belongs to. The first matching prefix wins; fields
 # matching none of these (paths, worker names, start time, the identity copy) are not compared.
@@ -154,46 +153,3 @@ def compare_runs(a: Run, b: Run) -> CompareReport:
 
 def compare_paths(path_a: Path, path_b: Path) -> CompareReport:
     return compare_runs(load_run(path_a), load_run(path_b))
-
-
-def _short(value: Any, width: int = 40) -> str:
-    text = "-" if value is None else str(value)
-    return text if len(text) <= width else text[: width - 3] + "..."
-
-
-def _ci(ci: tuple[float, float] | None) -> str:
-    return "-" if ci is None else f"[{ci[0]:+.4f}, {ci[1]:+.4f}]"
-
-
-def format_diff(diffs: tuple[FieldDiff, ...], changed: tuple[str, ...] | list[str], warning: str | None) -> list[str]:
-    lines = [f"manifest diff (A -> B): {len(diffs)} fields differ; things changed: {', '.join(changed) or 'none'}"]
-    for d in diffs:
-        lines.append(f"  {d.category:<12} {d.field:<44} {_short(d.a)} -> {_short(d.b)}")
-    if warning:
-        bar = "!" * 100
-        lines += [bar, f"!!! {warning}", bar]
-    return lines
-
-
-def format_report(report: CompareReport, interval: str = "clustered") -> str:
-    lines = [f"A: {report.run_a}", f"B: {report.run_b}", *format_diff(report.diffs, report.changed, report.warning)]
-    paired_label = "paired 95% CI (bootstrap)" if interval == "bootstrap" else "paired 95% CI"
-    lines.append(
-        f"{'task':<16} {'metric':<14} {'items':>5} {'A':>7} {'B':>7} {'B-A':>8} {paired_label:>26} "
-        f"{'unpaired 95% CI':>22} {'width':>6} {'test':<11} {'p':>8}"
-    )
-    for row in report.rows:
-        e = row.estimate
-        ci_p = e.ci95_paired_bootstrap if interval == "bootstrap" else e.ci95_paired
-        ratio = "-"
-        if ci_p is not None and e.ci95_unpaired is not None and e.ci95_unpaired[1] > e.ci95_unpaired[0]:
-            ratio = f"{(ci_p[1] - ci_p[0]) / (e.ci95_unpaired[1] - e.ci95_unpaired[0]):.2f}"
-        lines.append(
-            f"{row.task:<16} {row.metric:<14} {e.n_items:>5} {e.mean_a:>7.4f} {e.mean_b:>7.4f} {e.diff:>+8.4f} "
-            f"{_ci(ci_p):>26} {_ci(e.ci95_unpaired):>22} {ratio:>6} {e.test.name:<11} {e.test.p_value:>8.4g}"
-        )
-        if row.items_only_a or row.items_only_b:
-            only = f"{row.items_only_a} items only in A, {row.items_only_b} only in B"
-            lines.append(f"  ({only}: left out of the pairing)")
-    lines.append("width = paired / unpaired interval width (below 1: pairing narrows the interval)")
-    return "\n".join(lines)

@@ -40,10 +40,6 @@ def digest_record(run: Run) -> dict[str, str]:
     }
 
 
-def format_digest(record: dict[str, str]) -> str:
-    return "\n".join(f"{key:<17} {value}" for key, value in record.items())
-
-
 @dataclass(frozen=True)
 class GateDecision:
     passed: bool
@@ -124,18 +120,3 @@ def _mean(means: dict[Any, float]) -> float:
 
 def gate_paths(candidate: Path, baseline: Path, **kwargs: Any) -> GateDecision:
     return gate(load_run(candidate), load_run(baseline), **kwargs)
-
-
-def format_decision(d: GateDecision) -> str:
-    def mean(v: float | None) -> str:
-        return "-" if v is None else f"{v:.4f}"
-
-    lines = [
-        f"{'':<17} {'candidate':<64} baseline",
-        *(f"{key:<17} {d.candidate[key]:<64} {d.baseline[key]}" for key in d.candidate),
-        f"metric {d.metric}: candidate {mean(d.candidate_mean)}, baseline {mean(d.baseline_mean)}, "
-        f"delta {'-' if d.delta is None else f'{d.delta:+.4f}'}",
-        f"rule {d.margin_rule}",
-        f"{'PASS' if d.passed else 'BLOCKED'}: {d.reason}",
-    ]
-    return "\n".join(lines)

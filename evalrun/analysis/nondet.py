@@ -26,8 +26,8 @@ from typing import Any
 from evalrun.analysis.compare import manifest_diff
 from evalrun.analysis.runs import Run, load_run, pick_metric
 from evalrun.errors import BadInput
+from evalrun.records.formats import NONDET_FORMAT
 
-NONDET_FORMAT = "evalrun.nondet/1"
 SETTING_CATEGORIES = ("engine", "determinism", "hardware", "software", "dispatch")
 OUTPUT_COLUMNS = ["episode_id", "task", "item_id", "output", "token_ids", "token_logprobs", "batch_size"]
 
@@ -273,42 +273,3 @@ def nondet_runs(runs: list[Run], metric: str | None = None) -> NondetReport:
 
 def nondet_paths(paths: list[Path], metric: str | None = None) -> NondetReport:
     return nondet_runs([load_run(p) for p in paths], metric)
-
-
-def _fmt(value: float | None, spec: str = ".4f") -> str:
-    return "-" if value is None else format(value, spec)
-
-
-def format_report(r: NondetReport, max_items: int = 10) -> str:
-    lines = [f"nondet over {r.n_runs} runs with equal digests; metric {r.metric}; {r.items} items, "
-             f"{r.episodes} episodes matched ({r.unmatched_episodes} unmatched, left out)"]  # fmt: skip
-    lines.append(f"{'#':<3} {'run':<48} {'accuracy':>9}  dispatch batch sizes")
-    for k, run in enumerate(r.runs):
-        sizes = ",".join(map(str, r.batch_sizes[k])) if r.batch_sizes else "-"
-        lines.append(f"{k:<3} {Path(run).name:<48} {r.accuracy[k]:>9.4f}  {sizes}")
-    lines.append("settings that differ between the runs:" if r.settings else "settings that differ: none recorded")
-    for s in r.settings:
-        values = " | ".join(str(v) if len(str(v)) <= 30 else str(v)[:27] + "..." for v in s.values)
-        lines.append(f"  {s.category:<12} {s.field:<40} {values}")
-    n = r.n_runs
-    lines += [
-        f"TARr@{n} (raw outputs identical)       {r.tarr:.4f}",
-        f"TARa@{n} (parsed answers identical)    {r.tara:.4f}",
-        f"distinct completions per episode   mean {r.distinct_mean:.3f}, max {r.distinct_max}, "
-        f"histogram {r.distinct_histogram}",
-        f"episodes with a divergent token    {r.diverged_episodes}; first position "
-        f"min {_fmt(r.first_divergence_min, 'd')}, median {_fmt(r.first_divergence_median, '.1f')}",
-        f"max |logprob diff| before divergence  {_fmt(r.max_abs_logprob_diff, '.3e')} "
-        f"(median over episodes {_fmt(r.median_max_abs_logprob_diff, '.3e')})",
-        f"accuracy best {r.accuracy_best:.4f}, worst {r.accuracy_worst:.4f}, spread {r.accuracy_spread:.4f}; "
-        f"best possible {r.accuracy_best_possible:.4f}, worst possible {r.accuracy_worst_possible:.4f}",
-    ]
-    unstable = [i for i in r.per_item if not i.identical_raw]
-    if unstable:
-        lines.append(f"items whose outputs differ (first {min(max_items, len(unstable))} of {len(unstable)}):")
-        header = f"{'task':<14} {'item':<12} {'distinct':>8} {'first div':>9} {'max |dlp|':>10} {'answers same':>12}"
-        lines.append(f"  {header}")
-        for i in unstable[:max_items]:
-            lines.append(f"  {i.task:<14} {i.item_id:<12} {i.distinct:>8} {_fmt(i.first_divergence, 'd'):>9} "
-                         f"{_fmt(i.max_abs_logprob_diff, '.2e'):>10} {i.identical_answer!s:>12}")  # fmt: skip
-    return "\n".join(lines)

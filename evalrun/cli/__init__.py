@@ -1,5 +1,5 @@
-"""The ``evalrun`` command line."""
+"""The ``evalrun`` command line: ``main(argv) -> int`` runs one command; ``cli`` is the click group."""
 
-from evalrun.cli.main import main
+from evalrun.cli.main import cli, main
 
-__all__ = ["main"]
+__all__ = ["cli", "main"]

@@ -1,28 +1,10 @@
-"""The ``evalrun`` command.
+"""The ``evalrun`` command: one click command per verb, ``main(argv) -> int`` for the console script and tests.
 
-    evalrun run [-m] [KEY=VALUE ...]     Hydra overrides; -m sweeps (a=1,2) as one multirun
-    evalrun verify RUN_DIR [--expect-root HEX] [--public-key PEM] [--jobs N]
-                                         recompute chains, heads, root, digest, file hashes
-    evalrun rescore RUN_DIR [KEY=VALUE ...]
-                                         score stored outputs again (scorer overrides), no engine
-    evalrun replay RUN_DIR [KEY=VALUE ...]
-                                         re-run the harness on the recorded responses
-    evalrun prove RUN_DIR EPISODE_ID [-o PROOF.json]
-                                         audit path from one episode to the run's Merkle root
-    evalrun verify-proof PROOF.json --root HEX
-    evalrun attest RUN_DIR [--key PEM]   (re)write attestation.intoto.json, signed with --key
-    evalrun resume RUN_DIR [cluster.KEY=VALUE ...]
-                                         finish an interrupted run (keeps its complete parts)
-    evalrun compare RUN_A RUN_B [--json] [--interval clustered|bootstrap]
-                                         manifest diff, then paired B - A per task and overall
-    evalrun digest RUN_DIR [--json]      the six-field release-gate record
-    evalrun gate CANDIDATE BASELINE [--rule range|paired] [--factor F] [--metric M] [--json]
-                                         exit 1 (blocked) unless digests match and the margin is beaten
-    evalrun nondet RUN RUN [RUN ...] [--metric M] [--json]
-                                         TARr/TARa, divergence, accuracy spread over equal-digest runs
-
-The last line on stdout of ``run`` is the run directory (one line per job with -m). Exit codes:
-0 success, 1 a check failed, 2 bad input or usage (the message names the file, field or line).
+Exit codes (docs/design.md "Exit codes"): 0 success, 1 a check failed (CheckFailed), 2 bad input or
+usage (BadInput and click's usage errors; the message names the file, field, line or option). An
+error is one line on stderr, ``evalrun <command>: error: <where>: <message>`` or ``evalrun <command>:
+check failed: <message>``, never a traceback. The last line on stdout of ``run`` and ``resume`` is the
+run directory (with -m, the last lines are the run directories, one per job, in job order).
 """
 
 from __future__ import annotations
@@ -31,263 +13,352 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import click
+
+from evalrun import config
+from evalrun.analysis.compare import compare_paths
+from evalrun.analysis.gate import RULES, digest_record, gate_paths
+from evalrun.analysis.nondet import nondet_paths
+from evalrun.analysis.runs import load_run
+from evalrun.audit.proofs import check_proof, load_proof, prove
+from evalrun.audit.replay import replay_run
+from evalrun.audit.rescore import rescore_run
+from evalrun.audit.verify import verify_run
+from evalrun.cli import render
 from evalrun.errors import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EXIT_OK, BadInput, CheckFailed
+from evalrun.pipeline import dispatch, runner
+from evalrun.records.canonical import canonical_json
+from evalrun.rundir import layout
+from evalrun.rundir.attest import write_attestation
+from evalrun.rundir.reader import load_record, open_run
 
-USAGE = __doc__ or ""
+PROG = "evalrun"
+EXIT_INTERRUPTED = 130
+INTERVALS = ("clustered", "bootstrap")
+RUN_PATH = click.Path(path_type=Path)
+JSON_HELP = "Print the result as canonical JSON (RFC 8785) instead of tables."
 
 
-def _run(args: list[str]) -> int:
-    from evalrun.config import compose_config, expand_multirun, validate
-    from evalrun.pipeline.dispatch import Dispatcher, dispatcher_key
-    from evalrun.pipeline.runner import execute, open_for, prepare
+class Failure(click.ClickException):
+    """A BadInput or CheckFailed raised by a command, as one stderr line and its exit code."""
 
-    multirun = any(a in ("-m", "--multirun") for a in args)
-    overrides = [a for a in args if a not in ("-m", "--multirun")]
+    def __init__(self, line: str, exit_code: int) -> None:
+        super().__init__(line)
+        self.exit_code = exit_code
+
+    def show(self, file: Any = None) -> None:
+        click.echo(self.message, file=file or sys.stderr)
+
+
+class EvalrunCommand(click.Command):
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except BadInput as exc:
+            raise Failure(f"{ctx.command_path}: error: {exc.where}: {exc.message}", EXIT_BAD_INPUT) from exc
+        except CheckFailed as exc:
+            raise Failure(f"{ctx.command_path}: check failed: {exc}", EXIT_CHECK_FAILED) from exc
+
+
+class EvalrunGroup(click.Group):
+    command_class = EvalrunCommand
+
+
+HELP_OPTIONS = ["-h", "--help"]
+
+
+@click.group(cls=EvalrunGroup, context_settings={"help_option_names": HELP_OPTIONS})
+def cli() -> None:
+    """Run evaluations that can be repeated and audited, and read their run directories.
+
+    Exit codes: 0 success, 1 a check failed, 2 bad input or usage. `evalrun COMMAND --help` for each command.
+    """
+
+
+def _print_json(record: object) -> None:
+    click.echo(canonical_json(record))
+
+
+def _print_results(console: Any, run_dir: Path) -> None:
+    """The run's summary.json as a table (nothing when the run wrote none)."""
+    run = layout.RunDir(run_dir)
+    if run.summary.is_file():
+        render.render_summary(console, run.read_json(layout.SUMMARY), title=f"results: {run_dir}")
+
+
+# --- run and resume --------------------------------------------------------------------------------
+
+
+@cli.command(
+    context_settings={"ignore_unknown_options": True},
+    short_help="Run an evaluation (Hydra KEY=VALUE overrides; -m sweeps).",
+)
+@click.option("-m", "--multirun", is_flag=True,
+              help="Sweep: every KEY=A,B override runs once per value; one job per combination, in order.")  # fmt: skip
+@click.argument("overrides", nargs=-1, type=click.UNPROCESSED)
+def run(multirun: bool, overrides: tuple[str, ...]) -> None:
+    """Run an evaluation configured by Hydra OVERRIDES (KEY=VALUE, e.g. task=addition limit=20 cluster=inline).
+
+    Every job is composed, checked and planned before the first model loads. Prints a results table per
+    task and metric, then the run directory as the last line of stdout (with -m: one line per job).
+    """
     flags = [o for o in overrides if o.startswith("-")]
     if flags:
         raise BadInput(flags[0], "unknown option (overrides are KEY=VALUE; -m for a multirun)")
-    jobs = expand_multirun(overrides) if multirun else [overrides]
-    # Every job is composed, checked and planned before the first model loads.
+    jobs = config.expand_multirun(list(overrides)) if multirun else [list(overrides)]
     prepared = []
     for job in jobs:
         try:
-            prepared.append(prepare(validate(compose_config(job))))
+            prepared.append(runner.prepare(config.load(job)))
         except BadInput as exc:
             if multirun:
                 raise BadInput(exc.where, f"{exc.message} (in job {' '.join(job) or '<defaults>'})") from exc
             raise
+    console = render.stdout_console()
+    run_dirs: list[Path] = []
     # Consecutive jobs with the same model, engine and workers share one dispatcher.
-    current: tuple[str, Dispatcher] | None = None
+    current: tuple[str, dispatch.Dispatcher] | None = None
     try:
         for job in prepared:
-            key = dispatcher_key(job.worker_spec, job.config.section("cluster"))
+            key = dispatch.dispatcher_key(job.worker_spec, job.config.cluster)
             if current is None or current[0] != key:
                 if current is not None:
                     current[1].close()
-                current = (key, open_for(job))
-            print(execute(job, current[1]), flush=True)
+                current = (key, runner.open_for(job))
+            run_dirs.append(runner.execute(job, current[1]))
+            _print_results(console, run_dirs[-1])
     finally:
         if current is not None:
             current[1].close()
-    return EXIT_OK
+    for run_dir in run_dirs:
+        click.echo(str(run_dir))
 
 
-def _resume(args: list[str]) -> int:
-    from pathlib import Path
+@cli.command(short_help="Finish an interrupted run, keeping its complete parts.")
+@click.argument("run_dir", type=RUN_PATH)
+@click.argument("overrides", nargs=-1)
+def resume(run_dir: Path, overrides: tuple[str, ...]) -> None:
+    """Finish the interrupted run in RUN_DIR, keeping its complete parts.
 
-    from evalrun.pipeline.runner import resume
-
-    if not args or args[0].startswith("-") or "=" in args[0]:
+    OVERRIDES may change only how it runs: cluster.KEY=VALUE and run.progress=BOOL. Prints the results
+    table, then the run directory as the last line of stdout.
+    """
+    if "=" in str(run_dir):
         raise BadInput("RUN_DIR", "usage: evalrun resume RUN_DIR [cluster.KEY=VALUE ...]")
-    run_dir = Path(args[0])
     if not run_dir.is_dir():
         raise BadInput(str(run_dir), "no such run directory")
-    print(resume(run_dir, args[1:]), flush=True)
-    return EXIT_OK
+    finished = runner.resume(run_dir, list(overrides))
+    _print_results(render.stdout_console(), finished)
+    click.echo(str(finished))
 
 
-COMMANDS = {"run": _run, "resume": _resume}
+# --- audit -----------------------------------------------------------------------------------------
 
 
-def _parser(command: str, run_dir: bool = True) -> Any:
-    import argparse
+@cli.command(short_help="Recompute and check everything in a run directory.")
+@click.argument("run_dir", type=RUN_PATH)
+@click.option("--expect-root", metavar="HEX", help="A Merkle root kept elsewhere: the run's root must equal it.")
+@click.option("--public-key", type=RUN_PATH, metavar="PEM",
+              help="Ed25519 public key (PEM): the attestation must carry a valid signature by it.")  # fmt: skip
+@click.option("--jobs", type=click.IntRange(min=0), default=0, show_default=True, metavar="N",
+              help="Processes checking the parts in parallel (0: one per CPU).")  # fmt: skip
+@click.option("--json", "as_json", is_flag=True, help=JSON_HELP)
+def verify(run_dir: Path, expect_root: str | None, public_key: Path | None, jobs: int, as_json: bool) -> None:
+    """Recompute everything in RUN_DIR that can be recomputed; exit 1 naming the first thing that differs.
 
-    class Parser(argparse.ArgumentParser):
-        def error(self, message: str) -> Any:  # usage errors are exit 2 with a named field
-            raise BadInput(command, f"{message}\n{self.format_usage().strip()}")
-
-    parser = Parser(prog=f"evalrun {command}")
-    if run_dir:
-        parser.add_argument("run_dir", type=Path)
-    return parser
-
-
-def _verify(args: list[str]) -> int:
-    from evalrun.audit.verify import verify_run
-
-    parser = _parser("verify")
-    parser.add_argument("--expect-root", help="a Merkle root kept elsewhere; the run's must equal it")
-    parser.add_argument("--public-key", type=Path, help="PEM Ed25519 public key: check the attestation's signature")
-    parser.add_argument("--jobs", type=int, default=0, help="processes for the parts (0: one per CPU)")
-    ns = parser.parse_args(args)
-    report = verify_run(ns.run_dir, expect_root=ns.expect_root, public_key=ns.public_key, jobs=ns.jobs)
-    print(f"ok: {report.episodes} episodes, {report.log_entries} log entries, {report.parts} parts; "
-          f"merkle root {report.merkle_root}; attestation {report.attestation}")  # fmt: skip
-    return EXIT_OK
+    Chains, heads and output rows of every part, file hashes, counts, the Merkle root, the manifest
+    digest, scores and summary, and the attestation (docs/design.md lists each check).
+    """
+    report = verify_run(run_dir, expect_root=expect_root, public_key=public_key, jobs=jobs)
+    if as_json:
+        _print_json(render.verify_record(report))
+    else:
+        render.render_verify(render.stdout_console(), report)
 
 
-def _rescore(args: list[str]) -> int:
-    from evalrun.audit.rescore import format_report, rescore_run
+@cli.command(short_help="Score the stored outputs again, with no engine.")
+@click.argument("run_dir", type=RUN_PATH)
+@click.argument("overrides", nargs=-1)
+@click.option("--json", "as_json", is_flag=True, help=JSON_HELP)
+def rescore(run_dir: Path, overrides: tuple[str, ...], as_json: bool) -> None:
+    """Score RUN_DIR's stored outputs again with the current scorer code; no engine is loaded.
 
-    parser = _parser("rescore")
-    parser.add_argument("overrides", nargs="*", help="scorer fields, e.g. normalize=[strip,lower] or name=number")
-    ns = parser.parse_args(args)
-    print(format_report(rescore_run(ns.run_dir, ns.overrides)))
-    return EXIT_OK
+    With no OVERRIDES the scores must come out identical (exit 1 otherwise: the scorer changed without a
+    version bump). OVERRIDES change the scorer (e.g. name=number, normalize=[strip,lower],
+    task.rubric=PATH); the new scores go beside the run, under RUN_DIR/rescore/, with a table per task.
+    """
+    report = rescore_run(run_dir, list(overrides))
+    if as_json:
+        _print_json(render.rescore_record(report))
+    else:
+        render.render_rescore(render.stdout_console(), report)
 
 
-def _replay(args: list[str]) -> int:
-    from evalrun.audit.replay import replay_run
+@cli.command(short_help="Run the harness again on the recorded responses.")
+@click.argument("run_dir", type=RUN_PATH)
+@click.argument("overrides", nargs=-1)
+@click.option("--json", "as_json", is_flag=True, help=JSON_HELP)
+def replay(run_dir: Path, overrides: tuple[str, ...], as_json: bool) -> None:
+    """Run the harness again on RUN_DIR's recorded responses; every head, the root and the scores must match.
 
-    parser = _parser("replay")
-    parser.add_argument("overrides", nargs="*", help="config overrides, e.g. task.template=PATH")
-    ns = parser.parse_args(args)
-    report = replay_run(ns.run_dir, ns.overrides)
-    for d in report.divergences[:10]:
-        print(f"divergence: episode {d.episode} seq {d.seq}\n  expected: {d.expected}\n  got:      {d.got}")
+    OVERRIDES change the config replayed (e.g. task.template=PATH): a divergence is reported at the first
+    entry that differs (exit 1). The verdict says whether this was a reproduction (the recording code, no
+    overrides) or a test of other code or another config.
+    """
+    report = replay_run(run_dir, list(overrides))
+    if as_json:
+        _print_json(render.replay_record(report))
+    else:
+        render.render_replay(render.stdout_console(), report)
     if report.divergences:
         first = report.divergences[0]
         raise CheckFailed(f"{len(report.divergences)} of {report.episodes} episodes diverge; first: "
                           f"episode {first.episode} seq {first.seq}")  # fmt: skip
-    if not report.root_matches or not report.scores_identical:
-        raise CheckFailed(f"heads reproduced but root matches: {report.root_matches}, "
-                          f"scores identical: {report.scores_identical}")  # fmt: skip
-    print(f"ok: {report.reproduced} episodes replayed; every head, the Merkle root and the scores reproduced")
-    return EXIT_OK
+    if not report.matches:
+        raise CheckFailed(report.verdict)
 
 
-def _prove(args: list[str]) -> int:
-    from evalrun.audit.proofs import prove
-    from evalrun.records.canonical import canonical_json
-
-    parser = _parser("prove")
-    parser.add_argument("episode_id")
-    parser.add_argument("-o", "--output", type=Path, help="write the proof here instead of stdout")
-    ns = parser.parse_args(args)
-    text = canonical_json(prove(ns.run_dir, ns.episode_id).as_record())
-    if ns.output:
-        ns.output.write_text(text + "\n", encoding="utf-8")
+@cli.command("prove", short_help="Inclusion proof of one episode under the Merkle root.")
+@click.argument("run_dir", type=RUN_PATH)
+@click.argument("episode_id")
+@click.option("-o", "--output", type=RUN_PATH, metavar="PROOF.json", help="Write the proof to this file, not stdout.")
+def prove_command(run_dir: Path, episode_id: str, output: Path | None) -> None:
+    """The audit path from episode EPISODE_ID of RUN_DIR to the run's Merkle root, as canonical JSON."""
+    text = canonical_json(prove(run_dir, episode_id).as_record())
+    if output:
+        output.write_text(text + "\n", encoding="utf-8")
     else:
-        print(text)
-    return EXIT_OK
+        click.echo(text)
 
 
-def _verify_proof(args: list[str]) -> int:
-    from evalrun.audit.proofs import check_proof, load_proof
-
-    parser = _parser("verify-proof", run_dir=False)
-    parser.add_argument("proof", type=Path)
-    parser.add_argument("--root", required=True, help="the run's Merkle root, obtained independently")
-    ns = parser.parse_args(args)
-    proof = load_proof(ns.proof)
-    check_proof(proof, ns.root)
-    print(f"ok: episode {proof.episode_id} (head {proof.head}) is leaf {proof.leaf_index} of {proof.tree_size} "
-          f"under root {ns.root}")  # fmt: skip
-    return EXIT_OK
+@cli.command("verify-proof", short_help="Check an inclusion proof against a Merkle root.")
+@click.argument("proof_path", metavar="PROOF", type=RUN_PATH)
+@click.option("--root", required=True, metavar="HEX", help="The run's Merkle root, obtained independently.")
+def verify_proof(proof_path: Path, root: str) -> None:
+    """Check that the episode in PROOF (from `evalrun prove`) is a leaf under ROOT; exit 1 if not."""
+    proof = load_proof(proof_path)
+    check_proof(proof, root)
+    click.echo(f"ok: episode {proof.episode_id} (head {proof.head}) is leaf {proof.leaf_index} of {proof.tree_size} "
+               f"under root {root}")  # fmt: skip
 
 
-def _attest(args: list[str]) -> int:
-    from evalrun.rundir.attest import write_attestation
-    from evalrun.rundir.reader import load_record, open_run
-
-    parser = _parser("attest")
-    parser.add_argument("--key", type=Path, help="PEM Ed25519 private key to sign with")
-    ns = parser.parse_args(args)
-    run = open_run(ns.run_dir)
-    print(write_attestation(run, load_record(run), ns.key))
-    return EXIT_OK
+@cli.command(short_help="(Re)write the run's in-toto attestation.")
+@click.argument("run_dir", type=RUN_PATH)
+@click.option("--key", type=RUN_PATH, metavar="PEM", help="Ed25519 private key (PEM) to sign with; unsigned without.")
+def attest(run_dir: Path, key: Path | None) -> None:
+    """(Re)write RUN_DIR/attestation.intoto.json from record.json; prints its path."""
+    opened = open_run(run_dir)
+    click.echo(str(write_attestation(opened, load_record(opened), key)))
 
 
-COMMANDS.update(
-    {"verify": _verify, "rescore": _rescore, "replay": _replay, "prove": _prove, "verify-proof": _verify_proof,
-     "attest": _attest}
-)  # fmt: skip
+# --- analysis --------------------------------------------------------------------------------------
 
 
-def _print_json(record: object) -> None:
-    from evalrun.records.canonical import canonical_json
+@cli.command(short_help="Manifest diff, then paired B - A per task and overall.")
+@click.argument("run_a", type=RUN_PATH)
+@click.argument("run_b", type=RUN_PATH)
+@click.option("--interval", type=click.Choice(INTERVALS), default="clustered", show_default=True,
+              help="Paired interval shown in the table (the JSON holds both).")  # fmt: skip
+@click.option("--json", "as_json", is_flag=True, help=JSON_HELP)
+def compare(run_a: Path, run_b: Path, interval: str, as_json: bool) -> None:
+    """What changed from RUN_A to RUN_B (manifest diff), then B - A per task and overall.
 
-    print(canonical_json(record))
-
-
-def _compare(args: list[str]) -> int:
-    from evalrun.analysis.compare import compare_paths, format_report
-
-    parser = _parser("compare", run_dir=False)
-    parser.add_argument("run_a", type=Path)
-    parser.add_argument("run_b", type=Path)
-    parser.add_argument("--json", action="store_true", help="the full report as canonical JSON")
-    parser.add_argument("--interval", choices=["clustered", "bootstrap"], default="clustered",
-                        help="paired interval shown in the table (JSON holds both)")  # fmt: skip
-    ns = parser.parse_args(args)
-    report = compare_paths(ns.run_a, ns.run_b)
-    if ns.json:
+    Per-item means, paired over the items both runs have, with the paired 95% interval, a paired test
+    (McNemar for 0/1 values, else sign-flip permutation) and the unpaired interval beside it. Warns when
+    more than one thing changed.
+    """
+    report = compare_paths(run_a, run_b)
+    if as_json:
         _print_json(report.as_record())
     else:
-        print(format_report(report, ns.interval))
+        render.render_compare(render.stdout_console(), report, interval)
     if report.warning:
-        print(f"evalrun compare: {report.warning}", file=sys.stderr)
-    return EXIT_OK
+        click.echo(f"{PROG} compare: {report.warning}", err=True)
 
 
-def _digest(args: list[str]) -> int:
-    from evalrun.analysis.gate import digest_record, format_digest
-    from evalrun.analysis.runs import load_run
+@cli.command(short_help="The six-field release-gate record of a run.")
+@click.argument("run_dir", type=RUN_PATH)
+@click.option("--json", "as_json", is_flag=True, help=JSON_HELP)
+def digest(run_dir: Path, as_json: bool) -> None:
+    """The six-field release-gate record of RUN_DIR: candidate, model checkpoint, prompt pack, seed set,
+    scoring, digest."""
+    record = digest_record(load_run(run_dir))
+    if as_json:
+        _print_json(record)
+    else:
+        render.render_digest(render.stdout_console(), record)
 
-    parser = _parser("digest")
-    parser.add_argument("--json", action="store_true")
-    ns = parser.parse_args(args)
-    record = digest_record(load_run(ns.run_dir))
-    _print_json(record) if ns.json else print(format_digest(record))
-    return EXIT_OK
 
-
-def _gate(args: list[str]) -> int:
-    from evalrun.analysis.gate import RULES, format_decision, gate_paths
-
-    parser = _parser("gate", run_dir=False)
-    parser.add_argument("candidate", type=Path)
-    parser.add_argument("baseline", type=Path)
-    parser.add_argument("--rule", choices=RULES, default="range", help="margin rule (default: range)")
-    parser.add_argument("--factor", type=float, default=2.0, help="range rule: margin = FACTOR x pooled range")
-    parser.add_argument("--interval", choices=["clustered", "bootstrap"], default="clustered",
-                        help="paired rule: which 95%% interval")  # fmt: skip
-    parser.add_argument("--metric", help="metric to gate on (default: the runs' only metric)")
-    parser.add_argument("--json", action="store_true")
-    ns = parser.parse_args(args)
-    if ns.factor <= 0:
-        raise BadInput("--factor", f"expected a number > 0, got {ns.factor}")
-    decision = gate_paths(ns.candidate, ns.baseline, rule=ns.rule, metric=ns.metric, factor=ns.factor,
-                          interval=ns.interval)  # fmt: skip
-    _print_json(decision.as_record()) if ns.json else print(format_decision(decision))
+@cli.command(short_help="Release gate: exit 1 unless the candidate beats the margin.")
+@click.argument("candidate", type=RUN_PATH)
+@click.argument("baseline", type=RUN_PATH)
+@click.option("--rule", type=click.Choice(RULES), default="range", show_default=True,
+              help="Margin rule: range (FACTOR x pooled range of per-seed means) or paired (the paired 95% "
+                   "interval's lower end must be above 0).")  # fmt: skip
+@click.option("--factor", type=click.FloatRange(min=0, min_open=True), default=2.0, show_default=True,
+              help="Range rule: margin = FACTOR x pooled range.")  # fmt: skip
+@click.option("--interval", type=click.Choice(INTERVALS), default="clustered", show_default=True,
+              help="Paired rule: which 95% interval.")  # fmt: skip
+@click.option("--metric", help="Metric to gate on (default: the runs' only shared metric).")
+@click.option("--json", "as_json", is_flag=True, help=JSON_HELP)
+def gate(candidate: Path, baseline: Path, rule: str, factor: float, interval: str, metric: str | None,
+         as_json: bool) -> None:  # fmt: skip
+    """Release gate: exit 0 only if CANDIDATE and BASELINE have equal digests, scored the same items, and the
+    candidate's mean beats the baseline's by more than the margin; else exit 1 (blocked)."""
+    decision = gate_paths(candidate, baseline, rule=rule, metric=metric, factor=factor, interval=interval)
+    if as_json:
+        _print_json(decision.as_record())
+    else:
+        render.render_gate(render.stdout_console(), decision)
     if not decision.passed:
         raise CheckFailed(f"blocked: {decision.reason} [{decision.margin_rule}]")
-    return EXIT_OK
 
 
-def _nondet(args: list[str]) -> int:
-    from evalrun.analysis.nondet import format_report, nondet_paths
+@cli.command(short_help="TARr/TARa, divergence, accuracy spread over equal-digest runs.")
+@click.argument("runs", nargs=-1, required=True, type=RUN_PATH)
+@click.option("--metric", help="Metric for TARa and accuracy (default: the runs' only shared metric).")
+@click.option("--json", "as_json", is_flag=True, help=JSON_HELP)
+def nondet(runs: tuple[Path, ...], metric: str | None, as_json: bool) -> None:
+    """Measured nondeterminism over two or more RUNS with equal digests, matched by episode.
 
-    parser = _parser("nondet", run_dir=False)
-    parser.add_argument("runs", type=Path, nargs="+")
-    parser.add_argument("--metric", help="metric for TARa and accuracy (default: the runs' only metric)")
-    parser.add_argument("--json", action="store_true")
-    ns = parser.parse_args(args)
-    report = nondet_paths(ns.runs, ns.metric)
-    _print_json(report.as_record()) if ns.json else print(format_report(report))
-    return EXIT_OK
+    TARr/TARa (raw outputs / parsed answers identical), distinct completions, first divergent token,
+    logprob drift before it, accuracy per run and its spread, and the settings that differ.
+    """
+    report = nondet_paths(list(runs), metric)
+    if as_json:
+        _print_json(report.as_record())
+    else:
+        render.render_nondet(render.stdout_console(), report)
 
 
-COMMANDS.update({"compare": _compare, "digest": _digest, "gate": _gate, "nondet": _nondet})
+# --- entry point -----------------------------------------------------------------------------------
+
+
+def _usage_error(exc: click.UsageError) -> int:
+    command = exc.ctx.command_path if exc.ctx is not None else PROG
+    click.echo(f"{command}: error: {exc.format_message()} (see '{command} --help')", err=True)
+    return exc.exit_code
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one command; returns its exit code (the console script exits with it)."""
     args = list(sys.argv[1:] if argv is None else argv)
-    if not args or args[0] in ("-h", "--help", "help"):
-        print(USAGE)
-        return EXIT_OK if args else EXIT_BAD_INPUT
-    command, rest = args[0], args[1:]
-    if command not in COMMANDS:
-        print(f"evalrun: unknown command {command!r}; expected one of {sorted(COMMANDS)}", file=sys.stderr)
+    if not args:  # usage, as an error
+        click.echo(cli.get_help(click.Context(cli, info_name=PROG, help_option_names=HELP_OPTIONS)))
         return EXIT_BAD_INPUT
+    if args[0] == "help":  # `evalrun help [COMMAND]`
+        args = [*args[1:], "--help"]
     try:
-        return COMMANDS[command](rest)
-    except BadInput as exc:
-        print(f"evalrun {command}: error: {exc.where}: {exc.message}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except CheckFailed as exc:
-        print(f"evalrun {command}: check failed: {exc}", file=sys.stderr)
-        return EXIT_CHECK_FAILED
+        result = cli.main(args, prog_name=PROG, standalone_mode=False)
+    except click.UsageError as exc:
+        return _usage_error(exc)
+    except click.ClickException as exc:
+        exc.show()
+        return exc.exit_code
+    except click.Abort:
+        click.echo(f"{PROG}: interrupted", err=True)
+        return EXIT_INTERRUPTED
+    return result if isinstance(result, int) else EXIT_OK
 
 
 if __name__ == "__main__":

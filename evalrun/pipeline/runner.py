@@ -10,13 +10,13 @@ import json
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
 
-from evalrun.config import REPO_ROOT, EvalConfig, load_stored, to_yaml, validate
+from evalrun.config import REPO_ROOT, EvalConfig, ModelConfig, load_stored, parse_overrides, to_yaml, validate
 from evalrun.config.model import ResolvedModel, resolve_model
+from evalrun.engines import ENGINES
 from evalrun.errors import BadInput
 from evalrun.pipeline import failpoints
-from evalrun.pipeline.dispatch import Dispatcher, dispatcher_key, open_dispatcher
+from evalrun.pipeline.dispatch import DISPATCHERS, Dispatcher, dispatcher_key, open_dispatcher
 from evalrun.pipeline.manifest import (
     Digest,
     build_manifest,
@@ -29,14 +29,13 @@ from evalrun.pipeline.plan import Episode, build_plan
 from evalrun.pipeline.progress import RunProgress
 from evalrun.pipeline.worker import WorkerSpec
 from evalrun.records.canonical import file_sha256
+from evalrun.records.formats import EpisodeCounts, Record
 from evalrun.records.merkle import merkle_root
 from evalrun.rundir import layout, writer
 from evalrun.rundir.attest import attest_finished_run
-from evalrun.scoring import score_columns, score_outputs
+from evalrun.scoring import NORMALIZERS, SCORERS, make_scorer, score_columns, score_outputs
 from evalrun.stats.summary import summarize
 from evalrun.tasks import Task, load_task
-
-RECORD_FORMAT = "evalrun.record/1"
 
 
 @dataclass(frozen=True)
@@ -52,29 +51,41 @@ class Prepared:
     judge_model: ResolvedModel | None = None  # None: the judges (if any) run on the run's model
 
 
-def _resolve(m: dict[str, Any]) -> ResolvedModel:
+def _resolve(m: ModelConfig) -> ResolvedModel:
     """A model config section, its pins checked (BadInput naming the first mismatch)."""
     return resolve_model(
-        model_id=m["id"], path=m["path"], revision=m["revision"], pins=m["sha256"], pinned=m["pinned"],
-        cache_dir=m["cache_dir"], repo_root=REPO_ROOT,
+        model_id=m.id, path=m.path, revision=m.revision, pins=dict(m.sha256), pinned=m.pinned,
+        cache_dir=m.cache_dir, repo_root=REPO_ROOT,
     )  # fmt: skip
 
 
+def check_plugins(config: EvalConfig) -> None:
+    """Every plug-in the config names is registered: engine, dispatcher, scorer, normalisers
+    (a BadInput names the field). Nothing is imported to check."""
+    ENGINES.check(config.engine.name)
+    DISPATCHERS.check(config.cluster.name)
+    SCORERS.check(config.task.scorer.name)
+    for name in config.task.scorer.normalize:
+        NORMALIZERS.check(name)
+
+
 def prepare(config: EvalConfig) -> Prepared:
-    """All checks that need no engine: model pins, dataset, template rendering, the plan."""
-    m, j = config.section("model"), config.raw["judge_model"]
-    model = _resolve(m)
-    judge = _resolve(j) if j is not None else None
+    """All checks that need no engine: plug-in names, model pins, dataset, template rendering, the
+    scorer's settings, the plan."""
+    check_plugins(config)
+    model = _resolve(config.model)
+    judge = _resolve(config.judge_model) if config.judge_model is not None else None
     task = load_task(config)
     config = config.with_decoding(task.pack.decoding)  # a pack's decoding settings win over the group's
-    episodes = build_plan(task, config.section("decoding"), config.section("seeds"))
+    make_scorer(config.task.scorer, scoring_context(config, task, model, judge))  # e.g. a regex that won't compile
+    episodes = build_plan(task, config.decoding, config.seeds)
     spec = WorkerSpec(
         model_path=str(model.path),
-        model_dtype=m["dtype"],
-        engine=config.section("engine"),
-        determinism=config.section("determinism"),
+        model_dtype=config.model.dtype,
+        engine=config.engine,
+        determinism=config.determinism,
         judge_model_path=str(judge.path) if judge is not None else None,
-        judge_model_dtype=j["dtype"] if j is not None else None,
+        judge_model_dtype=config.judge_model.dtype if config.judge_model is not None else None,
     )
     return Prepared(
         config=config, model=model, task=task, digest=compute_digest(config, task, model, judge),
@@ -83,7 +94,7 @@ def prepare(config: EvalConfig) -> Prepared:
 
 
 def open_for(prepared: Prepared) -> Dispatcher:
-    return open_dispatcher(prepared.worker_spec, prepared.config.section("cluster"))
+    return open_dispatcher(prepared.worker_spec, prepared.config.cluster)
 
 
 def _batches(episodes: list[Episode], size: int) -> list[list[Episode]]:
@@ -94,7 +105,7 @@ def _checked_dispatcher(prepared: Prepared, dispatcher: Dispatcher | None) -> tu
     """The given dispatcher (checked to fit the run) or a new one; True when the caller must close it."""
     if dispatcher is None:
         return open_for(prepared), True
-    if dispatcher.key != dispatcher_key(prepared.worker_spec, prepared.config.section("cluster")):
+    if dispatcher.key != dispatcher_key(prepared.worker_spec, prepared.config.cluster):
         raise ValueError("the dispatcher was opened for another model, engine, determinism or cluster setting")
     return dispatcher, False
 
@@ -113,12 +124,11 @@ def execute(prepared: Prepared, dispatcher: Dispatcher | None = None) -> Path:
             len(prepared.episodes),
             prepared.judge_model,
         )
-        run_cfg = config.section("run")
         stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
         run = layout.create_run_dir(
-            Path(run_cfg["root"]),
+            Path(config.run.root),
             f"{task.name}-{stamp}-{prepared.digest.digest[:8]}",
-            exact=Path(run_cfg["dir"]) if run_cfg["dir"] else None,
+            exact=Path(config.run.dir) if config.run.dir else None,
         )
         with writer.locked(run):
             writer.write_atomic(run.config, to_yaml(config).encode("utf-8"))
@@ -135,11 +145,11 @@ def load_run_config(run: layout.RunDir, overrides: list[str]) -> EvalConfig:
     """The config a run was made with (its config.yaml), with ``cluster.*``/``run.progress`` overrides."""
     if not run.config.is_file() or not run.manifest.is_file():
         raise BadInput(str(run.path), "not an evalrun run directory (config.yaml or manifest.json is missing)")
-    allowed = [o for o in overrides if o.startswith(("cluster.", "run.progress="))]
-    if allowed != overrides:
-        bad = next(o for o in overrides if o not in allowed)
-        raise BadInput(bad, "resume accepts only cluster.* and run.progress overrides; the rest is the run's own")
-    return validate(load_stored(run.config, allowed))
+    for override in parse_overrides(overrides, plain=True):
+        if not (override.key.startswith("cluster.") or override.key == "run.progress"):
+            raise BadInput(override.text, "resume accepts only cluster.* and run.progress overrides; the rest is "
+                                          "the run's own")  # fmt: skip
+    return validate(load_stored(run.config, overrides))
 
 
 def resume(run_path: Path, overrides: list[str] | None = None, dispatcher: Dispatcher | None = None) -> Path:
@@ -169,9 +179,9 @@ def _complete(run: layout.RunDir, prepared: Prepared, dispatcher: Dispatcher, pa
     config = prepared.config
     remaining = [e for e in prepared.episodes if e.episode_id not in parts.heads]
     generator = generator_info()
-    batches = _batches(remaining, config.section("cluster")["batch_size"])
+    batches = _batches(remaining, config.cluster.batch_size)
     progress = RunProgress(
-        len(prepared.episodes), prepared.task.name, enabled=config.section("run")["progress"],
+        len(prepared.episodes), prepared.task.name, enabled=config.run.progress,
         done=len(prepared.episodes) - len(remaining),
     )  # fmt: skip
     with progress:
@@ -184,7 +194,7 @@ def _complete(run: layout.RunDir, prepared: Prepared, dispatcher: Dispatcher, pa
     if set(parts.heads) != planned:
         raise RuntimeError(f"{len(planned - set(parts.heads))} planned episodes have no result")
 
-    spec = config.section("task")["scorer"]
+    spec = config.task.scorer
     context = scoring_context(config, prepared.task, prepared.model, prepared.judge_model)
     scores = score_outputs(run.read_outputs(score_columns(spec)), spec, context)
     files = {name: file_sha256(run.path / name) for name in (layout.CONFIG, layout.MANIFEST)}
@@ -193,17 +203,16 @@ def _complete(run: layout.RunDir, prepared: Prepared, dispatcher: Dispatcher, pa
     files.update(parts.file_hashes)
     failpoints.hit("before-record")
 
-    record = {
-        "format": RECORD_FORMAT,
-        "episodes": {"planned": len(planned), "written": len(parts.heads)},
-        "parts": len(parts.file_hashes) // 2,
-        "output_tokens": parts.output_tokens,
-        "merkle_root": merkle_root(parts.heads.items()),
-        "digest": prepared.digest.digest,
-        "manifest_sha256": files[layout.MANIFEST],
-        "files": dict(sorted(files.items())),
-        "dispatch": {**dispatcher.stats.as_record(), "resumed": parts.kept_parts > 0, "kept_parts": parts.kept_parts},
-        "ended_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-    }
+    record = Record(
+        episodes=EpisodeCounts(planned=len(planned), written=len(parts.heads)),
+        parts=len(parts.file_hashes) // 2,
+        output_tokens=parts.output_tokens,
+        merkle_root=merkle_root(parts.heads.items()),
+        digest=prepared.digest.digest,
+        manifest_sha256=files[layout.MANIFEST],
+        files=dict(sorted(files.items())),
+        dispatch={**dispatcher.stats.as_record(), "resumed": parts.kept_parts > 0, "kept_parts": parts.kept_parts},
+        ended_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    )
     writer.write_json(run.record, record)
     attest_finished_run(run.path)  # in-toto Statement over the record files (signed if EVALRUN_SIGNING_KEY)

@@ -1,0 +1,281 @@
+"""What the commands print: rich tables on stdout, and the JSON records behind ``--json``.
+
+Tables go to stdout. Off a terminal (a pipe, a file, a test) the page is wide and colourless, so
+that no table line is wrapped and scripts can grep them; the lines scripts rely on most ("ok: ...",
+"PASS: ...", "BLOCKED: ...", "WARNING: ...") are plain lines printed beside the tables, never cells.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from rich import box
+from rich.console import Console
+from rich.table import Table
+
+from evalrun.analysis.compare import CompareReport
+from evalrun.analysis.gate import GateDecision
+from evalrun.analysis.nondet import NondetReport
+from evalrun.analysis.runs import OVERALL
+from evalrun.audit.replay import ReplayReport
+from evalrun.audit.rescore import RescoreReport
+from evalrun.audit.verify import VerifyReport
+from evalrun.records.formats import REPLAY_FORMAT, RESCORE_FORMAT, VERIFY_FORMAT
+
+OFF_TERMINAL_WIDTH = 200
+MAX_DIVERGENCES = 10
+MAX_UNSTABLE_ITEMS = 10
+
+
+def stdout_console() -> Console:
+    """A console on the current sys.stdout: the terminal's width there, a wide page anywhere else."""
+    width = None if sys.stdout.isatty() else OFF_TERMINAL_WIDTH
+    return Console(file=sys.stdout, width=width, markup=False, emoji=False, highlight=False)
+
+
+def _table(*columns: str, title: str | None = None, header: bool = True) -> Table:
+    """Columns named with a trailing ``>`` are right-aligned (numbers)."""
+    table = Table(
+        title=title, title_justify="left", box=box.SIMPLE_HEAD if header else None, show_header=header, show_edge=False,
+        pad_edge=False,
+    )  # fmt: skip
+    for column in columns:
+        right = column.endswith(">")
+        table.add_column(column.rstrip(">"), justify="right" if right else "left")
+    return table
+
+
+def _emit(console: Console, table: Table) -> None:
+    """Print a table without the spaces rich pads its last column with (lines compare and grep cleanly)."""
+    with console.capture() as captured:
+        console.print(table)
+    console.file.write("".join(line.rstrip() + "\n" for line in captured.get().splitlines()))
+    console.file.flush()
+
+
+def _line(console: Console, text: str) -> None:
+    console.print(text, soft_wrap=True)  # never wrapped, whatever the width
+
+
+def _num(value: float | int | None, spec: str = ".4f") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def _interval(ci: Iterable[float] | None, spec: str = "+.4f") -> str:
+    if ci is None:
+        return "-"
+    low, high = ci
+    return f"[{low:{spec}}, {high:{spec}}]"
+
+
+def _short(value: Any, width: int = 40) -> str:
+    text = "-" if value is None else str(value)
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def jsonable(value: Any) -> Any:
+    """Dataclasses, paths and tuples as plain JSON values (canonical_json takes the result)."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if hasattr(value, "model_dump"):  # a pydantic record
+        return value.model_dump(mode="json")
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, Mapping):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
+    return value
+
+
+# --- run and resume: the results -------------------------------------------------------------------
+
+
+def render_summary(console: Console, summary: Mapping[str, Any], title: str) -> None:
+    """One row per task and metric of summary.json (and the overall rows when there are several tasks);
+    a column naming each interval's method when the summary records it (evalrun.summary/2)."""
+    tasks: Mapping[str, Mapping[str, Any]] = summary.get("tasks", {})
+    groups = list(tasks.items())
+    if len(tasks) > 1:
+        groups.append((OVERALL, summary.get("overall", {})))
+    rows = [(task, metric, est) for task, metrics in groups for metric, est in metrics.items()]
+    named = any("interval" in est for _, _, est in rows)
+    columns = ["task", "metric", "mean>", "95% interval>", *(["method"] if named else []), "items>", "trials>"]
+    table = _table(*columns, "spread>", title=title)
+    for task, metric, est in rows:
+        method = [str(est.get("interval") or "-")] if named else []
+        table.add_row(
+            task, metric, _num(est.get("mean")), _interval(est.get("ci95"), ".4f"), *method,
+            _num(est.get("n_items"), "d"), _num(est.get("trials_per_item"), "g"), _num(est.get("spread")),
+        )  # fmt: skip
+    _emit(console, table)
+
+
+# --- audit -----------------------------------------------------------------------------------------
+
+
+def verify_record(report: VerifyReport) -> dict[str, Any]:
+    return {"format": VERIFY_FORMAT, "ok": True, **jsonable(report)}
+
+
+def render_verify(console: Console, report: VerifyReport) -> None:
+    """What the verifier reported, field by field, then the one-line verdict."""
+    table = _table("", "", header=False)
+    for name, value in jsonable(report).items():
+        label = name.replace("_", " ")
+        if isinstance(value, Mapping):  # e.g. one line per part of the digest
+            for key, sub in value.items():
+                table.add_row(f"{label}: {key}", str(sub))
+        else:
+            table.add_row(label, str(value))
+    _emit(console, table)
+    _line(console, f"ok: {report.episodes} episodes, {report.log_entries} log entries, {report.parts} parts; "
+                   f"merkle root {report.merkle_root}; attestation {report.attestation}")  # fmt: skip
+
+
+def replay_record(report: ReplayReport) -> dict[str, Any]:
+    return {"format": REPLAY_FORMAT, **report.as_record()}
+
+
+def render_replay(console: Console, report: ReplayReport) -> None:
+    """The first divergences, the verdict (which says whether this was a reproduction), then "ok:" on a match."""
+    for d in report.divergences[:MAX_DIVERGENCES]:
+        _line(console, f"divergence: episode {d.episode} seq {d.seq}\n  expected: {d.expected}\n  got:      {d.got}")
+    if len(report.divergences) > MAX_DIVERGENCES:
+        more = len(report.divergences) - MAX_DIVERGENCES
+        _line(console, f"... and {more} more diverging episodes (--json lists them all)")
+    _line(console, f"verdict: {report.verdict}")
+    if report.matches:
+        _line(console, f"ok: {report.reproduced} episodes replayed; every head, the Merkle root and the scores "
+                       "came out as recorded")  # fmt: skip
+
+
+def rescore_record(report: RescoreReport) -> dict[str, Any]:
+    return {"format": RESCORE_FORMAT, **jsonable(report)}
+
+
+def render_rescore(console: Console, report: RescoreReport) -> None:
+    if report.identical:
+        kind = "bit-identical" if report.bytes_identical else "identical values (Parquet bytes differ)"
+        _line(console, f"rescored {report.rows} rows: {kind} to scores.parquet")
+        return
+    _line(console, f"rescored {report.rows} rows with a changed scorer; new scores in {report.written}")
+    table = _table("task", "metric", "before>", "after>", "delta>", "changed episodes>")
+    for d in report.diffs:
+        delta = None if d.old_mean is None or d.new_mean is None else d.new_mean - d.old_mean
+        before, after = _num(d.old_mean), _num(d.new_mean)
+        table.add_row(d.task, d.metric, before, after, _num(delta, "+.4f"), str(d.changed_episodes))
+    _emit(console, table)
+
+
+# --- analysis --------------------------------------------------------------------------------------
+
+
+def render_compare(console: Console, report: CompareReport, interval: str = "clustered") -> None:
+    _line(console, f"A: {report.run_a}")
+    _line(console, f"B: {report.run_b}")
+    changed = ", ".join(report.changed) or "none"
+    _line(console, f"manifest diff (A -> B): {len(report.diffs)} fields differ; things changed: {changed}")
+    if report.diffs:
+        diff = _table("thing", "field", "A", "B")
+        for d in report.diffs:
+            diff.add_row(d.category, d.field, _short(d.a), _short(d.b))
+        _emit(console, diff)
+    if report.warning:
+        bar = "!" * 100
+        for text in (bar, f"!!! {report.warning}", bar):
+            _line(console, text)
+    paired_label = "paired 95% CI (bootstrap)>" if interval == "bootstrap" else "paired 95% CI>"
+    table = _table(
+        "task", "metric", "items>", "A>", "B>", "B - A>", paired_label, "unpaired 95% CI>", "width>", "test", "p>",
+        title="B - A per task and overall (per-item means, paired over the items both runs have)",
+    )  # fmt: skip
+    left_out = []
+    for row in report.rows:
+        e = row.estimate
+        ci_p = e.ci95_paired_bootstrap if interval == "bootstrap" else e.ci95_paired
+        ratio = None
+        if ci_p is not None and e.ci95_unpaired is not None and e.ci95_unpaired[1] > e.ci95_unpaired[0]:
+            ratio = (ci_p[1] - ci_p[0]) / (e.ci95_unpaired[1] - e.ci95_unpaired[0])
+        table.add_row(
+            row.task, row.metric, str(e.n_items), _num(e.mean_a), _num(e.mean_b), _num(e.diff, "+.4f"), _interval(ci_p),
+            _interval(e.ci95_unpaired), _num(ratio, ".2f"), e.test.name, _num(e.test.p_value, ".4g"),
+        )  # fmt: skip
+        if row.items_only_a or row.items_only_b:
+            left_out.append(f"{row.task} {row.metric}: {row.items_only_a} items only in A, {row.items_only_b} only "
+                            "in B: left out of the pairing")  # fmt: skip
+    _emit(console, table)
+    for text in left_out:
+        _line(console, text)
+    _line(console, "width = paired / unpaired interval width (below 1: pairing narrows the interval)")
+
+
+def render_digest(console: Console, record: Mapping[str, str]) -> None:
+    table = _table("", "", header=False)
+    for key, value in record.items():
+        table.add_row(key, value)
+    _emit(console, table)
+
+
+def render_gate(console: Console, d: GateDecision) -> None:
+    digests = _table("", "candidate", "baseline")
+    for key in d.candidate:
+        digests.add_row(key, d.candidate[key], d.baseline.get(key, "-"))
+    digests.add_row(f"mean {d.metric}", _num(d.candidate_mean), _num(d.baseline_mean))
+    _emit(console, digests)
+    decision = _table("", "", header=False)
+    decision.add_row("delta", f"{_num(d.delta, '+.4f')} (candidate - baseline)")
+    decision.add_row("margin", _num(d.margin))
+    decision.add_row("rule", d.margin_rule)
+    _emit(console, decision)
+    _line(console, f"{'PASS' if d.passed else 'BLOCKED'}: {d.reason}")
+
+
+def render_nondet(console: Console, r: NondetReport) -> None:
+    n = r.n_runs
+    _line(console, f"nondet over {n} runs with equal digests; metric {r.metric}; {r.items} items, {r.episodes} "
+                   f"episodes matched ({r.unmatched_episodes} unmatched, left out)")  # fmt: skip
+    runs = _table("#>", "run", "accuracy>", "dispatch batch sizes")
+    for k, run in enumerate(r.runs):
+        sizes = ",".join(map(str, r.batch_sizes[k])) if r.batch_sizes else "-"
+        runs.add_row(str(k), Path(run).name, _num(r.accuracy[k]), sizes)
+    _emit(console, runs)
+    if r.settings:
+        title = "settings that differ between the runs"
+        settings = _table("thing", "field", *(f"run {k}" for k in range(n)), title=title)
+        for s in r.settings:
+            settings.add_row(s.category, s.field, *(_short(v, 30) for v in s.values))
+        _emit(console, settings)
+    else:
+        _line(console, "settings that differ: none recorded")
+    first_div = f"min {_num(r.first_divergence_min, 'd')}, median {_num(r.first_divergence_median, '.1f')}"
+    drift = _num(r.max_abs_logprob_diff, ".3e")
+    drift_median = _num(r.median_max_abs_logprob_diff, ".3e")
+    rows = [
+        (f"TARr@{n} (raw outputs identical)", _num(r.tarr)),
+        (f"TARa@{n} (parsed answers identical)", _num(r.tara)),
+        ("distinct completions per episode",
+         f"mean {r.distinct_mean:.3f}, max {r.distinct_max}, histogram {r.distinct_histogram}"),
+        ("episodes with a divergent token", f"{r.diverged_episodes}; first position {first_div}"),
+        ("max |logprob diff| before divergence", f"{drift} (median over episodes {drift_median})"),
+        ("accuracy over runs",
+         f"best {r.accuracy_best:.4f}, worst {r.accuracy_worst:.4f}, spread {r.accuracy_spread:.4f}"),
+        ("accuracy per episode",
+         f"best possible {r.accuracy_best_possible:.4f}, worst possible {r.accuracy_worst_possible:.4f}"),
+    ]  # fmt: skip
+    measures = _table("measure", "value")
+    for row in rows:
+        measures.add_row(*row)
+    _emit(console, measures)
+    unstable = [i for i in r.per_item if not i.identical_raw]
+    if unstable:
+        title = f"items whose outputs differ (first {min(MAX_UNSTABLE_ITEMS, len(unstable))} of {len(unstable)})"
+        items = _table("task", "item", "distinct>", "first div>", "max |dlp|>", "answers same>", title=title)
+        for i in unstable[:MAX_UNSTABLE_ITEMS]:
+            items.add_row(i.task, i.item_id, str(i.distinct), _num(i.first_divergence, "d"),
+                          _num(i.max_abs_logprob_diff, ".2e"), str(i.identical_answer))  # fmt: skip
+        _emit(console, items)
