@@ -1,4 +1,4 @@
-"""Errors that map onto the exit codes every evalrun command shares (DESIGN.md)."""
+"""Errors that map onto the exit codes every evalrun command shares (docs/design.md "Exit codes")."""
 
 from __future__ import annotations
 
