@@ -47,6 +47,7 @@ from evalrun.pipeline.plan import Episode, episode_id
 from evalrun.records.canonical import Canonical, canonical_json
 from evalrun.records.merkle import merkle_root
 from evalrun.rundir import layout, writer
+from evalrun.rundir.reader import read_outputs
 from evalrun.scoring import score_outputs, scoring_hash
 from evalrun.stats.summary import summarize
 
@@ -140,7 +141,7 @@ def write_run(path: Path, episodes: list[Episode], part_size: int, pool: Process
     else:
         write_parts_pool(parts, episodes, part_size, pool, window, send_episodes)
     write_s = time.perf_counter() - started
-    scores = score_outputs(run.read_outputs(["episode_id", "task", "item_id", "seed", "repeat", "output", "target"]),
+    scores = score_outputs(read_outputs(run, ["episode_id", "task", "item_id", "seed", "repeat", "output", "target"]),
                            SCORER_CONFIG)  # fmt: skip
     files[layout.SCORES] = writer.write_atomic(run.scores, writer.table_bytes(scores))
     files[layout.SUMMARY] = writer.write_json(run.summary, summarize(scores))

@@ -21,7 +21,7 @@ from evalrun.records.outputs import OUTPUT_SCHEMA
 from evalrun.rundir import layout, writer
 from evalrun.scoring import SCORES_SCHEMA
 
-DIGEST = {"prompt_pack": "p" * 64, "seed_set": "s" * 64, "scoring": "c" * 64, "digest": "d" * 64}
+DIGEST = {"prompt_pack": "a" * 64, "seed_set": "b" * 64, "scoring": "c" * 64, "digest": "d" * 64}
 FILES = {"model.safetensors": "1" * 64, "config.json": "2" * 64}
 
 
@@ -38,6 +38,8 @@ def manifest(**changes: Any) -> dict[str, Any]:
         "determinism": {"asked": {"enabled": True}, "honoured": [{"seeded": True}], "notes": []},
         "cluster": {"batch_size": 256}, "workers": [{"worker": "w@1"}], "hardware": {"cpu": "x", "gpu": None},
         "libraries": {"torch": "2"}, "python": "3.11", "git": {"commit": "a", "dirty": False},
+        "limit": None, "episodes": 4, "judge_model": None,
+        "generator": {"name": "evalrun", "version": "0.1.0", "git_commit": "a"},
         "started_at": "2026-01-01T00:00:00+00:00",
     }  # fmt: skip
     for dotted, value in changes.items():
@@ -160,7 +162,7 @@ def test_gate_range_rule_inside_and_outside_the_margin(tmp_path: Path, capsys: p
 def test_gate_refuses_unequal_digests_whatever_the_scores(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     base = five_seed_run(tmp_path, "base", 0.3, 0.0)
     other = manifest(seeds={"master": 7, "set": list(range(5)), "repeats": 1},
-                     digest={**DIGEST, "prompt_pack": "q" * 64, "digest": "z" * 64})  # fmt: skip
+                     digest={**DIGEST, "prompt_pack": "e" * 64, "digest": "f" * 64})  # fmt: skip
     cand = five_seed_run(tmp_path, "cand", 0.9, 0.0, other)
     d = gate_paths(cand, base)
     assert not d.passed and "digests differ (prompt_pack)" in d.reason
@@ -237,7 +239,7 @@ def test_nondet_over_run_dirs_matches_episodes_and_names_the_differing_settings(
     assert "TARr@2" in capsys.readouterr().out
     assert main(["nondet", str(a), str(b), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["format"] == "evalrun.nondet/1"
-    c = make_run(tmp_path, "c", values, manifest(digest={**DIGEST, "seed_set": "x" * 64, "digest": "y" * 64}))
+    c = make_run(tmp_path, "c", values, manifest(digest={**DIGEST, "seed_set": "9" * 64, "digest": "8" * 64}))
     with pytest.raises(BadInput, match="seed_set"):
         nondet_paths([a, c])
     assert main(["nondet", str(a)]) == 2

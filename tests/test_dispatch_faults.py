@@ -16,6 +16,7 @@ from evalrun.config import load
 from evalrun.pipeline.dispatch import Dispatcher, RayDispatcher
 from evalrun.pipeline.runner import execute, prepare
 from evalrun.rundir.layout import RunDir
+from evalrun.rundir.reader import read_outputs
 
 pytestmark = pytest.mark.e2e  # starts the engine
 
@@ -64,7 +65,7 @@ def run_on(dispatcher: Dispatcher, tmp_path: Path, *overrides: str) -> Path:
 def test_two_workers_and_any_batch_size_give_the_same_root(two_workers, reference_root, tmp_path) -> None:
     run = run_on(two_workers, tmp_path, "cluster.batch_size=3")
     assert record(run)["merkle_root"] == reference_root
-    workers = set(RunDir(run).read_outputs(["worker"]).column("worker").to_pylist())
+    workers = set(read_outputs(RunDir(run), ["worker"]).column("worker").to_pylist())
     assert len(workers) == 2  # both workers served batches
 
 
@@ -82,5 +83,5 @@ def test_a_worker_dying_mid_run_loses_nothing(two_workers, reference_root, tmp_p
     rec = record(run)
     assert rec["dispatch"]["retries"] >= 1 and rec["dispatch"]["worker_restarts"] == 1
     assert rec["merkle_root"] == reference_root
-    ids = RunDir(run).read_outputs(["episode_id"]).column("episode_id").to_pylist()
+    ids = read_outputs(RunDir(run), ["episode_id"]).column("episode_id").to_pylist()
     assert len(ids) == len(set(ids)) == 80  # nothing lost, nothing written twice

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from evalrun.rundir.layout import RunDir
+from evalrun.rundir.reader import read_outputs
 from evalrun.rundir.writer import locked
 
 pytestmark = pytest.mark.e2e  # starts the engine
@@ -48,7 +49,7 @@ def test_resume_after_a_killed_driver_gives_the_uninterrupted_root(run_eval, tmp
     assert rec["dispatch"]["kept_parts"] == len(parts_before)
     for name, data in parts_before.items():  # complete parts were kept as they were
         assert (run / "outputs" / name).read_bytes() == data
-    ids = RunDir(run).read_outputs(["episode_id"]).column("episode_id").to_pylist()
+    ids = read_outputs(RunDir(run), ["episode_id"]).column("episode_id").to_pylist()
     assert len(ids) == len(set(ids)) == 30
     assert not list(run.rglob(".tmp-*")) and not (run / ".lock").exists()
 

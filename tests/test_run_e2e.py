@@ -13,6 +13,7 @@ from evalrun.records.chain import chain_head
 from evalrun.records.merkle import merkle_root
 from evalrun.records.outputs import OUTPUT_SCHEMA
 from evalrun.rundir.layout import RunDir
+from evalrun.rundir.reader import read_outputs
 
 pytestmark = pytest.mark.e2e  # starts the engine
 
@@ -30,7 +31,7 @@ def test_run_directory_matches_the_design(run_eval) -> None:
     assert len(parts) == 3  # 24 episodes in batches of 10
     assert not list(path.rglob(".tmp-*"))
 
-    outputs = run.read_outputs()
+    outputs = read_outputs(run)
     assert pq.read_schema(parts[0]).equals(OUTPUT_SCHEMA, check_metadata=False)
     assert outputs.num_rows == 24 and len(set(outputs.column("episode_id").to_pylist())) == 24
     row = outputs.slice(0, 1).to_pylist()[0]
@@ -76,7 +77,7 @@ def test_same_config_twice_gives_the_same_root_greedy_and_sampled(run_eval, tmp_
     other = run_eval(*sampled, "seeds.master=99")
 
     def by_trial(run: Path) -> dict[tuple[str, int], str]:
-        cols = RunDir(run).read_outputs(["item_id", "repeat", "output"]).to_pydict()
+        cols = read_outputs(RunDir(run), ["item_id", "repeat", "output"]).to_pydict()
         return {(i, r): o for i, r, o in zip(cols["item_id"], cols["repeat"], cols["output"], strict=True)}
 
     # Same trials, same seeds: identical text; another master seed really samples differently.

@@ -43,6 +43,7 @@ from evalrun.records.merkle import merkle_root
 from evalrun.records.outputs import OUTPUT_SCHEMA, SCORES_SCHEMA
 from evalrun.rundir import layout, writer
 from evalrun.rundir.attest import write_attestation
+from evalrun.rundir.reader import read_outputs
 from evalrun.stats.summary import summarize
 from evalrun.tasks.rubric import load_rubric
 
@@ -130,7 +131,7 @@ def write_run(root: Path, parts: list[list[EpisodeResult]]) -> Path:
     for part in parts:
         provenance = encode.Provenance(worker="synthetic", hardware="{}", batch_size=len(part), latency_s=0.0)
         assert part_writer.write(encode.encode_part(part, provenance))
-    rows = run.read_outputs(["episode_id", "task", "item_id", "seed", "repeat", "output", "target"]).to_pylist()
+    rows = read_outputs(run, ["episode_id", "task", "item_id", "seed", "repeat", "output", "target"]).to_pylist()
     scores = pa.Table.from_pylist(
         [{**{k: r[k] for k in ("episode_id", "task", "item_id", "seed", "repeat")}, "metric": "exact_match",
           "value": float(r["output"].strip() == r["target"]), "extracted": r["output"].strip(),

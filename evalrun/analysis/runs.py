@@ -12,12 +12,11 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from evalrun.errors import BadInput
 from evalrun.records.canonical import canonical_hash
 from evalrun.rundir import layout
-from evalrun.rundir.reader import open_run
+from evalrun.rundir.reader import open_run, read_manifest, read_outputs, read_scores
 
 Observation = tuple[tuple[str, str], tuple[int, int], float]
 OVERALL = "(overall)"
@@ -52,7 +51,7 @@ class Run:
         return dict(grouped)
 
     def read_outputs(self, columns: list[str]) -> pa.Table:
-        return layout.RunDir(self.path).read_outputs(columns)
+        return read_outputs(layout.RunDir(self.path), columns)
 
 
 def load_run(path: Path) -> Run:
@@ -61,10 +60,10 @@ def load_run(path: Path) -> Run:
     for required in (run.manifest, run.record, run.scores):
         if not required.is_file():
             raise BadInput(str(required), "missing: compare, gate and nondet read finished runs only")
-    manifest = run.read_json(layout.MANIFEST)
+    manifest = read_manifest(run)
     if not isinstance(manifest, dict) or "digest" not in manifest or "identity" not in manifest:
         raise BadInput(str(run.manifest), "expected an evalrun manifest with 'digest' and 'identity'")
-    return Run(path=path, manifest=manifest, scores=pq.read_table(run.scores))
+    return Run(path=path, manifest=manifest, scores=read_scores(run))
 
 
 def model_hash(manifest: dict[str, Any]) -> str:

@@ -19,7 +19,7 @@ from evalrun.records.entries import EntryError, parse_line
 from evalrun.records.formats import PROOF_FORMAT, Proof, first_error
 from evalrun.records.merkle import audit_path, leaf, leaf_hash, root_from_path, root_of_leaf_hashes
 from evalrun.rundir import layout
-from evalrun.rundir.reader import load_record, open_run
+from evalrun.rundir.reader import load_record, open_run, read_outputs
 
 
 def episode_lines(run: layout.RunDir, episode_id: str) -> tuple[str, ...]:
@@ -35,7 +35,7 @@ def episode_lines(run: layout.RunDir, episode_id: str) -> tuple[str, ...]:
 def prove(path: Path, episode_id: str) -> Proof:
     run = open_run(path)
     record = load_record(run)
-    cols = run.read_outputs(["episode_id", "head"]).to_pydict()
+    cols = read_outputs(run, ["episode_id", "head"]).to_pydict()
     heads = sorted(zip(cols["episode_id"], cols["head"], strict=True))
     index = next((i for i, (eid, _) in enumerate(heads) if eid == episode_id), None)
     if index is None:

@@ -24,8 +24,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import pyarrow.parquet as pq
-
 from evalrun.config import EvalConfig, load_stored, validate
 from evalrun.engines.replay import Divergence, RecordedCall, ReplayEngine
 from evalrun.pipeline import encode
@@ -38,7 +36,15 @@ from evalrun.records.chain import link
 from evalrun.records.entries import MODEL_CALLS, HeaderEntry
 from evalrun.records.merkle import merkle_root
 from evalrun.rundir import layout
-from evalrun.rundir.reader import iter_chains, load_record, open_run, part_pairs
+from evalrun.rundir.reader import (
+    iter_chains,
+    load_record,
+    open_run,
+    part_pairs,
+    read_manifest,
+    read_outputs,
+    read_scores,
+)
 from evalrun.scoring import ScoringContext, score_outputs
 from evalrun.tasks import load_task
 
@@ -158,7 +164,7 @@ def load_recording(run: layout.RunDir) -> tuple[dict[str, Recorded], dict[tuple[
     record = load_record(run)
     recorded: dict[str, Recorded] = {}
     calls: dict[tuple[str, int], RecordedCall] = {}
-    prompt_tokens = dict(zip(*run.read_outputs(["episode_id", "prompt_tokens"]).to_pydict().values(), strict=True))
+    prompt_tokens = dict(zip(*read_outputs(run, ["episode_id", "prompt_tokens"]).to_pydict().values(), strict=True))
     for log_rel, _out_rel in part_pairs(run, record):
         for eid, entries, lines, head, _start in iter_chains(run.path / log_rel, log_rel, known_format_only=True):
             header = entries[0]
@@ -219,17 +225,17 @@ def replay_run(path: Path, overrides: list[str]) -> ReplayReport:
             divergences.append(d)
     divergences.sort(key=lambda d: d.episode)
     heads = {r.episode.episode_id: r.head for r in results}
-    record = run.read_json(layout.RECORD)
-    manifest = run.read_json(layout.MANIFEST)
+    record = load_record(run)
+    manifest = read_manifest(run)
     scores_identical = None
     if not divergences:
         provenance = encode.Provenance(worker="replay", hardware="{}", batch_size=1, latency_s=0.0)
         context = ScoringContext.recorded(manifest, task.rubric)
         scores = score_outputs(encode.output_rows(results, provenance), config.task.scorer, context)
-        recorded_scores = pq.read_table(run.scores)
+        recorded_scores = read_scores(run)
         scores_identical = recorded_scores.schema.equals(scores.schema) and recorded_scores.equals(scores)
     return ReplayReport(
         episodes=len(recorded), reproduced=len(results), divergences=tuple(divergences),
-        root_matches=not divergences and merkle_root(heads.items()) == record["merkle_root"],
+        root_matches=not divergences and merkle_root(heads.items()) == record.merkle_root,
         scores_identical=scores_identical, code=code_identity(manifest, recorded), overrides=tuple(overrides),
     )  # fmt: skip

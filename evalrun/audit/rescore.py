@@ -15,13 +15,12 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-import yaml
 
 from evalrun.config import Override, ScorerConfig, parse_overrides
 from evalrun.errors import BadInput, CheckFailed
 from evalrun.records.canonical import canonical_hash
 from evalrun.rundir import layout, writer
-from evalrun.rundir.reader import open_run
+from evalrun.rundir.reader import open_run, read_config, read_manifest, read_outputs
 from evalrun.scoring import ScoringContext, make_scorer, score_columns, score_outputs, scorer_version, scoring_hash
 from evalrun.stats.summary import summarize
 from evalrun.tasks.rubric import load_rubric
@@ -51,9 +50,8 @@ class RescoreReport:
 def recorded_scorer(run: layout.RunDir) -> ScorerConfig:
     """The run's ``task.scorer`` settings (config.yaml), over the current defaults as a stored config is read."""
     try:
-        raw = yaml.safe_load(run.config.read_text(encoding="utf-8"))
-        record = dict(raw["task"]["scorer"])
-    except (OSError, yaml.YAMLError, KeyError, TypeError) as exc:
+        record = dict(read_config(run)["task"]["scorer"])
+    except (KeyError, TypeError) as exc:
         raise BadInput(layout.CONFIG, f"expected the run's resolved config with task.scorer ({exc})") from exc
     return ScorerConfig.from_record({**ScorerConfig().as_record(), **record})
 
@@ -115,7 +113,7 @@ def recorded_context(run: layout.RunDir, rubric_path: Path | None) -> tuple[Scor
     Only weights, option values and the aggregation may differ: verdicts were given to the
     judge-facing part, so a rubric whose judges would see something else is refused (exit 2).
     """
-    manifest = run.read_json(layout.MANIFEST)
+    manifest = read_manifest(run)
     recorded_rubric = manifest.get("task", {}).get("rubric")
     if recorded_rubric is None:
         if rubric_path is not None:
@@ -138,7 +136,7 @@ def rescore_run(path: Path, overrides: list[str]) -> RescoreReport:
     context, rubric_changed = recorded_context(run, rubric_path)
     spec = ScorerConfig.from_record({**recorded.as_record(), **settings})
     make_scorer(spec, context)  # a BadInput names a setting the scorer cannot use
-    new = score_outputs(run.read_outputs(score_columns(spec)), spec, context)
+    new = score_outputs(read_outputs(run, score_columns(spec)), spec, context)
     old_bytes = run.scores.read_bytes()
     old = pq.read_table(pa.BufferReader(old_bytes))
     old_versions = set(old.column("scorer_version").to_pylist()) if "scorer_version" in old.column_names else set()

@@ -51,7 +51,16 @@ from evalrun.records.formats import SCHEDULE_FORMAT, Generator, Record, RecordMo
 from evalrun.records.merkle import leaf_hash, root_of_leaf_hashes
 from evalrun.records.outputs import CHAIN_COLUMNS, CHAIN_SCHEMA, STAGED_COLUMNS
 from evalrun.rundir import attest, layout
-from evalrun.rundir.reader import iter_chains, load_record, open_run, part_pairs, read_output_part
+from evalrun.rundir.reader import (
+    iter_chains,
+    load_record,
+    open_run,
+    part_pairs,
+    read_manifest,
+    read_output_part,
+    read_scores,
+    read_summary,
+)
 from evalrun.stats.summary import resummarize
 
 _string = encode_basestring  # JCS string escaping (see evalrun.records.canonical)
@@ -376,8 +385,8 @@ def _summary_matches(run_path: str) -> bool | None:
         run = layout.RunDir(Path(run_path))
         if not run.summary.exists():
             return True
-        stored = run.read_json(layout.SUMMARY)
-        return canonical_json(resummarize(pq.read_table(run.scores), stored)) == canonical_json(stored)
+        stored = read_summary(run)
+        return canonical_json(resummarize(read_scores(run), stored)) == canonical_json(stored)
     except Exception:
         return None
 
@@ -400,9 +409,7 @@ def check_manifest(run: layout.RunDir, record: dict[str, Any]) -> tuple[dict[str
     """The manifest, and how each digest part was checked (see :mod:`evalrun.audit.digest_check`)."""
     if file_sha256(run.manifest) != record["manifest_sha256"]:
         raise _fail(layout.MANIFEST, "sha256 differs from record.json manifest_sha256")
-    manifest = run.read_json(layout.MANIFEST)
-    if not isinstance(manifest, dict):
-        raise _fail(layout.MANIFEST, "not a JSON object")
+    manifest = read_manifest(run)
     digest_parts = check_digest(manifest, _scorer_versions(run, record) if "digest_inputs" in manifest else ())
     if manifest["digest"]["digest"] != record["digest"]:
         raise _fail(layout.RECORD, "digest differs from the manifest's")
@@ -415,8 +422,8 @@ def _scorer_versions(run: layout.RunDir, record: dict[str, Any]) -> set[str]:
     if layout.SCORES not in record["files"]:
         return set()
     try:
-        column = pq.read_table(run.scores, columns=["scorer_version"]).column("scorer_version")
-    except (pa.ArrowException, OSError, ValueError, KeyError):
+        column = read_scores(run, ["scorer_version"]).column("scorer_version")
+    except (CheckFailed, KeyError):
         return set()
     return {str(v) for v in pc.unique(column).to_pylist() if v is not None}
 
@@ -424,10 +431,7 @@ def _scorer_versions(run: layout.RunDir, record: dict[str, Any]) -> set[str]:
 def check_scores(run: layout.RunDir, heads: dict[str, str], summary_ok: bool | None = None) -> None:
     """Scored episodes against the output rows, then summary.json against scores.parquet (skipped
     when ``summary_ok`` says it was already found equal)."""
-    try:
-        scores = pq.read_table(run.scores, columns=["episode_id"] if summary_ok else None)
-    except (pa.ArrowException, OSError, ValueError) as exc:
-        raise _fail(layout.SCORES, f"unreadable ({exc})") from exc
+    scores = read_scores(run, ["episode_id"] if summary_ok else None)
     scored = set(scores.column("episode_id").to_pylist())
     if scored != heads.keys():
         missing = sorted(set(heads) - scored)[:1] or sorted(scored - set(heads))[:1]
@@ -437,7 +441,7 @@ def check_scores(run: layout.RunDir, heads: dict[str, str], summary_ok: bool | N
     if not run.summary.exists():
         return
     try:
-        stored = run.read_json(layout.SUMMARY)
+        stored = read_summary(run)
         recomputed = resummarize(scores, stored)  # in the format (and so with the interval method) it declares
     except ValueError as exc:  # not JSON, or a format this code does not know
         raise _fail(layout.SUMMARY, str(exc)) from exc

@@ -30,7 +30,7 @@ from evalrun.pipeline import dispatch, runner
 from evalrun.records.canonical import canonical_json
 from evalrun.rundir import layout
 from evalrun.rundir.attest import write_attestation
-from evalrun.rundir.reader import load_record, open_run
+from evalrun.rundir.reader import load_record, open_run, read_summary
 
 PROG = "evalrun"
 EXIT_INTERRUPTED = 130
@@ -83,7 +83,7 @@ def _print_results(console: Any, run_dir: Path) -> None:
     """The run's summary.json as a table (nothing when the run wrote none)."""
     run = layout.RunDir(run_dir)
     if run.summary.is_file():
-        render.render_summary(console, run.read_json(layout.SUMMARY), title=f"results: {run_dir}")
+        render.render_summary(console, read_summary(run), title=f"results: {run_dir}")
 
 
 # --- run and resume --------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ from evalrun.pipeline.environment import (
     python_version,
 )
 from evalrun.records.canonical import canonical_hash, combine
-from evalrun.records.formats import MANIFEST_FORMAT
+from evalrun.records.formats import MANIFEST_FORMAT, Manifest
 from evalrun.scoring import ScoringContext, scoring_record
 from evalrun.tasks import Task
 
@@ -150,7 +150,7 @@ def build_manifest(
     for w in workers:
         if w["determinism"]["honoured"] not in honoured:
             honoured.append(w["determinism"]["honoured"])
-    return {
+    manifest = {
         "format": MANIFEST_FORMAT,
         "identity": run_identity(config, task, model, digest, episodes, judge_model),
         "digest": digest.as_record(),
@@ -184,3 +184,4 @@ def build_manifest(
         "hardware": hardware_fingerprint(),
         "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
+    return Manifest.model_validate(manifest).as_record()  # written through its one definition

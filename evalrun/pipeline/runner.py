@@ -6,7 +6,6 @@ so a run directory without it is not a result.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -31,7 +30,7 @@ from evalrun.pipeline.worker import WorkerSpec
 from evalrun.records.canonical import file_sha256
 from evalrun.records.formats import EpisodeCounts, Record
 from evalrun.records.merkle import merkle_root
-from evalrun.rundir import layout, writer
+from evalrun.rundir import layout, reader, writer
 from evalrun.rundir.attest import attest_finished_run
 from evalrun.scoring import NORMALIZERS, SCORERS, make_scorer, score_columns, score_outputs
 from evalrun.stats.summary import summarize
@@ -159,7 +158,7 @@ def resume(run_path: Path, overrides: list[str] | None = None, dispatcher: Dispa
     with writer.locked(run):
         if run.record.is_file():
             return run.path  # already complete
-        recorded = json.loads(run.manifest.read_text(encoding="utf-8")).get("identity", {})
+        recorded = reader.read_manifest(run).get("identity", {})
         current = run_identity(prepared.config, prepared.task, prepared.model, prepared.digest, len(prepared.episodes),
                                prepared.judge_model)  # fmt: skip
         changed = sorted(k for k in set(recorded) | set(current) if recorded.get(k) != current.get(k))
@@ -196,7 +195,7 @@ def _complete(run: layout.RunDir, prepared: Prepared, dispatcher: Dispatcher, pa
 
     spec = config.task.scorer
     context = scoring_context(config, prepared.task, prepared.model, prepared.judge_model)
-    scores = score_outputs(run.read_outputs(score_columns(spec)), spec, context)
+    scores = score_outputs(reader.read_outputs(run, score_columns(spec)), spec, context)
     files = {name: file_sha256(run.path / name) for name in (layout.CONFIG, layout.MANIFEST)}
     files[layout.SCORES] = writer.write_atomic(run.scores, writer.table_bytes(scores))
     files[layout.SUMMARY] = writer.write_json(run.summary, summarize(scores))

@@ -5,16 +5,10 @@ See docs/design.md "The run directory".
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
-from typing import Any
-
-import pyarrow as pa
-import pyarrow.parquet as pq
 
 from evalrun.errors import BadInput
-from evalrun.records.outputs import OUTPUT_SCHEMA
 
 MANIFEST = "manifest.json"
 CONFIG = "config.yaml"
@@ -50,15 +44,6 @@ class RunDir:
 
     def output_parts(self) -> list[Path]:
         return sorted(p for p in self.outputs.glob("part-*.parquet") if PART_PATTERN.match(p.name))
-
-    def read_outputs(self, columns: list[str] | None = None) -> pa.Table:
-        parts = self.output_parts()
-        if not parts:
-            return OUTPUT_SCHEMA.empty_table() if columns is None else OUTPUT_SCHEMA.empty_table().select(columns)
-        return pq.read_table([str(p) for p in parts], columns=columns, schema=OUTPUT_SCHEMA)
-
-    def read_json(self, name: str) -> Any:
-        return json.loads((self.path / name).read_text(encoding="utf-8"))
 
 
 def create_run_dir(root: Path, name: str, exact: Path | None = None) -> RunDir:

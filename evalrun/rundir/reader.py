@@ -17,6 +17,7 @@ from typing import Any, NamedTuple
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import yaml
 from pydantic import ValidationError
 
 from evalrun.errors import BadInput, CheckFailed
@@ -30,8 +31,8 @@ from evalrun.records.entries import (
     parse_entry,
     request_hash,
 )
-from evalrun.records.formats import RECORD_FORMAT, SCHEDULE_FORMAT, Record, first_error
-from evalrun.records.outputs import CHAIN_COLUMNS, CHAIN_SCHEMA
+from evalrun.records.formats import RECORD_FORMAT, SCHEDULE_FORMAT, Manifest, Record, Summary, first_error
+from evalrun.records.outputs import CHAIN_COLUMNS, CHAIN_SCHEMA, OUTPUT_SCHEMA
 from evalrun.rundir import layout
 
 
@@ -47,6 +48,72 @@ def open_run(path: Path) -> layout.RunDir:
     if not run.record.exists() and not run.manifest.exists():
         raise BadInput(str(path), "not a run directory (expected manifest.json and record.json)")
     return run
+
+
+def _json_file(run: layout.RunDir, name: str) -> Any:
+    try:
+        return json.loads((run.path / name).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise _fail(name, "missing") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise _fail(name, f"unreadable ({exc})") from exc
+
+
+def _typed(name: str, model: type[Any], value: Any) -> None:
+    try:
+        model.model_validate(value)
+    except ValidationError as exc:
+        field, message = first_error(exc)
+        raise _fail(name, f"field {field!r}: {message}") from None
+
+
+def read_manifest(run: layout.RunDir) -> dict[str, Any]:
+    """manifest.json, checked against :class:`~evalrun.records.formats.Manifest`, as the JSON object it is
+    (its config sections are read by key: they are the config of the code that wrote them)."""
+    manifest = _json_file(run, layout.MANIFEST)
+    _typed(layout.MANIFEST, Manifest, manifest)
+    return manifest
+
+
+def read_summary(run: layout.RunDir) -> dict[str, Any]:
+    """summary.json, checked against :class:`~evalrun.records.formats.Summary`."""
+    summary = _json_file(run, layout.SUMMARY)
+    _typed(layout.SUMMARY, Summary, summary)
+    return summary
+
+
+def read_config(run: layout.RunDir) -> dict[str, Any]:
+    """config.yaml, the fully resolved config the run was made with, as plain data."""
+    try:
+        config = yaml.safe_load(run.config.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise _fail(layout.CONFIG, "missing") from None
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        raise _fail(layout.CONFIG, f"unreadable ({exc})") from exc
+    if not isinstance(config, dict):
+        raise _fail(layout.CONFIG, "expected a mapping of config groups")
+    return config
+
+
+def read_outputs(run: layout.RunDir, columns: list[str] | None = None) -> pa.Table:
+    """Every output part as one table (the columns asked for, in evalrun's schema)."""
+    parts = run.output_parts()
+    if not parts:
+        empty = OUTPUT_SCHEMA.empty_table()
+        return empty if columns is None else empty.select(columns)
+    try:
+        return pq.read_table([str(p) for p in parts], columns=columns, schema=OUTPUT_SCHEMA)
+    except (pa.ArrowException, OSError) as exc:
+        raise _fail(layout.OUTPUTS, f"unreadable output parts ({exc})") from exc
+
+
+def read_scores(run: layout.RunDir, columns: list[str] | None = None) -> pa.Table:
+    try:
+        return pq.read_table(run.scores, columns=columns)
+    except FileNotFoundError:
+        raise _fail(layout.SCORES, "missing") from None
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        raise _fail(layout.SCORES, f"unreadable ({exc})") from exc
 
 
 def load_record(run: layout.RunDir) -> Record:
