@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import errno
+from pathlib import Path
+
 EXIT_OK = 0
 EXIT_CHECK_FAILED = 1
 EXIT_BAD_INPUT = 2
+EXIT_INTERRUPTED = 130
 
 
 class BadInput(Exception):
@@ -18,3 +22,28 @@ class BadInput(Exception):
 
 class CheckFailed(Exception):
     """A check failed (exit 1): verification, replay divergence, blocked gate."""
+
+
+class WriteFailed(BadInput):
+    """A file could not be written (disk full, read-only or missing directory): exit 2, naming the file."""
+
+
+def write_failed(path: Path | str, exc: OSError) -> WriteFailed:
+    """The WriteFailed for ``exc``, saying what the user can do about it."""
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        advice = "no space left on the device; free some space"
+    elif exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+        advice = "not writable (a read-only file system or no permission); make it writable"
+    elif exc.errno in (errno.ENOENT, errno.ENOTDIR):
+        advice = "its directory is missing (removed while evalrun wrote to it?)"
+    else:
+        advice = f"cannot be written ({exc.strerror or exc})"
+    return WriteFailed(str(path), advice)
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C during a run (exit 130); ``run`` is the run directory it leaves incomplete, to resume."""
+
+    def __init__(self, run: Path) -> None:
+        super().__init__(str(run))
+        self.run = run

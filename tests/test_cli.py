@@ -228,6 +228,7 @@ def fake_runs(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[Path]:
     monkeypatch.setattr(runner, "prepare", lambda loaded: job)
     monkeypatch.setattr(runner, "open_for", lambda prepared: dispatcher)
     monkeypatch.setattr(runner, "execute", execute)
+    monkeypatch.setattr(runner, "check_destination", lambda config: None)
     monkeypatch.setattr(dispatch, "dispatcher_key", lambda spec, cluster: "one dispatcher")
     return made
 

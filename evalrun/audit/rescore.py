@@ -25,8 +25,6 @@ from evalrun.scoring import ScoringContext, make_scorer, score_columns, score_ou
 from evalrun.stats.summary import summarize
 from evalrun.tasks.rubric import load_rubric
 
-RESCORE_DIR = "rescore"
-
 
 @dataclass(frozen=True)
 class TaskDiff:
@@ -145,11 +143,11 @@ def rescore_run(path: Path, overrides: list[str]) -> RescoreReport:
     new_bytes = writer.table_bytes(new)
     if identical:
         return RescoreReport(new.num_rows, scorer_changed, True, new_bytes == old_bytes, (), None)
-    out_dir = run.path / RESCORE_DIR / scoring_hash(spec, context)[:16]
+    out_dir = run.path / layout.RESCORE / scoring_hash(spec, context)[:16]
     out_dir.mkdir(parents=True, exist_ok=True)
     writer.write_atomic(out_dir / layout.SCORES, new_bytes)
     writer.write_json(out_dir / layout.SUMMARY, summarize(new))
-    writer.write_json(out_dir / "scorer.json", {**spec.as_record(), "context": context.as_record()})
+    writer.write_json(out_dir / layout.RESCORER, {**spec.as_record(), "context": context.as_record()})
     diffs = _diffs(old, new)
     report = RescoreReport(new.num_rows, scorer_changed, False, False, diffs, out_dir)
     if not scorer_changed:

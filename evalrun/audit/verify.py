@@ -2,7 +2,9 @@
 
 Order of checks (the first failure is reported, naming file, line, episode and seq where known):
 
-1. record.json is present, canonical, of a known format; the parts on disk are the parts it lists.
+1. record.json and the attestation are present (else the run is incomplete: ``evalrun resume``
+   completes it); record.json is canonical, of a known format; the parts on disk are the parts it
+   lists, and the run directory holds no file that a run does not write.
 2. Each log part, with its output part (one process per part, in parallel): every line belongs to
    a chain that starts with a ``evalrun.schedule/1`` header at seq 0, runs seq 0, 1, 2, ... with
    each ``prev`` equal to the hash before it, and ends with an ``end`` entry; chains do not
@@ -18,6 +20,7 @@ Order of checks (the first failure is reported, naming file, line, episode and s
 
 from __future__ import annotations
 
+import fcntl
 import gc
 import hashlib
 import json
@@ -393,6 +396,45 @@ def _summary_matches(run_path: str) -> bool | None:
 
 # --- whole-run checks ------------------------------------------------------------------------
 
+_RESCORE_FOLDER = rf"{layout.RESCORE}/[0-9a-f]{{16}}"
+_RESCORED_NAMES = "|".join(map(re.escape, (layout.SCORES, layout.SUMMARY, layout.RESCORER)))
+_RESCORED = re.compile(rf"{_RESCORE_FOLDER}/({_RESCORED_NAMES})")
+_TOP_LEVEL = {layout.MANIFEST, layout.CONFIG, layout.SCORES, layout.SUMMARY, layout.RECORD, layout.ATTESTATION}
+
+
+def check_complete(run: layout.RunDir) -> None:
+    """A run ends with record.json, then its attestation: with only the first it is incomplete."""
+    if not (run.path / layout.ATTESTATION).is_file():
+        raise _fail(layout.ATTESTATION, f"missing: the run is incomplete (it stopped after record.json); "
+                                        f"`evalrun resume {run.path}` completes it")  # fmt: skip
+
+
+def _lock_held(path: Path) -> bool:
+    """Whether a driver holds the run's lock file now (a lock file nobody holds was left by a killed driver)."""
+    with open(path, "rb") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(fh, fcntl.LOCK_UN)
+    return False
+
+
+def check_no_strays(run: layout.RunDir, record: Record) -> None:
+    """Every file in the run directory, at any depth, is one a run writes: the layout's names, the
+    files record.json lists, ``evalrun rescore``'s outputs, and the lock while a driver holds it."""
+    expected = _TOP_LEVEL | set(record.files)
+    folders = {layout.LOG, layout.OUTPUTS, layout.RESCORE}
+    for path in sorted(run.path.rglob("*")):
+        rel = path.relative_to(run.path).as_posix()
+        if path.is_symlink():
+            raise _fail(rel, "a symbolic link, not a file of an evalrun run directory")
+        if path.is_dir():
+            if rel not in folders and not re.fullmatch(_RESCORE_FOLDER, rel):
+                raise _fail(rel, "not a folder of an evalrun run directory")
+        elif not (rel in expected or _RESCORED.fullmatch(rel) or (rel == layout.LOCK and _lock_held(path))):
+            raise _fail(rel, "not a file of an evalrun run directory")
+
 
 def check_file_hashes(run: layout.RunDir, record: Record, known: dict[str, str] | None = None) -> None:
     """Every file record.json lists, in name order; ``known`` holds hashes already taken of the bytes checked."""
@@ -467,7 +509,9 @@ def verify_run(
 def _verify_run(path: Path, expect_root: str | None, public_key: Path | None, jobs: int) -> VerifyReport:
     run = open_run(path)
     record = load_record(run)
+    check_complete(run)
     pairs = part_pairs(run, record)
+    check_no_strays(run, record)
     results, summary_ok = _verify_parts(run, pairs, jobs, summary=layout.SCORES in record.files)
     heads: dict[str, str] = {}
     for index, ((log_rel, _out_rel), part) in enumerate(zip(pairs, results, strict=True)):

@@ -9,7 +9,9 @@ run directory (with -m, the last lines are the run directories, one per job, in 
 
 from __future__ import annotations
 
+import re
 import sys
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +27,16 @@ from evalrun.audit.replay import replay_run
 from evalrun.audit.rescore import rescore_run
 from evalrun.audit.verify import verify_run
 from evalrun.cli import render
-from evalrun.errors import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EXIT_OK, BadInput, CheckFailed
+from evalrun.errors import (
+    EXIT_BAD_INPUT,
+    EXIT_CHECK_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    BadInput,
+    CheckFailed,
+    Interrupted,
+    write_failed,
+)
 from evalrun.pipeline import dispatch, runner
 from evalrun.records.canonical import canonical_json
 from evalrun.rundir import layout
@@ -33,7 +44,8 @@ from evalrun.rundir.attest import write_attestation
 from evalrun.rundir.reader import load_record, open_run, read_summary
 
 PROG = "evalrun"
-EXIT_INTERRUPTED = 130
+DEBUG = "evalrun.debug"  # ctx.meta key: --debug was given
+HEX64 = re.compile(r"[0-9a-fA-F]{64}")
 INTERVALS = ("clustered", "bootstrap")
 RUN_PATH = click.Path(path_type=Path)
 JSON_HELP = "Print the result as canonical JSON (RFC 8785) instead of tables."
@@ -54,10 +66,22 @@ class EvalrunCommand(click.Command):
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
-        except BadInput as exc:
-            raise Failure(f"{ctx.command_path}: error: {exc.where}: {exc.message}", EXIT_BAD_INPUT) from exc
-        except CheckFailed as exc:
-            raise Failure(f"{ctx.command_path}: check failed: {exc}", EXIT_CHECK_FAILED) from exc
+        except (BadInput, CheckFailed, Interrupted, OSError) as exc:
+            if ctx.meta.get(DEBUG):
+                traceback.print_exc()
+            raise _failure(ctx.command_path, exc) from exc
+
+
+def _failure(command: str, exc: BadInput | CheckFailed | Interrupted | OSError) -> Failure:
+    """The one stderr line (and exit code) for an error a command raised."""
+    if isinstance(exc, Interrupted):
+        return Failure(f"{command}: interrupted: the run in {exc.run} is incomplete; `{PROG} resume {exc.run}` "
+                       f"finishes it", EXIT_INTERRUPTED)  # fmt: skip
+    if isinstance(exc, OSError):  # a file evalrun reads or writes outside the run writer (e.g. an -o path)
+        exc = write_failed(exc.filename or "?", exc)
+    if isinstance(exc, BadInput):
+        return Failure(f"{command}: error: {exc.where}: {exc.message}", EXIT_BAD_INPUT)
+    return Failure(f"{command}: check failed: {exc}", EXIT_CHECK_FAILED)
 
 
 class EvalrunGroup(click.Group):
@@ -68,11 +92,20 @@ HELP_OPTIONS = ["-h", "--help"]
 
 
 @click.group(cls=EvalrunGroup, context_settings={"help_option_names": HELP_OPTIONS})
-def cli() -> None:
+@click.option("--debug", is_flag=True, help="On an error, print its Python traceback before the message.")
+@click.pass_context
+def cli(ctx: click.Context, debug: bool) -> None:
     """Run evaluations that can be repeated and audited, and read their run directories.
 
-    Exit codes: 0 success, 1 a check failed, 2 bad input or usage. `evalrun COMMAND --help` for each command.
+    Exit codes: 0 success, 1 a check failed, 2 bad input or usage, 130 interrupted (Ctrl-C).
+    `evalrun COMMAND --help` for each command.
     """
+    ctx.meta[DEBUG] = debug
+
+
+def _hex64(option: str, value: str | None) -> None:
+    if value is not None and not HEX64.fullmatch(value):
+        raise BadInput(option, f"expected 64 hexadecimal digits (a sha256), got {value!r}")
 
 
 def _print_json(record: object) -> None:
@@ -114,6 +147,8 @@ def run(multirun: bool, overrides: tuple[str, ...]) -> None:
             if multirun:
                 raise BadInput(exc.where, f"{exc.message} (in job {' '.join(job) or '<defaults>'})") from exc
             raise
+    for job in prepared:  # before any engine loads
+        runner.check_destination(job.config)
     console = render.stdout_console()
     run_dirs: list[Path] = []
     # Consecutive jobs with the same model, engine and workers share one dispatcher.
@@ -169,6 +204,7 @@ def verify(run_dir: Path, expect_root: str | None, public_key: Path | None, jobs
     Chains, heads and output rows of every part, file hashes, counts, the Merkle root, the manifest
     digest, scores and summary, and the attestation (docs/design.md lists each check).
     """
+    _hex64("--expect-root", expect_root)
     report = verify_run(run_dir, expect_root=expect_root, public_key=public_key, jobs=jobs)
     if as_json:
         _print_json(render.verify_record(report))
@@ -236,6 +272,7 @@ def prove_command(run_dir: Path, episode_id: str, output: Path | None) -> None:
 @click.option("--root", required=True, metavar="HEX", help="The run's Merkle root, obtained independently.")
 def verify_proof(proof_path: Path, root: str) -> None:
     """Check that the episode in PROOF (from `evalrun prove`) is a leaf under ROOT; exit 1 if not."""
+    _hex64("--root", root)
     proof = load_proof(proof_path)
     check_proof(proof, root)
     click.echo(f"ok: episode {proof.episode_id} (head {proof.head}) is leaf {proof.leaf_index} of {proof.tree_size} "

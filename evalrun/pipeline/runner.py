@@ -1,11 +1,14 @@
 """One run, start to end: config -> plan -> dispatch -> store -> score -> report.
 
-Everything that can be checked is checked before any model loads; record.json is written last,
-so a run directory without it is not a result.
+Everything that can be checked is checked before any model loads (the run directory's destination
+too); record.json and then the attestation are written last, and a run is complete only with both
+(docs/design.md "The run directory").
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -13,7 +16,7 @@ from pathlib import Path
 from evalrun.config import REPO_ROOT, EvalConfig, ModelConfig, load_stored, parse_overrides, to_yaml, validate
 from evalrun.config.model import ResolvedModel, resolve_model
 from evalrun.engines import ENGINES
-from evalrun.errors import BadInput
+from evalrun.errors import BadInput, Interrupted, WriteFailed
 from evalrun.pipeline import failpoints
 from evalrun.pipeline.dispatch import DISPATCHERS, Dispatcher, dispatcher_key, open_dispatcher
 from evalrun.pipeline.manifest import (
@@ -92,6 +95,27 @@ def prepare(config: EvalConfig) -> Prepared:
     )  # fmt: skip
 
 
+def check_destination(config: EvalConfig) -> None:
+    """``run.dir`` (must not hold files) or ``run.root`` can take a new run directory: checked before any
+    engine loads (a BadInput names the field)."""
+    if config.run.dir:
+        layout.check_destination("run.dir", Path(config.run.dir), exact=True)
+    else:
+        layout.check_destination("run.root", Path(config.run.root), exact=False)
+
+
+@contextlib.contextmanager
+def _resumable(run: layout.RunDir) -> Iterator[None]:
+    """A run that stops on a failed write or Ctrl-C says how to finish it: ``evalrun resume RUN_DIR``."""
+    try:
+        yield
+    except WriteFailed as exc:
+        raise WriteFailed(exc.where, f"{exc.message}; the run is incomplete: then `evalrun resume {run.path}` "
+                                     f"completes it") from exc  # fmt: skip
+    except KeyboardInterrupt as exc:
+        raise Interrupted(run.path) from exc
+
+
 def open_for(prepared: Prepared) -> Dispatcher:
     return open_dispatcher(prepared.worker_spec, prepared.config.cluster)
 
@@ -111,6 +135,7 @@ def _checked_dispatcher(prepared: Prepared, dispatcher: Dispatcher | None) -> tu
 
 def execute(prepared: Prepared, dispatcher: Dispatcher | None = None) -> Path:
     """Run a prepared plan in a new run directory and return it. A given dispatcher is reused, not closed."""
+    check_destination(prepared.config)
     dispatcher, own = _checked_dispatcher(prepared, dispatcher)
     try:
         config, task = prepared.config, prepared.task
@@ -130,10 +155,14 @@ def execute(prepared: Prepared, dispatcher: Dispatcher | None = None) -> Path:
             exact=Path(config.run.dir) if config.run.dir else None,
         )
         with writer.locked(run):
-            writer.write_atomic(run.config, to_yaml(config).encode("utf-8"))
-            writer.write_json(run.manifest, manifest)
-            failpoints.hit("before-first-part")
-            _complete(run, prepared, dispatcher, writer.PartWriter(run))
+            try:
+                writer.write_atomic(run.config, to_yaml(config).encode("utf-8"))
+                writer.write_json(run.manifest, manifest)
+            except WriteFailed as exc:  # not yet a run that resume can finish
+                raise WriteFailed(exc.where, f"{exc.message}; then remove {run.path} and run again") from exc
+            with _resumable(run):
+                failpoints.hit("before-first-part")
+                _complete(run, prepared, dispatcher, writer.PartWriter(run))
         return run.path
     finally:
         if own:
@@ -152,12 +181,19 @@ def load_run_config(run: layout.RunDir, overrides: list[str]) -> EvalConfig:
 
 
 def resume(run_path: Path, overrides: list[str] | None = None, dispatcher: Dispatcher | None = None) -> Path:
-    """Finish an interrupted run: keep its complete parts, run only the missing episodes."""
+    """Finish an interrupted run: keep its complete parts, run only the missing episodes.
+
+    A run is complete when record.json and its attestation are both on disk; a run that stopped
+    between the two (a crash, a full disk) gets its attestation now (docs/design.md "The run directory").
+    """
     run = layout.RunDir(run_path)
     prepared = prepare(load_run_config(run, overrides or []))
-    with writer.locked(run):
+    with writer.locked(run), _resumable(run):
         if run.record.is_file():
-            return run.path  # already complete
+            if not (run.path / layout.ATTESTATION).is_file():
+                writer.remove_temporaries(run)
+                attest_finished_run(run.path)
+            return run.path
         recorded = reader.read_manifest(run).get("identity", {})
         current = run_identity(prepared.config, prepared.task, prepared.model, prepared.digest, len(prepared.episodes),
                                prepared.judge_model)  # fmt: skip

@@ -5,10 +5,11 @@ See docs/design.md "The run directory".
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
-from evalrun.errors import BadInput
+from evalrun.errors import BadInput, write_failed
 
 MANIFEST = "manifest.json"
 CONFIG = "config.yaml"
@@ -18,7 +19,10 @@ SCORES = "scores.parquet"
 SUMMARY = "summary.json"
 RECORD = "record.json"
 ATTESTATION = "attestation.intoto.json"
-LOCK = ".lock"
+LOCK = ".lock"  # present only while a driver holds it
+# evalrun rescore writes RESCORE/<16 hex digits of the scoring hash>/{SCORES, SUMMARY, RESCORER}
+RESCORE = "rescore"
+RESCORER = "scorer.json"
 PART_PATTERN = re.compile(r"^part-(\d{5})\.(parquet|jsonl)$")
 
 
@@ -46,6 +50,31 @@ class RunDir:
         return sorted(p for p in self.outputs.glob("part-*.parquet") if PART_PATTERN.match(p.name))
 
 
+def _nearest_existing(path: Path) -> Path:
+    path = path.absolute()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def check_destination(field: str, path: Path, exact: bool) -> None:
+    """Before anything loads: a new run directory can be made at ``path`` (``exact``: ``path`` itself,
+    which must not hold files; else a directory under it). A BadInput names ``field`` and what to do."""
+    if exact and path.exists():
+        if not path.is_dir():
+            raise BadInput(field, f"{path} exists and is not a directory; choose another run.dir")
+        if any(path.iterdir()):
+            raise BadInput(field, f"{path} already exists and is not empty; choose another run.dir "
+                                  f"(or `evalrun resume {path}` to finish a run there)")  # fmt: skip
+    base = _nearest_existing(path if not exact or path.exists() else path.parent)
+    if not base.is_dir():
+        raise BadInput(field, f"{base} is not a directory; choose another {field}")
+    read_only = bool(os.statvfs(base).f_flag & os.ST_RDONLY)
+    if read_only or not os.access(base, os.W_OK | os.X_OK):
+        why = "is on a read-only file system" if read_only else "is not writable"
+        raise BadInput(field, f"{base} {why}; choose another {field} or make it writable")
+
+
 def create_run_dir(root: Path, name: str, exact: Path | None = None) -> RunDir:
     """A new, empty run directory: ``exact`` if given (it must not hold a run), else ``root/name[-k]``."""
     if exact is not None:
@@ -58,7 +87,10 @@ def create_run_dir(root: Path, name: str, exact: Path | None = None) -> RunDir:
         while path.exists():
             k += 1
             path = root / f"{name}-{k}"
-    path.mkdir(parents=True, exist_ok=True)
-    (path / OUTPUTS).mkdir()
-    (path / LOG).mkdir()
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        (path / OUTPUTS).mkdir()
+        (path / LOG).mkdir()
+    except OSError as exc:
+        raise write_failed(exc.filename or path, exc) from exc
     return RunDir(path)

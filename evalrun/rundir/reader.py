@@ -119,7 +119,8 @@ def read_scores(run: layout.RunDir, columns: list[str] | None = None) -> pa.Tabl
 def load_record(run: layout.RunDir) -> Record:
     """record.json, typed; CheckFailed naming the field for anything :class:`Record` does not allow."""
     if not run.record.is_file():
-        raise _fail(layout.RECORD, "missing: the run did not finish, or the file was removed")
+        raise _fail(layout.RECORD, f"missing: the run is incomplete (interrupted before its end, or the file was "
+                                   f"removed); `evalrun resume {run.path}` completes an interrupted run")  # fmt: skip
     text = run.record.read_text(encoding="utf-8", errors="replace")
     try:
         record = json.loads(text)

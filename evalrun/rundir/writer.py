@@ -17,10 +17,10 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from evalrun.errors import BadInput
+from evalrun.errors import BadInput, write_failed
 from evalrun.records.canonical import canonical_json, file_sha256, sha256_hex
 from evalrun.records.formats import RecordModel
-from evalrun.rundir.layout import LOCK, LOG, OUTPUTS, PART_PATTERN, RECORD, SCORES, SUMMARY, RunDir
+from evalrun.rundir.layout import ATTESTATION, LOCK, LOG, OUTPUTS, PART_PATTERN, RECORD, SCORES, SUMMARY, RunDir
 
 
 def _fsync_dir(path: Path) -> None:
@@ -31,15 +31,27 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def write_atomic(path: Path, data: bytes) -> str:
-    """Write ``data`` to ``path`` via a fsynced temporary file and a rename; returns its sha256."""
-    tmp = path.with_name(f".tmp-{path.name}")
-    with open(tmp, "wb") as fh:
+def _write_synced(path: Path, data: bytes) -> None:
+    with open(path, "wb") as fh:
         fh.write(data)
         fh.flush()
         os.fsync(fh.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
+
+
+def write_atomic(path: Path, data: bytes) -> str:
+    """Write ``data`` to ``path`` via a fsynced temporary file and a rename; returns its sha256.
+
+    A failed write (WriteFailed, naming ``path``) leaves no temporary file behind and ``path`` as it was.
+    """
+    tmp = path.with_name(f".tmp-{path.name}")
+    try:
+        _write_synced(tmp, data)
+        os.replace(tmp, path)
+        _fsync_dir(path.parent)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        raise write_failed(path, exc) from exc
     return sha256_hex(data)
 
 
@@ -71,7 +83,11 @@ def locked(run: RunDir) -> Iterator[None]:
     stale lock behind.
     """
     path = run.path / LOCK
-    with open(path, "a+") as fh:
+    try:
+        fh = open(path, "a+")  # noqa: SIM115 - closed by the with below
+    except OSError as exc:
+        raise write_failed(path, exc) from exc
+    with fh:
         try:
             fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -87,6 +103,12 @@ def locked(run: RunDir) -> Iterator[None]:
             yield
         finally:
             path.unlink(missing_ok=True)
+
+
+def remove_temporaries(run: RunDir) -> None:
+    """Remove the temporary files a killed driver left (a failed write removes its own)."""
+    for stray in [*run.path.glob(".tmp-*"), *run.outputs.glob(".tmp-*"), *run.log.glob(".tmp-*")]:
+        stray.unlink()
 
 
 class PartWriter:
@@ -106,11 +128,10 @@ class PartWriter:
 
         A part is complete when its output part exists (it is renamed into place after its log
         part). Temporary files, log parts without an output part, and the end-of-run files
-        (scores, summary, record) are removed; they are all written again.
+        (scores, summary, record, attestation) are removed; they are all written again.
         """
-        for stray in [*run.path.glob(".tmp-*"), *run.outputs.glob(".tmp-*"), *run.log.glob(".tmp-*")]:
-            stray.unlink()
-        for name in (SCORES, SUMMARY, RECORD):
+        remove_temporaries(run)
+        for name in (SCORES, SUMMARY, RECORD, ATTESTATION):
             (run.path / name).unlink(missing_ok=True)
         writer = cls(run)
         indices = []
