@@ -22,6 +22,7 @@ from typing import Any, Protocol, TypeVar
 from evalrun.config import ClusterConfig
 from evalrun.config.registry import Registry
 from evalrun.pipeline.plan import Episode
+from evalrun.pipeline.raylocal import start_local
 from evalrun.pipeline.worker import BatchOutcome, EngineWorker, WorkerSpec
 from evalrun.records.canonical import canonical_hash
 
@@ -117,7 +118,7 @@ class RayDispatcher:
             if cluster.name == "ray":
                 ray.init(address=cluster.address, log_to_driver=False)
             else:
-                ray.init(include_dashboard=False, log_to_driver=False)
+                start_local(include_dashboard=False, log_to_driver=False)  # stops what killed drivers left
             self._started_ray = True
         gpus = cluster.gpus_per_worker
         if gpus is None:
