@@ -41,6 +41,7 @@ from evalrun.records.entries import EndEntry, HeaderEntry, JudgeEntry, Loglikeli
 from evalrun.records.formats import DigestRecord, EpisodeCounts, Generator, Manifest, Record
 from evalrun.records.merkle import merkle_root
 from evalrun.records.outputs import OUTPUT_SCHEMA, SCORES_SCHEMA
+from evalrun.records.seeds import derive_seed
 from evalrun.rundir import layout, writer
 from evalrun.rundir.attest import write_attestation
 from evalrun.rundir.reader import read_outputs
@@ -50,7 +51,7 @@ from evalrun.tasks.rubric import load_rubric
 GENERATOR = {"name": "evalrun", "version": "synthetic", "git_commit": None}
 TEXTS = ["", " 86", 'naïve \u2028 \x00 \x1f \\ " / 😀', "a\nb\tc\r", "\U0010ffff Z ü"]
 LOGPROBS = [None, 0.0, -0.0, -1.0, 5e-324, -1e-7, -2.4676019165781327e-05, -1e21, -123.456]
-SEEDS = {"master": 7, "set": [0], "repeats": 1}
+SEEDS = {"master": 7, "set": [0], "repeats": 2}
 
 
 def sampling(seed: int, temperature: float = 0.0) -> SamplingSpec:
@@ -61,8 +62,8 @@ def single_call(rng: random.Random, n: int) -> list[EpisodeResult]:
     """Hand-made single-call episodes with awkward text and numbers, recorded by the fast encoder."""
     results = []
     for i in range(n):
-        spec = sampling(rng.getrandbits(64), rng.choice([0.0, 0.7, 1e-7]))
-        item = f"item-{i}{rng.choice(TEXTS)}"
+        item = f"item-{rng.getrandbits(32)}-{i}{rng.choice(TEXTS)}"
+        spec = sampling(derive_seed(7, "sampling", "synthetic", item, 0, i % 2), rng.choice([0.0, 0.7, 1e-7]))
         eid = episode_id("synthetic", item, 0, i % 2, {"sampling": str(spec.seed)})
         episode = Episode(eid, "synthetic", item, 0, i % 2, f"{rng.choice(TEXTS)}Q: {i}+1\nA:", str(i + 1), spec)
         k = rng.randrange(0, 5)
@@ -93,14 +94,14 @@ def staged() -> list[EpisodeResult]:
     (loglikelihood and letter judging), through the real harness."""
     episodes = []
     for i, scoring in enumerate(["letter", "loglikelihood", "both"]):
-        spec = sampling(1000 + i)
+        spec = sampling(derive_seed(7, "sampling", "mc", f"mc-{i}", 0, 0))
         eid = episode_id("mc", f"mc-{i}", 0, 0, {"sampling": str(spec.seed)})
         episodes.append(Episode(eid, "mc", f"mc-{i}", 0, 0, f"Q: {i}\nA) 1\nB) 2\nC) 3\nA:", "2", spec,
                                 fewshot_ids=("ex-1", "ex-2") if i else (), options=("1", "2", "3"),
                                 shuffle_order=(2, 0, 1), choice_scoring=scoring))  # fmt: skip
     rubric = load_rubric(BUILTIN_TASKS / "report_rubric" / "rubric.yaml")
     for i, judging in enumerate([rubric, dataclasses.replace(rubric, scoring="letter")]):
-        spec = sampling(2000 + i)
+        spec = sampling(derive_seed(7, "sampling", "judged", f"r-{i}", 0, 0))
         calls = tuple(
             JudgeCall(c.id, judge, tuple(reversed(range(len(c.labels)))), sampling(3000 + 10 * i + j))
             for c in judging.criteria

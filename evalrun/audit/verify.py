@@ -37,6 +37,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from evalrun.audit.claims import check_sampling, check_score_values, check_seal, check_seeds
 from evalrun.audit.digest_check import check_digest
 from evalrun.errors import CheckFailed
 from evalrun.records.canonical import MAX_SAFE_INTEGER, canonical_json, file_sha256, sha256_hex
@@ -79,6 +80,9 @@ class PartResult:
     leaves: list[tuple[str, bytes]] = field(default_factory=list)
     # sha256 of the part's files, of the very bytes checked (the whole-run check compares them to record.json)
     file_hashes: dict[str, str] = field(default_factory=dict)
+    # the policy's sampling records, canonical JSON with the per-episode seed set to "0" (checked against
+    # the manifest's decoding settings)
+    samplings: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -92,6 +96,9 @@ class VerifyReport:
     # digest part -> how verify checked it: recomputed from digest_inputs | recomputed from the manifest |
     # not recomputable: no recorded inputs (evalrun.audit.digest_check)
     digest_parts: dict[str, str] = field(default_factory=dict)
+    seal: str | None = None  # the run's seal, recomputed (the value to keep elsewhere: --expect-seal)
+    scores: str = "not present"  # recomputed | not recomputed: why
+    sampling: str = ""  # the manifest's decoding settings: checked against the chains | not recorded in the manifest
 
 
 def _fail(where: str, message: str) -> CheckFailed:
@@ -161,14 +168,18 @@ def verify_part(run_path: str, log_rel: str, out_rel: str) -> PartResult:
         hashes = {log_rel: sha256_hex(log_data), out_rel: sha256_hex(out_data)}
     part = fast if fast is not None else _verify_part_precise(root, log_rel, out_rel)
     leaves = sorted((eid, leaf_hash(eid, head)) for eid, head in part.heads.items())
-    return PartResult(part.heads, part.entries, part.output_tokens, leaves, hashes)
+    return PartResult(part.heads, part.entries, part.output_tokens, leaves, hashes, part.samplings)
 
 
 def _verify_part_precise(root: Path, log_rel: str, out_rel: str) -> PartResult:
     """Every check, entry by entry; raises naming the first broken thing."""
     chains = {}
     entries_count = 0
+    samplings: set[str] = set()
     for eid, entries, _lines, head, start in iter_chains(root / log_rel, log_rel):
+        for entry in entries:
+            if isinstance(entry, ModelEntry):
+                samplings.add(canonical_json({**entry.request.sampling.as_record(), "seed": "0"}))
         if eid in chains:
             raise _fail(f"{log_rel}:{start}", f"episode {eid}: a second chain in the same part")
         chains[eid] = (entries, head, start)
@@ -195,7 +206,7 @@ def _verify_part_precise(root: Path, log_rel: str, out_rel: str) -> PartResult:
     for eid, (_entries, _head, start) in chains.items():
         if eid not in heads:
             raise _fail(f"{log_rel}:{start}", f"episode {eid}: chain without an output row in {out_rel}")
-    return PartResult(heads=heads, entries=entries_count, output_tokens=tokens)
+    return PartResult(heads=heads, entries=entries_count, output_tokens=tokens, samplings=frozenset(samplings))
 
 
 # --- one part, fast path ---------------------------------------------------------------------
@@ -335,7 +346,8 @@ def _fast_part(log_data: bytes, out_data: bytes) -> PartResult | None:
             return None
         heads.append(row_head)
         tokens += n_out
-    return PartResult(heads=dict(zip(eids, heads, strict=True)), entries=3 * n, output_tokens=tokens)
+    return PartResult(heads=dict(zip(eids, heads, strict=True)), entries=3 * n, output_tokens=tokens,
+                      samplings=frozenset('"seed":"0"'.join(key) for key in samplings))  # fmt: skip
 
 
 def _check_canonical(model: type[RecordModel], text: str) -> None:
@@ -492,21 +504,24 @@ def check_scores(run: layout.RunDir, heads: dict[str, str], summary_ok: bool | N
 
 
 def verify_run(
-    path: Path, expect_root: str | None = None, public_key: Path | None = None, jobs: int = 0
-) -> VerifyReport:
+    path: Path, expect_root: str | None = None, public_key: Path | None = None, jobs: int = 0,
+    expect_seal: str | None = None,
+) -> VerifyReport:  # fmt: skip
     """Check the run at ``path``; raises CheckFailed naming the first broken thing."""
     # Millions of short-lived rows, tuples and lists, none of them in a cycle: the cyclic collector
     # would only re-scan them (it took two thirds of the summary's recomputation at 10**6 rows).
     enabled = gc.isenabled()
     gc.disable()
     try:
-        return _verify_run(path, expect_root, public_key, jobs)
+        return _verify_run(path, expect_root, public_key, jobs, expect_seal)
     finally:
         if enabled:
             gc.enable()
 
 
-def _verify_run(path: Path, expect_root: str | None, public_key: Path | None, jobs: int) -> VerifyReport:
+def _verify_run(
+    path: Path, expect_root: str | None, public_key: Path | None, jobs: int, expect_seal: str | None
+) -> VerifyReport:
     run = open_run(path)
     record = load_record(run)
     check_complete(run)
@@ -536,13 +551,19 @@ def _verify_run(path: Path, expect_root: str | None, public_key: Path | None, jo
         raise _fail(layout.RECORD, f"merkle_root {record.merkle_root} differs from the root of the heads {root}")
     if expect_root is not None and root != expect_root.lower():
         raise _fail("--expect-root", f"the run's root is {root}, not {expect_root}")
+    seal = check_seal(record, expect_seal)
     manifest, digest_parts = check_manifest(run, record.as_record())
     if isinstance(manifest.get("episodes"), int) and manifest["episodes"] != written:
         raise _fail(layout.MANIFEST, f"plans {manifest['episodes']} episodes, the run holds {written}")
+    sampling = check_sampling(manifest, frozenset().union(*(p.samplings for p in results)))
+    check_seeds(run, manifest)
+    scores = "not present"
     if layout.SCORES in record.files:
         check_scores(run, heads, summary_ok)
+        scores = check_score_values(run)
     status = attest.check_attestation(run, record, public_key)
     return VerifyReport(
         run=run.path, episodes=len(heads), log_entries=sum(p.entries for p in results), parts=len(pairs),
-        merkle_root=root, attestation=status, digest_parts=digest_parts,
+        merkle_root=root, attestation=status, digest_parts=digest_parts, seal=seal, scores=scores,
+        sampling=sampling,
     )  # fmt: skip

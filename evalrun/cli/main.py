@@ -193,19 +193,23 @@ def resume(run_dir: Path, overrides: tuple[str, ...]) -> None:
 @cli.command(short_help="Recompute and check everything in a run directory.")
 @click.argument("run_dir", type=RUN_PATH)
 @click.option("--expect-root", metavar="HEX", help="A Merkle root kept elsewhere: the run's root must equal it.")
+@click.option("--expect-seal", metavar="HEX", help="A seal kept elsewhere (record.json's seal when the run ended): "
+              "the run's recomputed seal must equal it, so that no claimed figure changed.")
 @click.option("--public-key", type=RUN_PATH, metavar="PEM",
               help="Ed25519 public key (PEM): the attestation must carry a valid signature by it.")  # fmt: skip
 @click.option("--jobs", type=click.IntRange(min=0), default=0, show_default=True, metavar="N",
               help="Processes checking the parts in parallel (0: one per CPU).")  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help=JSON_HELP)
-def verify(run_dir: Path, expect_root: str | None, public_key: Path | None, jobs: int, as_json: bool) -> None:
+def verify(run_dir: Path, expect_root: str | None, expect_seal: str | None, public_key: Path | None, jobs: int,
+           as_json: bool) -> None:  # fmt: skip
     """Recompute everything in RUN_DIR that can be recomputed; exit 1 naming the first thing that differs.
 
     Chains, heads and output rows of every part, file hashes, counts, the Merkle root, the manifest
     digest, scores and summary, and the attestation (docs/design.md lists each check).
     """
     _hex64("--expect-root", expect_root)
-    report = verify_run(run_dir, expect_root=expect_root, public_key=public_key, jobs=jobs)
+    _hex64("--expect-seal", expect_seal)
+    report = verify_run(run_dir, expect_root=expect_root, public_key=public_key, jobs=jobs, expect_seal=expect_seal)
     if as_json:
         _print_json(render.verify_record(report))
     else:

@@ -134,7 +134,8 @@ def render_verify(console: Console, report: VerifyReport) -> None:
             table.add_row(label, str(value))
     _emit(console, table)
     _line(console, f"ok: {report.episodes} episodes, {report.log_entries} log entries, {report.parts} parts; "
-                   f"merkle root {report.merkle_root}; attestation {report.attestation}")  # fmt: skip
+                   f"merkle root {report.merkle_root}; seal {report.seal}; "
+                   f"attestation {report.attestation}")  # fmt: skip
 
 
 def replay_record(report: ReplayReport) -> dict[str, Any]:

@@ -31,7 +31,7 @@ from evalrun.pipeline.plan import Episode, build_plan
 from evalrun.pipeline.progress import RunProgress
 from evalrun.pipeline.worker import WorkerSpec
 from evalrun.records.canonical import file_sha256
-from evalrun.records.formats import EpisodeCounts, Record
+from evalrun.records.formats import EpisodeCounts, Record, seal_of
 from evalrun.records.merkle import merkle_root
 from evalrun.rundir import layout, reader, writer
 from evalrun.rundir.attest import attest_finished_run
@@ -249,5 +249,6 @@ def _complete(run: layout.RunDir, prepared: Prepared, dispatcher: Dispatcher, pa
         dispatch={**dispatcher.stats.as_record(), "resumed": parts.kept_parts > 0, "kept_parts": parts.kept_parts},
         ended_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
     )
+    record = record.model_copy(update={"seal": seal_of(record)})
     writer.write_json(run.record, record)
     attest_finished_run(run.path)  # in-toto Statement over the record files (signed if EVALRUN_SIGNING_KEY)

@@ -33,10 +33,11 @@ from pydantic import (
     model_validator,
 )
 
-from evalrun.records.canonical import MAX_SAFE_INTEGER
+from evalrun.records.canonical import MAX_SAFE_INTEGER, canonical_hash
 
 SCHEDULE_FORMAT = "evalrun.schedule/1"  # an episode chain's header (the schedule the chain follows)
 RECORD_FORMAT = "evalrun.record/1"  # record.json
+SEAL_FORMAT = "evalrun.seal/1"  # the preimage of record.json's seal
 MANIFEST_FORMAT = "evalrun.manifest/1"  # manifest.json
 SUMMARY_FORMAT = "evalrun.summary/2"  # summary.json, as new runs write it
 SUMMARY_FORMATS = ("evalrun.summary/1", "evalrun.summary/2")  # /1: clustered normal interval; /2: bounded for 0/1
@@ -171,6 +172,22 @@ class Record(OptionalFields):
     files: dict[str, Hex64]  # relative path -> sha256, for every file of the run but record.json itself
     dispatch: dict[str, Any] | None = None  # retries, restarts, events, resumed, kept_parts
     ended_at: str | None = None  # ISO 8601, UTC
+    seal: Hex64 | None = None  # :func:`seal_of` this record: the one value to keep elsewhere
+
+    def claims(self) -> dict[str, Any]:
+        """What the run claims: every field but the seal and the provenance (dispatch, ended_at)."""
+        return {k: v for k, v in self.as_record().items() if k not in ("seal", "dispatch", "ended_at")}
+
+
+def seal_of(record: Record) -> str:
+    """The run's seal: sha256 of the canonical JSON of ``{"format": SEAL_FORMAT, "claims": ...}``.
+
+    The claims hold the Merkle root over the episodes' heads, the digest, the counts and the sha256
+    of every file of the run (config, manifest, every part, scores, summary), so a change to any
+    figure a run claims changes the seal; provenance (retries, times) does not. See docs/design.md
+    "Record".
+    """
+    return canonical_hash({"format": SEAL_FORMAT, "claims": record.claims()})
 
 
 # --- summary.json ------------------------------------------------------------------------------

@@ -1,0 +1,115 @@
+"""Checks of what a run claims beyond its chains: the seal, every score value, and the manifest's
+sampling settings and seeds against what the chains and rows recorded (docs/design.md "Audit")."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from typing import Any
+
+import pyarrow.compute as pc
+
+from evalrun.audit.rescore import recorded_context, recorded_scorer
+from evalrun.errors import BadInput, CheckFailed
+from evalrun.records.formats import Record, seal_of
+from evalrun.records.seeds import derive_seed
+from evalrun.rundir import layout
+from evalrun.rundir.reader import read_outputs, read_scores
+from evalrun.scoring import score_columns, score_outputs, scorer_version
+
+SAMPLING_SETTINGS = ("temperature", "top_p", "top_k", "max_tokens", "stop", "logprobs")
+
+
+def _fail(where: str, message: str) -> CheckFailed:
+    return CheckFailed(f"{where}: {message}")
+
+
+def check_seal(record: Record, expect_seal: str | None) -> str:
+    """The run's seal recomputed from record.json's claims (whose file hashes are checked by then)."""
+    seal = seal_of(record)
+    if record.seal is not None and record.seal != seal:
+        raise _fail(layout.RECORD, f"seal {record.seal} is not the seal of the record's claims ({seal})")
+    if expect_seal is not None and seal != expect_seal.lower():
+        raise _fail("--expect-seal", f"the run's seal is {seal}, not {expect_seal}: something the run claims (its "
+                                     "manifest, a part, the scores, the summary, a count or the root) differs "
+                                     "from the sealed run")  # fmt: skip
+    return seal
+
+
+def check_sampling(manifest: dict[str, Any], samplings: Iterable[str]) -> str:
+    """Every policy generation's sampling settings, as the chains recorded them, are the manifest's.
+
+    A manifest without decoding settings says nothing to check against ("not recorded"); a new run's
+    always has them, and its digest check compares them with the prompt pack's recorded inputs.
+    """
+    decoding = manifest.get("decoding")
+    if not isinstance(decoding, dict):
+        raise _fail(layout.MANIFEST, "decoding: expected the run's decoding settings")
+    if not decoding:
+        return "not recorded in the manifest"
+    for text in sorted(samplings):
+        recorded = json.loads(text)
+        for key in SAMPLING_SETTINGS:
+            claimed = list(decoding.get(key)) if key == "stop" else decoding.get(key)
+            if recorded.get(key) != claimed:
+                raise _fail(layout.MANIFEST, f"decoding.{key} is {claimed!r}, the chains' requests were sampled "
+                                             f"with {recorded.get(key)!r}")  # fmt: skip
+    return "checked against the chains"
+
+
+def check_seeds(run: layout.RunDir, manifest: dict[str, Any]) -> None:
+    """Every episode's seed-set member, repeat and sampling seed follow from the manifest's seeds
+    (the rows were checked against the chains by then)."""
+    seeds = manifest.get("seeds")
+    if not isinstance(seeds, dict) or not {"master", "set", "repeats"} <= seeds.keys():
+        raise _fail(layout.MANIFEST, "seeds: expected master, set and repeats")
+    rows = read_outputs(run, ["episode_id", "task", "item_id", "seed", "repeat", "seeds"]).to_pydict()
+    members, repeats, master = set(seeds["set"]), seeds["repeats"], seeds["master"]
+    for eid, task, item, seed, repeat, recorded in zip(*rows.values(), strict=True):
+        if seed not in members or not 0 <= repeat < repeats:
+            raise _fail(layout.MANIFEST, f"seeds: episode {eid} has seed {seed}, repeat {repeat}, outside the "
+                                         f"manifest's set {sorted(members)} x {repeats} repeats")  # fmt: skip
+        if recorded["sampling"] != derive_seed(master, "sampling", task, item, seed, repeat):
+            raise _fail(layout.MANIFEST, f"seeds.master: episode {eid}'s sampling seed does not derive from "
+                                         f"master seed {master}")  # fmt: skip
+
+
+def check_score_values(run: layout.RunDir) -> str:
+    """Every score recomputed from the stored outputs with the recorded scorer; returns how it went
+    ("recomputed", or why not: a scorer this code has at another version, a rubric file gone)."""
+    try:
+        spec = recorded_scorer(run)
+    except BadInput as exc:
+        return f"not recomputed: {exc.message}"
+    stored = read_scores(run)
+    versions = set(pc.unique(stored.column("scorer_version")).to_pylist()) if stored.num_rows else set()
+    try:
+        current = scorer_version(spec)
+    except BadInput as exc:
+        return f"not recomputed: {exc.message}"
+    if versions - {current}:
+        return f"not recomputed: scored by {spec.name} version {sorted(versions)}, this code has version {current}"
+    try:
+        context, _ = recorded_context(run, None)
+    except (BadInput, OSError) as exc:
+        return f"not recomputed: {exc}"
+    fresh = score_outputs(read_outputs(run, score_columns(spec)), spec, context)
+    key = ["episode_id", "metric"]
+    mine = {tuple(k): row for k, row in _keyed(fresh, key)}
+    for (eid, metric), row in _keyed(stored, key):
+        again = mine.pop((eid, metric), None)
+        if again is None:
+            raise _fail(layout.SCORES, f"episode {eid} metric {metric}: the recorded scorer gives no such score")
+        for column in ("value", "extracted"):
+            if row[column] != again[column]:
+                raise _fail(layout.SCORES, f"episode {eid} metric {metric}: {column} is {row[column]!r}, the "
+                                           f"recorded scorer gives {again[column]!r}")  # fmt: skip
+    if mine:
+        eid, metric = next(iter(mine))
+        raise _fail(layout.SCORES, f"episode {eid} metric {metric}: missing; the recorded scorer gives it")
+    return "recomputed"
+
+
+def _keyed(table: Any, key: list[str]) -> Iterable[tuple[tuple[Any, ...], dict[str, Any]]]:
+    for row in table.to_pylist():
+        yield tuple(row[k] for k in key), row

@@ -1,0 +1,117 @@
+"""Forgeries rewritten consistently (every hash recomputed, record.json and the attestation rewritten):
+verify recomputes what it can (score values, the summary, the manifest's sampling settings and seeds
+against the chains) and names the file and the figure; what only the manifest says (model files,
+hardware) changes the seal, which a user keeps elsewhere. Engine-free, on a run recorded by older code."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from evalrun.audit.verify import verify_run
+from evalrun.errors import CheckFailed
+from evalrun.records.canonical import canonical_json, file_sha256
+from evalrun.records.formats import Record, seal_of
+from evalrun.rundir import layout, writer
+from evalrun.rundir.attest import write_attestation
+from evalrun.rundir.reader import load_record, open_run, read_scores
+from evalrun.stats.summary import resummarize
+
+GOLDEN = Path(__file__).resolve().parent / "golden" / "addition-v1"
+
+
+@pytest.fixture
+def run(tmp_path: Path) -> Path:
+    return Path(shutil.copytree(GOLDEN, tmp_path / "run"))
+
+
+def rehash(path: Path) -> str:
+    """What a careful forger does after editing files: every listed hash, the digest, the seal and the
+    attestation made to match. Returns the new seal."""
+    rundir = layout.RunDir(path)
+    record = load_record(rundir)
+    manifest = json.loads(rundir.manifest.read_text())
+    files = {rel: file_sha256(path / rel) for rel in record.files}
+    forged = Record.model_validate({**record.as_record(), "files": files, "manifest_sha256": files[layout.MANIFEST],
+                                    "digest": manifest["digest"]["digest"]})  # fmt: skip
+    forged = forged.model_copy(update={"seal": seal_of(forged)})
+    writer.write_json(rundir.record, forged)
+    write_attestation(rundir, forged, None)
+    assert forged.seal is not None
+    return forged.seal
+
+
+def edit_manifest(path: Path, change: Callable[[dict], None]) -> None:
+    manifest = json.loads((path / layout.MANIFEST).read_text())
+    change(manifest)
+    (path / layout.MANIFEST).write_text(canonical_json(manifest) + "\n")
+
+
+def test_an_untouched_run_verifies_against_its_seal(run: Path) -> None:
+    seal = verify_run(run).seal
+    assert seal is not None
+    assert verify_run(run, expect_seal=seal).seal == seal
+
+
+def test_a_flipped_score_with_a_recomputed_summary_fails_naming_the_score(run: Path) -> None:
+    rundir = layout.RunDir(run)
+    scores = read_scores(rundir).to_pylist()
+    scores[0]["value"] = 1.0 - scores[0]["value"]
+    table = pa.Table.from_pylist(scores, schema=read_scores(rundir).schema)
+    pq.write_table(table, rundir.scores, compression="zstd")
+    stored = json.loads(rundir.summary.read_text())
+    writer.write_json(rundir.summary, resummarize(table, stored))
+    rehash(run)
+    with pytest.raises(CheckFailed, match=rf"scores.parquet: episode {scores[0]['episode_id']} metric exact_match: "
+                                          r"value is 0.0, the recorded scorer gives 1.0"):  # fmt: skip
+        verify_run(run)
+
+
+def test_a_forged_temperature_fails_naming_the_setting(run: Path) -> None:
+    original = verify_run(run).seal
+
+    def hotter(manifest: dict) -> None:
+        manifest["decoding"]["temperature"] = 0.5
+        manifest["identity"]["decoding"]["temperature"] = 0.5
+
+    edit_manifest(run, hotter)
+    new_seal = rehash(run)
+    assert new_seal != original
+    with pytest.raises(CheckFailed, match="manifest.json"):
+        verify_run(run)
+
+
+@pytest.mark.parametrize("field", ["model.files", "model.id", "hardware"])
+def test_what_only_the_manifest_says_is_caught_by_the_seal_kept_elsewhere(run: Path, field: str) -> None:
+    original = verify_run(run).seal
+
+    def forge(manifest: dict) -> None:
+        if field == "model.files":
+            manifest["model"]["files"]["model.safetensors"] = "0" * 64
+        elif field == "model.id":
+            manifest["model"]["id"] = "someone/else"
+        else:
+            manifest["hardware"] = {"gpu": "a better one"}
+
+    edit_manifest(run, forge)
+    forged_seal = rehash(run)
+    assert forged_seal != original  # a forger who rewrites everything consistently changes the seal
+    assert verify_run(run).seal == forged_seal  # plain verify cannot tell: nothing else records these
+    with pytest.raises(CheckFailed, match=f"--expect-seal: the run's seal is {forged_seal}, not {original}"):
+        verify_run(run, expect_seal=original)
+
+
+def test_a_record_whose_seal_does_not_match_its_claims_fails(run: Path) -> None:
+    rehash(run)
+    record = json.loads((run / layout.RECORD).read_text())
+    record["seal"] = "f" * 64
+    (run / layout.RECORD).write_text(canonical_json(record) + "\n")
+    write_attestation(open_run(run), load_record(open_run(run)), None)
+    with pytest.raises(CheckFailed, match="record.json: seal f{64} is not the seal of the record's claims"):
+        verify_run(run)
