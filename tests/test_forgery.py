@@ -83,7 +83,7 @@ def test_a_forged_temperature_fails_naming_the_setting(run: Path) -> None:
     edit_manifest(run, hotter)
     new_seal = rehash(run)
     assert new_seal != original
-    with pytest.raises(CheckFailed, match="manifest.json"):
+    with pytest.raises(CheckFailed, match=r"manifest\.json: .*decoding"):  # the pack's settings or the chains'
         verify_run(run)
 
 
@@ -113,5 +113,5 @@ def test_a_record_whose_seal_does_not_match_its_claims_fails(run: Path) -> None:
     record["seal"] = "f" * 64
     (run / layout.RECORD).write_text(canonical_json(record) + "\n")
     write_attestation(open_run(run), load_record(open_run(run)), None)
-    with pytest.raises(CheckFailed, match="record.json: seal f{64} is not the seal of the record's claims"):
+    with pytest.raises(CheckFailed, match=r"record.json: seal f{64} is not the seal of the record's claims"):
         verify_run(run)

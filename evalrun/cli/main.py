@@ -193,8 +193,12 @@ def resume(run_dir: Path, overrides: tuple[str, ...]) -> None:
 @cli.command(short_help="Recompute and check everything in a run directory.")
 @click.argument("run_dir", type=RUN_PATH)
 @click.option("--expect-root", metavar="HEX", help="A Merkle root kept elsewhere: the run's root must equal it.")
-@click.option("--expect-seal", metavar="HEX", help="A seal kept elsewhere (record.json's seal when the run ended): "
-              "the run's recomputed seal must equal it, so that no claimed figure changed.")
+@click.option(
+    "--expect-seal",
+    metavar="HEX",
+    help="A seal kept elsewhere (record.json's seal when the run ended): "
+    "the run's recomputed seal must equal it, so that no claimed figure changed.",
+)
 @click.option("--public-key", type=RUN_PATH, metavar="PEM",
               help="Ed25519 public key (PEM): the attestation must carry a valid signature by it.")  # fmt: skip
 @click.option("--jobs", type=click.IntRange(min=0), default=0, show_default=True, metavar="N",
