@@ -32,7 +32,7 @@ from evalrun.records.formats import EpisodeCounts, Record
 from evalrun.records.merkle import merkle_root
 from evalrun.rundir import layout, reader, writer
 from evalrun.rundir.attest import attest_finished_run
-from evalrun.scoring import NORMALIZERS, SCORERS, make_scorer, score_columns, score_outputs
+from evalrun.scoring import NORMALIZERS, SCORERS, failed_episodes, make_scorer, score_columns, score_outputs
 from evalrun.stats.summary import summarize
 from evalrun.tasks import Task, load_task
 
@@ -195,10 +195,11 @@ def _complete(run: layout.RunDir, prepared: Prepared, dispatcher: Dispatcher, pa
 
     spec = config.task.scorer
     context = scoring_context(config, prepared.task, prepared.model, prepared.judge_model)
-    scores = score_outputs(reader.read_outputs(run, score_columns(spec)), spec, context)
+    outputs = reader.read_outputs(run, score_columns(spec))
+    scores = score_outputs(outputs, spec, context)
     files = {name: file_sha256(run.path / name) for name in (layout.CONFIG, layout.MANIFEST)}
     files[layout.SCORES] = writer.write_atomic(run.scores, writer.table_bytes(scores))
-    files[layout.SUMMARY] = writer.write_json(run.summary, summarize(scores))
+    files[layout.SUMMARY] = writer.write_json(run.summary, summarize(scores, failed=failed_episodes(outputs)))
     files.update(parts.file_hashes)
     failpoints.hit("before-record")
 
