@@ -18,10 +18,13 @@ from evalrun.audit.replay import replay_run
 from evalrun.audit.verify import verify_run
 from evalrun.config import BUILTIN_TASKS, load
 from evalrun.engines import ENGINES, Completion, GenerationRequest, RequestRejected, engine
+from evalrun.errors import BadInput
+from evalrun.pipeline.context import load_tokenizer
 from evalrun.pipeline.dispatch import DISPATCHERS
 from evalrun.pipeline.runner import execute, prepare
 from evalrun.records.entries import EndEntry, FailedCallEntry, parse_line
 
+ROOT = Path(__file__).resolve().parents[1]
 REFUSED_ITEMS = ("add-002", "add-005")
 CALLS: list[int] = []  # batch sizes the stub engine was asked to run
 
@@ -110,3 +113,61 @@ def test_a_run_without_failures_has_no_errors_field(refusing_engine: None, tmp_p
     summary = json.loads((run / "summary.json").read_text())
     assert all("errors" not in m for m in summary["overall"].values())
     verify_run(run)
+
+
+# --- prompts longer than the context, found before any engine call ----------------------------
+
+
+def _long_dataset(tmp_path: Path, n: int, long_ids: set[int]) -> Path:
+    """An addition dataset whose items in ``long_ids`` have questions far beyond the tiny model's 128 tokens."""
+    path = tmp_path / "data.jsonl"
+    rows = [{"id": f"q-{i:03d}", "question": ("1+" * 150 + "1") if i in long_ids else f"{i}+1", "answer": str(i + 1)}
+            for i in range(n)]  # fmt: skip
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def _overlong_run(tmp_path: Path, mode: str) -> list[str]:
+    dataset = _long_dataset(tmp_path, 6, {1, 4})
+    ENGINES.get("refusing").refused_questions = ("1+" * 150 + "1",)  # the engine would refuse the long ones
+    return ["engine.name=refusing", "cluster=inline", f"task.dataset={dataset}", f"task.on_overlong={mode}",
+            "determinism=off", f"run.root={tmp_path / 'runs'}", "run.progress=false"]  # fmt: skip
+
+
+def test_overlong_prompts_fail_their_episodes_without_an_engine_call(refusing_engine: None, tmp_path: Path) -> None:
+    run = execute(prepare(load(_overlong_run(tmp_path, "fail_episode"))))
+    assert CALLS == [4]  # the two long prompts never reached the engine
+    outputs = pq.read_table(run / "outputs").to_pydict()
+    assert sorted(i for i, r in zip(outputs["item_id"], outputs["finish_reason"], strict=True) if r == "failed") == [
+        "q-001", "q-004"]  # fmt: skip
+    log = "".join(p.read_text() for p in (run / "log").iterdir())
+    assert log.count('"status":"error"') == 2 and "does not fit the model's context of 128 tokens" in log
+    manifest = json.loads((run / "manifest.json").read_text())
+    assert manifest["task"]["on_overlong"] == manifest["identity"]["task"]["on_overlong"] == "fail_episode"
+    verify_run(run)
+    report = replay_run(run, [])
+    assert not report.divergences and report.root_matches and report.scores_identical
+
+
+def test_on_overlong_error_names_the_items_before_the_model_loads(refusing_engine: None, tmp_path: Path) -> None:
+    with pytest.raises(BadInput, match=r"task.on_overlong.*2 items.*q-001, q-004"):
+        prepare(load(_overlong_run(tmp_path, "error")))
+    with pytest.raises(BadInput, match=r"task\.on_overlong"):
+        load(["task.on_overlong=drop"])
+
+
+def test_truncate_left_sends_and_records_the_last_tokens(refusing_engine: None, tmp_path: Path) -> None:
+    run = execute(prepare(load(_overlong_run(tmp_path, "truncate_left"))))
+    assert CALLS == [6]
+    tokenizer = load_tokenizer(ROOT / "models" / "tiny-adder")
+    outputs = pq.read_table(run / "outputs").to_pydict()
+    lengths = {i: len(tokenizer.encode(p).ids) for i, p in zip(outputs["item_id"], outputs["prompt"], strict=True)}
+    assert lengths["q-001"] <= 127 and lengths["q-004"] <= 127 and lengths["q-000"] < 20
+    assert set(outputs["finish_reason"]) != {"failed"}
+    log = "".join(p.read_text() for p in (run / "log").iterdir())
+    assert (
+        json.dumps(outputs["prompt"][outputs["item_id"].index("q-001")])[1:-1] in log
+    )  # the chain holds what was sent
+    verify_run(run)
+    report = replay_run(run, [])
+    assert not report.divergences and report.root_matches and report.scores_identical

@@ -27,6 +27,7 @@ from typing import Any
 from evalrun.config import EvalConfig, load_stored, validate
 from evalrun.engines.replay import Divergence, RecordedCall, ReplayEngine
 from evalrun.pipeline import encode
+from evalrun.pipeline.context import apply_context_limit
 from evalrun.pipeline.environment import git_state
 from evalrun.pipeline.harness import EpisodeResult, run_episodes
 from evalrun.pipeline.manifest import generator_info
@@ -220,6 +221,11 @@ def replay_run(path: Path, overrides: list[str]) -> ReplayReport:
     task = load_task(config)
     config = config.with_decoding(task.pack.decoding)
     episodes = build_plan(task, config.decoding, config.seeds)
+    manifest = read_manifest(run)
+    model_path = (manifest.get("model") or {}).get("path")
+    if config.task.on_overlong == "truncate_left" and isinstance(model_path, str) and Path(model_path).is_dir():
+        # the prompts the run sent were shortened with the model's tokenizer: shorten them again
+        episodes = apply_context_limit(episodes, Path(model_path), config.engine.max_model_len, "truncate_left")
     engine = ReplayEngine(calls, failed)
     divergences: list[Divergence] = []
     results: list[EpisodeResult] = []
@@ -237,7 +243,6 @@ def replay_run(path: Path, overrides: list[str]) -> ReplayReport:
     divergences.sort(key=lambda d: d.episode)
     heads = {r.episode.episode_id: r.head for r in results}
     record = load_record(run)
-    manifest = read_manifest(run)
     scores_identical = None
     if not divergences:
         provenance = encode.Provenance(worker="replay", hardware="{}", batch_size=1, latency_s=0.0)

@@ -15,6 +15,7 @@ from evalrun.config.model import ResolvedModel, resolve_model
 from evalrun.engines import ENGINES
 from evalrun.errors import BadInput
 from evalrun.pipeline import failpoints
+from evalrun.pipeline.context import apply_context_limit
 from evalrun.pipeline.dispatch import DISPATCHERS, Dispatcher, dispatcher_key, open_dispatcher
 from evalrun.pipeline.manifest import (
     Digest,
@@ -78,6 +79,8 @@ def prepare(config: EvalConfig) -> Prepared:
     config = config.with_decoding(task.pack.decoding)  # a pack's decoding settings win over the group's
     make_scorer(config.task.scorer, scoring_context(config, task, model, judge))  # e.g. a regex that won't compile
     episodes = build_plan(task, config.decoding, config.seeds)
+    # prompts that cannot fit the context (the tokenizer is loaded, the model is not)
+    episodes = apply_context_limit(episodes, model.path, config.engine.max_model_len, config.task.on_overlong)
     spec = WorkerSpec(
         model_path=str(model.path),
         model_dtype=config.model.dtype,
@@ -159,6 +162,9 @@ def resume(run_path: Path, overrides: list[str] | None = None, dispatcher: Dispa
         if run.record.is_file():
             return run.path  # already complete
         recorded = reader.read_manifest(run).get("identity", {})
+        if isinstance(recorded.get("task"), dict) and "on_overlong" not in recorded["task"]:
+            # made before task.on_overlong: the default, which it matches unless a prompt was too long
+            recorded = {**recorded, "task": {**recorded["task"], "on_overlong": prepared.config.task.on_overlong}}
         current = run_identity(prepared.config, prepared.task, prepared.model, prepared.digest, len(prepared.episodes),
                                prepared.judge_model)  # fmt: skip
         changed = sorted(k for k in set(recorded) | set(current) if recorded.get(k) != current.get(k))
