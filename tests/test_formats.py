@@ -34,6 +34,7 @@ from evalrun.records.entries import (
     EnvRequest,
     EnvValue,
     EpisodeSeeds,
+    FailedCallEntry,
     HeaderEntry,
     JoinEntry,
     JudgeEntry,
@@ -190,6 +191,12 @@ def entry_bodies(draw: st.DrawFn, tag: str) -> tuple[type, dict[str, Any]]:
                                 **_request_fields(request), "response": draw(scored)}  # fmt: skip
         request = generation_request(draw(texts), draw(samplings()))
         return JudgeEntry, {**fields, **_request_fields(request), "response": draw(completion)}
+    if tag == "failed":
+        if draw(st.booleans()):
+            request = loglikelihood_request(draw(texts), draw(texts))
+        else:
+            request = generation_request(draw(texts), draw(samplings()))
+        return FailedCallEntry, {"call": call, **_request_fields(request), "error": draw(texts)}
     if tag == "tool":
         arguments = draw(st.dictionaries(texts, json_values, max_size=4))
         return ToolEntry, {"call": call, **_request_fields(ToolRequest(name=draw(texts), arguments=arguments))}
@@ -212,16 +219,19 @@ def entry_bodies(draw: st.DrawFn, tag: str) -> tuple[type, dict[str, Any]]:
     if tag == "join":
         return JoinEntry, {"calls": draw(st.lists(small_ints, min_size=1, max_size=4))}
     assert tag == "end"
-    return EndEntry, {"model_calls": draw(small_ints), "status": draw(texts)}
+    fields = {"model_calls": draw(small_ints), "status": draw(texts)}
+    if draw(st.booleans()):
+        fields["error"] = draw(texts)
+    return EndEntry, fields
 
 
 any_body = st.sampled_from(sorted(ENTRY_TYPES)).flatmap(entry_bodies)
 
 
 def test_every_kind_is_defined() -> None:
-    assert set(ENTRY_TYPES) == {"header", "model", "loglikelihood", "judge", "tool", "observation", "clock", "random",
-                                "uuid", "env", "join", "end"}  # fmt: skip
-    assert set(ENTRY_TYPES) - {"loglikelihood", "judge"} == ENTRY_KINDS  # both are written as kind "model"
+    assert set(ENTRY_TYPES) == {"header", "model", "loglikelihood", "judge", "failed", "tool", "observation", "clock",
+                                "random", "uuid", "env", "join", "end"}  # fmt: skip
+    assert set(ENTRY_TYPES) - {"loglikelihood", "judge", "failed"} == ENTRY_KINDS  # all three are written as "model"
 
 
 @settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -27,13 +27,14 @@ from typing import Any
 from evalrun.config import EvalConfig, load_stored, validate
 from evalrun.engines.replay import Divergence, RecordedCall, ReplayEngine
 from evalrun.pipeline import encode
+from evalrun.pipeline.context import apply_context_limit
 from evalrun.pipeline.environment import git_state
 from evalrun.pipeline.harness import EpisodeResult, run_episodes
 from evalrun.pipeline.manifest import generator_info
 from evalrun.pipeline.plan import Episode, build_plan
 from evalrun.records.canonical import Canonical, canonical_json
 from evalrun.records.chain import link
-from evalrun.records.entries import MODEL_CALLS, HeaderEntry
+from evalrun.records.entries import MODEL_CALLS, EndEntry, FailedCallEntry, HeaderEntry
 from evalrun.records.merkle import merkle_root
 from evalrun.rundir import layout
 from evalrun.rundir.reader import (
@@ -160,10 +161,14 @@ def code_identity(manifest: dict[str, Any], recorded: dict[str, Recorded]) -> Co
     )
 
 
-def load_recording(run: layout.RunDir) -> tuple[dict[str, Recorded], dict[tuple[str, int], RecordedCall]]:
+def load_recording(
+    run: layout.RunDir,
+) -> tuple[dict[str, Recorded], dict[tuple[str, int], RecordedCall], dict[str, str]]:
+    """The recorded chains, model calls, and failed episodes (episode -> reason)."""
     record = load_record(run)
     recorded: dict[str, Recorded] = {}
     calls: dict[tuple[str, int], RecordedCall] = {}
+    failed: dict[str, str] = {}
     prompt_tokens = dict(zip(*read_outputs(run, ["episode_id", "prompt_tokens"]).to_pydict().values(), strict=True))
     for log_rel, _out_rel in part_pairs(run, record):
         for eid, entries, lines, head, _start in iter_chains(run.path / log_rel, log_rel, known_format_only=True):
@@ -172,13 +177,20 @@ def load_recording(run: layout.RunDir) -> tuple[dict[str, Recorded], dict[tuple[
             generator = Canonical(canonical_json(header.generator.as_record()))
             recorded[eid] = Recorded(lines=tuple(lines), head=head, generator=generator)
             for entry in entries:
-                if isinstance(entry, MODEL_CALLS):
+                if isinstance(entry, FailedCallEntry):
+                    calls[(eid, entry.call)] = RecordedCall(
+                        episode_id=eid, seq=entry.seq, call=entry.call, request=entry.request.as_record(),
+                        request_hash=entry.request_hash, response=None, prompt_tokens=0, error=entry.error,
+                    )  # fmt: skip
+                elif isinstance(entry, MODEL_CALLS):
                     calls[(eid, entry.call)] = RecordedCall(
                         episode_id=eid, seq=entry.seq, call=entry.call, request=entry.request.as_record(),
                         request_hash=entry.request_hash, response=entry.response.as_record(),
                         prompt_tokens=prompt_tokens.get(eid, 0),
                     )  # fmt: skip
-    return recorded, calls
+                elif isinstance(entry, EndEntry) and entry.status == "error":
+                    failed[eid] = entry.error or ""
+    return recorded, calls, failed
 
 
 def replay_config(run: layout.RunDir, overrides: list[str]) -> EvalConfig:
@@ -204,12 +216,17 @@ def replay_episode(engine: ReplayEngine, episode: Episode, recorded: Recorded) -
 
 def replay_run(path: Path, overrides: list[str]) -> ReplayReport:
     run = open_run(path)
-    recorded, calls = load_recording(run)
+    recorded, calls, failed = load_recording(run)
     config = replay_config(run, overrides)
     task = load_task(config)
     config = config.with_decoding(task.pack.decoding)
     episodes = build_plan(task, config.decoding, config.seeds)
-    engine = ReplayEngine(calls)
+    manifest = read_manifest(run)
+    model_path = (manifest.get("model") or {}).get("path")
+    if config.task.on_overlong == "truncate_left" and isinstance(model_path, str) and Path(model_path).is_dir():
+        # the prompts the run sent were shortened with the model's tokenizer: shorten them again
+        episodes = apply_context_limit(episodes, Path(model_path), config.engine.max_model_len, "truncate_left")
+    engine = ReplayEngine(calls, failed)
     divergences: list[Divergence] = []
     results: list[EpisodeResult] = []
     planned = {e.episode_id for e in episodes}
@@ -226,7 +243,6 @@ def replay_run(path: Path, overrides: list[str]) -> ReplayReport:
     divergences.sort(key=lambda d: d.episode)
     heads = {r.episode.episode_id: r.head for r in results}
     record = load_record(run)
-    manifest = read_manifest(run)
     scores_identical = None
     if not divergences:
         provenance = encode.Provenance(worker="replay", hardware="{}", batch_size=1, latency_s=0.0)

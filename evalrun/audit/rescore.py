@@ -21,7 +21,15 @@ from evalrun.errors import BadInput, CheckFailed
 from evalrun.records.canonical import canonical_hash
 from evalrun.rundir import layout, writer
 from evalrun.rundir.reader import open_run, read_config, read_manifest, read_outputs
-from evalrun.scoring import ScoringContext, make_scorer, score_columns, score_outputs, scorer_version, scoring_hash
+from evalrun.scoring import (
+    ScoringContext,
+    failed_episodes,
+    make_scorer,
+    score_columns,
+    score_outputs,
+    scorer_version,
+    scoring_hash,
+)
 from evalrun.stats.summary import summarize
 from evalrun.tasks.rubric import load_rubric
 
@@ -134,7 +142,8 @@ def rescore_run(path: Path, overrides: list[str]) -> RescoreReport:
     context, rubric_changed = recorded_context(run, rubric_path)
     spec = ScorerConfig.from_record({**recorded.as_record(), **settings})
     make_scorer(spec, context)  # a BadInput names a setting the scorer cannot use
-    new = score_outputs(read_outputs(run, score_columns(spec)), spec, context)
+    outputs = read_outputs(run, score_columns(spec))
+    new = score_outputs(outputs, spec, context)
     old_bytes = run.scores.read_bytes()
     old = pq.read_table(pa.BufferReader(old_bytes))
     old_versions = set(old.column("scorer_version").to_pylist()) if "scorer_version" in old.column_names else set()
@@ -146,7 +155,7 @@ def rescore_run(path: Path, overrides: list[str]) -> RescoreReport:
     out_dir = run.path / layout.RESCORE / scoring_hash(spec, context)[:16]
     out_dir.mkdir(parents=True, exist_ok=True)
     writer.write_atomic(out_dir / layout.SCORES, new_bytes)
-    writer.write_json(out_dir / layout.SUMMARY, summarize(new))
+    writer.write_json(out_dir / layout.SUMMARY, summarize(new, failed=failed_episodes(outputs)))
     writer.write_json(out_dir / layout.RESCORER, {**spec.as_record(), "context": context.as_record()})
     diffs = _diffs(old, new)
     report = RescoreReport(new.num_rows, scorer_changed, False, False, diffs, out_dir)

@@ -43,7 +43,10 @@ from evalrun.errors import CheckFailed
 from evalrun.records.canonical import MAX_SAFE_INTEGER, canonical_json, file_sha256, sha256_hex
 from evalrun.records.chain import GENESIS
 from evalrun.records.entries import (
+    EndEntry,
     Entry,
+    FailedCallEntry,
+    GenerationRequest,
     HeaderEntry,
     JudgeEntry,
     LoglikelihoodEntry,
@@ -53,7 +56,7 @@ from evalrun.records.entries import (
 )
 from evalrun.records.formats import SCHEDULE_FORMAT, Generator, Record, RecordModel
 from evalrun.records.merkle import leaf_hash, root_of_leaf_hashes
-from evalrun.records.outputs import CHAIN_COLUMNS, CHAIN_SCHEMA, STAGED_COLUMNS
+from evalrun.records.outputs import CHAIN_COLUMNS, CHAIN_SCHEMA, FAILED_FINISH_REASON, STAGED_COLUMNS
 from evalrun.rundir import attest, layout
 from evalrun.rundir.reader import (
     iter_chains,
@@ -80,6 +83,7 @@ class PartResult:
     leaves: list[tuple[str, bytes]] = field(default_factory=list)
     # sha256 of the part's files, of the very bytes checked (the whole-run check compares them to record.json)
     file_hashes: dict[str, str] = field(default_factory=dict)
+    failed: frozenset[str] = frozenset()  # episodes whose chain ends with status error
     # the policy's sampling records, canonical JSON with the per-episode seed set to "0" (checked against
     # the manifest's decoding settings)
     samplings: frozenset[str] = frozenset()
@@ -127,6 +131,12 @@ def _row_mismatch(row: dict[str, Any], entries: list[Entry]) -> str | None:
         )  # fmt: skip
     elif scored:
         expected.update(output="", token_ids=[], token_logprobs=[], finish_reason="not_generated", output_tokens=0)
+    end = entries[-1]
+    if isinstance(end, EndEntry) and end.status == "error":  # a failed episode (docs/design.md "Failed episodes")
+        refused = [e for e in entries if isinstance(e, FailedCallEntry)]
+        if first is None and refused and isinstance(refused[0].request, GenerationRequest):
+            expected.update(prompt=refused[0].request.prompt, prompt_sha256=refused[0].request.prompt_sha256)
+        expected.update(output="", token_ids=[], token_logprobs=[], finish_reason=FAILED_FINISH_REASON, output_tokens=0)
     expected.update(
         fewshot_ids=header.fewshot or [], shuffle_order=header.shuffle_order or [],
         option_logprobs=[e.response.logprob for e in scored] if scored else None,
@@ -168,7 +178,7 @@ def verify_part(run_path: str, log_rel: str, out_rel: str) -> PartResult:
         hashes = {log_rel: sha256_hex(log_data), out_rel: sha256_hex(out_data)}
     part = fast if fast is not None else _verify_part_precise(root, log_rel, out_rel)
     leaves = sorted((eid, leaf_hash(eid, head)) for eid, head in part.heads.items())
-    return PartResult(part.heads, part.entries, part.output_tokens, leaves, hashes, part.samplings)
+    return PartResult(part.heads, part.entries, part.output_tokens, leaves, hashes, part.failed, part.samplings)
 
 
 def _verify_part_precise(root: Path, log_rel: str, out_rel: str) -> PartResult:
@@ -187,6 +197,7 @@ def _verify_part_precise(root: Path, log_rel: str, out_rel: str) -> PartResult:
     rows = read_output_part(root / out_rel, out_rel)
     heads: dict[str, str] = {}
     tokens = 0
+    failed = set()
     for index, row in enumerate(rows):
         eid = row["episode_id"]
         where = f"{out_rel} row {index}"
@@ -203,10 +214,14 @@ def _verify_part_precise(root: Path, log_rel: str, out_rel: str) -> PartResult:
             raise _fail(where, f"episode {eid}: column {column!r} differs from the chain ({log_rel}:{start})")
         heads[eid] = head
         tokens += row["output_tokens"]
+        end = entries[-1]
+        if isinstance(end, EndEntry) and end.status == "error":
+            failed.add(eid)
     for eid, (_entries, _head, start) in chains.items():
         if eid not in heads:
             raise _fail(f"{log_rel}:{start}", f"episode {eid}: chain without an output row in {out_rel}")
-    return PartResult(heads=heads, entries=entries_count, output_tokens=tokens, samplings=frozenset(samplings))
+    return PartResult(heads=heads, entries=entries_count, output_tokens=tokens, failed=frozenset(failed),
+                      samplings=frozenset(samplings))  # fmt: skip
 
 
 # --- one part, fast path ---------------------------------------------------------------------
@@ -482,9 +497,12 @@ def _scorer_versions(run: layout.RunDir, record: dict[str, Any]) -> set[str]:
     return {str(v) for v in pc.unique(column).to_pylist() if v is not None}
 
 
-def check_scores(run: layout.RunDir, heads: dict[str, str], summary_ok: bool | None = None) -> None:
+def check_scores(
+    run: layout.RunDir, heads: dict[str, str], summary_ok: bool | None = None, failed: frozenset[str] = frozenset()
+) -> None:
     """Scored episodes against the output rows, then summary.json against scores.parquet (skipped
-    when ``summary_ok`` says it was already found equal)."""
+    when ``summary_ok`` says it was already found equal); ``failed``: the episodes whose chains end
+    with status error, which the summary counts as errors."""
     scores = read_scores(run, ["episode_id"] if summary_ok else None)
     scored = set(scores.column("episode_id").to_pylist())
     if scored != heads.keys():
@@ -496,7 +514,7 @@ def check_scores(run: layout.RunDir, heads: dict[str, str], summary_ok: bool | N
         return
     try:
         stored = read_summary(run)
-        recomputed = resummarize(scores, stored)  # in the format (and so with the interval method) it declares
+        recomputed = resummarize(scores, stored, failed)  # in the format (and so with the interval method) it declares
     except ValueError as exc:  # not JSON, or a format this code does not know
         raise _fail(layout.SUMMARY, str(exc)) from exc
     if canonical_json(recomputed) != canonical_json(stored):
@@ -559,7 +577,9 @@ def _verify_run(
     check_seeds(run, manifest)
     scores = "not present"
     if layout.SCORES in record.files:
-        check_scores(run, heads, summary_ok)
+        failed = frozenset().union(*(p.failed for p in results))
+        # summary_ok was recomputed with no failed episodes: with some, recompute it with them
+        check_scores(run, heads, None if failed else summary_ok, failed)
         scores = check_score_values(run)
     status = attest.check_attestation(run, record, public_key)
     return VerifyReport(

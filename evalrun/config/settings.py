@@ -266,8 +266,13 @@ class TaskConfig(Section):
     choices: ChoicesConfig = field(default_factory=ChoicesConfig)
     rubric: str | None = None  # a rubric file: the output is graded by model judges
     scorer: ScorerConfig = field(default_factory=ScorerConfig)
+    # A prompt longer than the model's context: error (exit 2 before the model loads, naming the items),
+    # fail_episode (recorded as a failed episode, no engine call) or truncate_left (keep its last tokens).
+    on_overlong: str = "fail_episode"
 
     def check(self) -> None:
+        if self.on_overlong not in ON_OVERLONG:
+            raise BadInput("task.on_overlong", f"expected one of {', '.join(ON_OVERLONG)}, got {self.on_overlong!r}")
         if (self.scorer.name == "choice") != (self.choices.field is not None):
             raise BadInput("task.scorer.name", "the choice scorer goes with task.choices.field, and only with it")
         if (self.scorer.name == "rubric") != (self.rubric is not None):
@@ -276,6 +281,9 @@ class TaskConfig(Section):
             raise BadInput("task.rubric", "a task is multiple choice or rubric-graded, not both")
         if (self.template is None) == (self.prompt_pack is None):
             raise BadInput("task", "expected exactly one of task.template (a file) and task.prompt_pack (a directory)")
+
+
+ON_OVERLONG = ("error", "fail_episode", "truncate_left")
 
 
 @dataclass(frozen=True)

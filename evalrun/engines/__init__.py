@@ -110,9 +110,15 @@ def checked_logprob(value: float, request: LoglikelihoodRequest) -> float:
     return value
 
 
+class RequestRejected(ValueError):
+    """The engine refused a request (too long for the context, invalid for the tokenizer): the
+    request's fault, not the engine's. Raised for a batch, it means some request in it was refused;
+    the harness splits the batch to find which (docs/design.md "Failed episodes")."""
+
+
 class Engine(Protocol):
     def generate(self, requests: list[GenerationRequest]) -> list[Completion]:
-        """One completion per request, in request order."""
+        """One completion per request, in request order; :class:`RequestRejected` if a request is refused."""
         ...
 
     def loglikelihood(self, requests: list[LoglikelihoodRequest]) -> list[Loglikelihood]:

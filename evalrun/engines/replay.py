@@ -3,6 +3,8 @@
 Each request must name its episode (``GenerationRequest.episode_id``) and call index; the engine
 finds that recorded model call and compares the request's hash with the recorded
 ``request_hash``. A mismatch raises :class:`Divergence` naming episode, seq, expected and got.
+A call recorded as refused is refused again (:class:`RequestRejected` with the recorded reason), and
+so is any call of an episode recorded as failed before its first call (``failed``).
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from evalrun.engines import Completion, GenerationRequest, Loglikelihood, LoglikelihoodRequest
+from evalrun.engines import Completion, GenerationRequest, Loglikelihood, LoglikelihoodRequest, RequestRejected
 from evalrun.records.canonical import canonical_json, sha256_hex
 from evalrun.records.entries import loglikelihood_fields, request_fields
 
@@ -22,8 +24,9 @@ class RecordedCall:
     call: int
     request: dict[str, Any]
     request_hash: str
-    response: dict[str, Any]
+    response: dict[str, Any] | None  # None: the call was refused, for the reason in ``error``
     prompt_tokens: int
+    error: str | None = None
 
 
 class Divergence(Exception):
@@ -44,8 +47,9 @@ def first_difference(expected: Any, got: Any, where: str = "request") -> tuple[s
 
 
 class ReplayEngine:
-    def __init__(self, calls: dict[tuple[str, int], RecordedCall]) -> None:
+    def __init__(self, calls: dict[tuple[str, int], RecordedCall], failed: dict[str, str] | None = None) -> None:
         self.calls = calls
+        self.failed = failed or {}  # episode -> reason, for failed episodes that recorded no call
 
     def describe(self) -> dict[str, Any]:
         return {"name": "replay", "version": "1", "settings": {"recorded_calls": len(self.calls)}}
@@ -57,7 +61,7 @@ class ReplayEngine:
         results = []
         for request in requests:
             fields = loglikelihood_fields(request.context, request.continuation)
-            r = self._recorded(request.episode_id, request.call, fields).response
+            r = self._response(self._recorded(request.episode_id, request.call, fields))
             results.append(
                 Loglikelihood(float(r["logprob"]), tuple(r["token_ids"]), bool(r["greedy"]), r["prompt_tokens"])
             )
@@ -68,6 +72,8 @@ class ReplayEngine:
         if episode_id is None:
             raise ValueError("a replayed request must name its episode")
         recorded = self.calls.get((episode_id, call))
+        if recorded is None and episode_id in self.failed:
+            raise RequestRejected(self.failed[episode_id])
         if recorded is None:
             raise Divergence(episode_id, None, f"no model call {call} recorded", "a model call")
         if sha256_hex(canonical_json(fields)) != recorded.request_hash:
@@ -80,7 +86,7 @@ class ReplayEngine:
 
     def _serve(self, request: GenerationRequest) -> Completion:
         recorded = self._recorded(request.episode_id, request.call, request_fields(request.prompt, request.sampling))
-        r = recorded.response
+        r = self._response(recorded)
         return Completion(
             text=r["text"],
             token_ids=tuple(r["token_ids"]),
@@ -88,3 +94,9 @@ class ReplayEngine:
             finish_reason=r["finish_reason"],
             prompt_tokens=recorded.prompt_tokens,
         )
+
+    @staticmethod
+    def _response(recorded: RecordedCall) -> dict[str, Any]:
+        if recorded.response is None:
+            raise RequestRejected(recorded.error or "refused")
+        return recorded.response

@@ -16,6 +16,7 @@ from evalrun.engines import (
     GenerationRequest,
     Loglikelihood,
     LoglikelihoodRequest,
+    RequestRejected,
     checked_logprob,
     engine,
     loglikelihood_tokens,
@@ -39,6 +40,9 @@ class VLLMEngine:
         from vllm.inputs import TokensPrompt
 
         self._tokens_prompt = TokensPrompt
+        from vllm.exceptions import VLLMValidationError
+
+        self._rejections: tuple[type[Exception], ...] = (VLLMValidationError, ValueError)
         self.dtype = settings["dtype"] or model_dtype
         kwargs: dict[str, Any] = {
             "model": str(model_path),
@@ -75,7 +79,7 @@ class VLLMEngine:
             )
             for r in requests
         ]
-        outputs = self.llm.generate([r.prompt for r in requests], params, use_tqdm=False)
+        outputs = self._generate([r.prompt for r in requests], params)
         completions = []
         for out in outputs:
             choice = out.outputs[0]
@@ -94,6 +98,14 @@ class VLLMEngine:
                 )
             )
         return completions
+
+    def _generate(self, prompts: list[Any], params: Any) -> list[Any]:
+        """``LLM.generate``; a request vLLM refuses (it validates each while adding them, and aborts those
+        already added when one fails) raises :class:`RequestRejected` with vLLM's message."""
+        try:
+            return self.llm.generate(prompts, params, use_tqdm=False)
+        except self._rejections as exc:
+            raise RequestRejected(f"{type(exc).__name__}: {exc}") from exc
 
     def loglikelihood(self, requests: list[LoglikelihoodRequest]) -> list[Loglikelihood]:
         """Scores from vLLM's prompt logprobs (raw float32 log_softmax), all requests in one ``generate``.
@@ -116,7 +128,7 @@ class VLLMEngine:
         if to_score:
             params = self._sampling_params(max_tokens=1, temperature=0.0, prompt_logprobs=1, detokenize=False)
             prompts = [self._tokens_prompt(prompt_token_ids=encoded[i][0]) for i in to_score]
-            outputs = self.llm.generate(prompts, params, use_tqdm=False)
+            outputs = self._generate(prompts, params)
             for i, out in zip(to_score, outputs, strict=True):
                 ids, n = encoded[i]
                 if list(out.prompt_token_ids or ()) != ids:

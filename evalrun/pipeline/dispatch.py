@@ -7,8 +7,10 @@ config selects one (:func:`open_dispatcher`).
 ``local`` and ``ray``: one Ray actor per worker (a local Ray started here, or the Ray cluster at
 ``cluster.address``), each owning an engine, with at most
 ``max_in_flight`` batches queued per worker so a slow worker never holds up the rest. A batch
-whose worker dies or fails goes back to the queue and runs on a live or restarted worker; the
-driver only ever receives a batch's results once, from the attempt that succeeded.
+whose worker dies goes back to the queue and runs on a live or restarted worker; the driver only
+ever receives a batch's results once, from the attempt that succeeded. A batch whose code raises
+in a live worker is not retried: the run stops with the error (a request the engine refuses
+does not raise: the harness records its episode as failed).
 """
 
 from __future__ import annotations
@@ -212,6 +214,10 @@ class RayDispatcher:
             try:
                 outcome = ray.get(ref)
             except ray.exceptions.RayError as exc:
+                if _raised_by_the_batch(exc):
+                    # The batch's code raised in a live worker: running it again would raise again.
+                    worker = (slot.info or {}).get("worker")
+                    raise RuntimeError(f"a batch of {len(batch)} episodes failed on {worker}: {exc.cause!r}") from exc
                 if attempts[number] >= self._max_attempts:
                     raise RuntimeError(f"a batch of {len(batch)} episodes failed {attempts[number]} times") from exc
                 stats.retries += 1
@@ -231,6 +237,15 @@ class RayDispatcher:
         self._slots, self._starting = [], {}
         if self._started_ray:
             ray.shutdown()
+
+
+def _raised_by_the_batch(error: BaseException) -> bool:
+    """The batch raised an exception in a worker that is still alive (a ``RayTaskError`` that is not an
+    actor's death): not a worker failure, so not retried as one. A request the engine refuses never
+    gets here: the harness records its episode as failed (docs/design.md "Failed episodes")."""
+    import ray
+
+    return isinstance(error, ray.exceptions.RayTaskError) and not isinstance(error, ray.exceptions.RayActorError)
 
 
 def open_dispatcher(spec: WorkerSpec, cluster: ClusterConfig) -> Dispatcher:

@@ -11,7 +11,15 @@ from hashlib import sha256 as _sha256
 from json.encoder import encode_basestring  # type: ignore[attr-defined]
 from typing import Any
 
-from evalrun.engines import Completion, Engine, GenerationRequest, Loglikelihood, LoglikelihoodRequest, SamplingSpec
+from evalrun.engines import (
+    Completion,
+    Engine,
+    GenerationRequest,
+    Loglikelihood,
+    LoglikelihoodRequest,
+    RequestRejected,
+    SamplingSpec,
+)
 from evalrun.pipeline.plan import Episode, JudgeCall
 from evalrun.records.canonical import MAX_SAFE_INTEGER, Canonical, _es6_number, canonical_json
 from evalrun.records.chain import GENESIS, ChainBuilder
@@ -20,6 +28,7 @@ from evalrun.records.entries import (
     EndEntry,
     Entry,
     EpisodeSeeds,
+    FailedCallEntry,
     HeaderEntry,
     JudgeEntry,
     LoglikelihoodEntry,
@@ -29,6 +38,7 @@ from evalrun.records.entries import (
     loglikelihood_request,
 )
 from evalrun.records.formats import SCHEDULE_FORMAT, Generator
+from evalrun.records.outputs import FAILED_FINISH_REASON
 from evalrun.tasks import render_prompt
 from evalrun.tasks.selection import LETTERS, option_continuation
 
@@ -56,6 +66,7 @@ class EpisodeResult:
     prompt_sha256: str
     option_logprobs: tuple[float, ...] | None = None  # multiple choice, loglikelihood: per original option
     judgements: tuple[Judgement, ...] = ()
+    error: str | None = None  # why the episode failed (its chain ends with status error); None: ok
 
 
 def completion_record(completion: Completion) -> CompletionResponse:
@@ -168,10 +179,95 @@ def run_episodes(engine: Engine, episodes: list[Episode], generator: dict[str, A
     """
     encoded = encode_generator(generator)
     if all(e.single_call for e in episodes):
-        requests = [GenerationRequest(prompt=e.prompt, sampling=e.sampling, episode_id=e.episode_id) for e in episodes]
-        completions = _generate(engine, requests)
-        return [record_episode(e, c, encoded) for e, c in zip(episodes, completions, strict=True)]
-    return _run_staged(engine, episodes, encoded, judge_engine or engine)
+        live = [e for e in episodes if e.rejection is None]
+        requests = [GenerationRequest(prompt=e.prompt, sampling=e.sampling, episode_id=e.episode_id) for e in live]
+        outcomes = dict(zip((e.episode_id for e in live), _generate_each(engine, requests), strict=True))
+        results = []
+        for e in episodes:
+            outcome = outcomes.get(e.episode_id, e.rejection)
+            if isinstance(outcome, Completion):
+                results.append(record_episode(e, outcome, encoded))
+            else:
+                assert outcome is not None
+                results.append(record_failed_call(e, outcome, encoded))
+        return results
+    return _run_staged_each(engine, episodes, encoded, judge_engine or engine)
+
+
+def _generate_each(engine: Engine, requests: list[GenerationRequest]) -> list[Completion | str]:
+    """Each request's completion, or the reason the engine refused it.
+
+    A refused batch is split in halves until the refused requests stand alone, so the others still
+    run (the engine aborts a whole batch when one request is refused; with batch-invariant
+    kernels a request's result does not depend on its batch).
+    """
+    if not requests:
+        return []
+    try:
+        return list(_generate(engine, requests))
+    except RequestRejected as exc:
+        if len(requests) == 1:
+            return [str(exc)]
+        half = len(requests) // 2
+        return _generate_each(engine, requests[:half]) + _generate_each(engine, requests[half:])
+
+
+FAILED = Completion(text="", token_ids=(), logprobs=(), finish_reason=FAILED_FINISH_REASON, prompt_tokens=0)
+"""What a failed episode's output row shows: no text, no tokens, finish_reason ``failed``."""
+
+
+def _header_fields(episode: Episode, generator: Generator) -> dict[str, Any]:
+    header: dict[str, Any] = {"generator": generator, "item": episode.item_id, "repeat": episode.repeat,
+                              "seed": episode.seed, "seeds": EpisodeSeeds(**episode.seeds_record()),
+                              "task": episode.task}  # fmt: skip
+    if episode.fewshot_ids:
+        header["fewshot"] = list(episode.fewshot_ids)
+    if episode.options:
+        header["shuffle_order"] = list(episode.shuffle_order)
+    return header
+
+
+def record_failed_call(episode: Episode, reason: str, generator: dict[str, Any] | Canonical) -> EpisodeResult:
+    """The chain of a single-turn episode whose call was refused: header, the request with the reason
+    instead of a response, end with status error."""
+    chain = ChainBuilder(episode.episode_id)
+    chain.append(HeaderEntry, **_header_fields(episode, Generator.model_validate_json(encode_generator(generator))))
+    request = generation_request(episode.prompt, episode.sampling)
+    chain.append(FailedCallEntry, call=0, request=request, error=reason)
+    chain.append(EndEntry, model_calls=1, status="error", error=reason)
+    return EpisodeResult(episode, FAILED, tuple(chain.lines), chain.head, episode.prompt_sha256, error=reason)
+
+
+def _run_staged_each(engine: Engine, episodes: list[Episode], generator: Canonical,
+                     judge_engine: Engine) -> list[EpisodeResult]:  # fmt: skip
+    """Staged episodes; a refused batch is split in halves, and an episode refused on its own (or
+    before: ``Episode.rejection``) is recorded as failed: header, end with status error."""
+    failed = {e.episode_id: e.rejection for e in episodes if e.rejection is not None}
+    live = [e for e in episodes if e.rejection is None]
+    results: dict[str, EpisodeResult] = {}
+    pending = [live] if live else []
+    while pending:
+        batch = pending.pop()
+        try:
+            results.update((r.episode.episode_id, r) for r in _run_staged(engine, batch, generator, judge_engine))
+        except RequestRejected as exc:
+            if len(batch) == 1:
+                failed[batch[0].episode_id] = str(exc)
+            else:
+                pending += [batch[len(batch) // 2 :], batch[: len(batch) // 2]]
+    typed_generator = Generator.model_validate_json(generator) if failed else None
+    out = []
+    for e in episodes:
+        if e.episode_id in results:
+            out.append(results[e.episode_id])
+            continue
+        assert typed_generator is not None
+        reason = failed[e.episode_id]
+        chain = ChainBuilder(e.episode_id)
+        chain.append(HeaderEntry, **_header_fields(e, typed_generator))
+        chain.append(EndEntry, model_calls=0, status="error", error=reason)
+        out.append(EpisodeResult(e, FAILED, tuple(chain.lines), chain.head, e.prompt_sha256, error=reason))
+    return out
 
 
 def _generate(engine: Engine, requests: list[GenerationRequest]) -> list[Completion]:
@@ -304,14 +400,7 @@ def _record_staged(episode: Episode, calls: _Calls, judgements: tuple[Judgement,
                    generator: Generator) -> EpisodeResult:  # fmt: skip
     """The chain of a staged episode: header, every model call in call order, end."""
     chain = ChainBuilder(episode.episode_id)
-    header: dict[str, Any] = {"generator": generator, "item": episode.item_id, "repeat": episode.repeat,
-                              "seed": episode.seed, "seeds": EpisodeSeeds(**episode.seeds_record()),
-                              "task": episode.task}  # fmt: skip
-    if episode.fewshot_ids:
-        header["fewshot"] = list(episode.fewshot_ids)
-    if episode.options:
-        header["shuffle_order"] = list(episode.shuffle_order)
-    chain.append(HeaderEntry, **header)
+    chain.append(HeaderEntry, **_header_fields(episode, generator))
     for call, (entry_type, fields) in enumerate(calls.entries):
         chain.append(entry_type, **fields, call=call)  # the builder fills in request_hash
     chain.append(EndEntry, model_calls=len(calls.entries), status="ok")

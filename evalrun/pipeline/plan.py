@@ -48,6 +48,9 @@ class Episode:
     judging: Rubric | None = None  # one object shared by a run's episodes (pickled once per batch)
     judge_calls: tuple[JudgeCall, ...] = ()
     fields: Mapping[str, Any] | None = None  # the item's fields, for judge prompts
+    # Why the episode fails without an engine call (a prompt longer than the model's context, found
+    # before dispatch: task.on_overlong=fail_episode); not part of the episode's identity.
+    rejection: str | None = None
 
     @property
     def prompt_sha256(self) -> str:

@@ -18,6 +18,7 @@ from evalrun.config.model import ResolvedModel, resolve_model
 from evalrun.engines import ENGINES
 from evalrun.errors import BadInput, Interrupted, WriteFailed
 from evalrun.pipeline import failpoints
+from evalrun.pipeline.context import apply_context_limit
 from evalrun.pipeline.dispatch import DISPATCHERS, Dispatcher, dispatcher_key, open_dispatcher
 from evalrun.pipeline.manifest import (
     Digest,
@@ -35,7 +36,7 @@ from evalrun.records.formats import EpisodeCounts, Record, seal_of
 from evalrun.records.merkle import merkle_root
 from evalrun.rundir import layout, reader, writer
 from evalrun.rundir.attest import attest_finished_run
-from evalrun.scoring import NORMALIZERS, SCORERS, make_scorer, score_columns, score_outputs
+from evalrun.scoring import NORMALIZERS, SCORERS, failed_episodes, make_scorer, score_columns, score_outputs
 from evalrun.stats.summary import summarize
 from evalrun.tasks import Task, load_task
 
@@ -81,6 +82,8 @@ def prepare(config: EvalConfig) -> Prepared:
     config = config.with_decoding(task.pack.decoding)  # a pack's decoding settings win over the group's
     make_scorer(config.task.scorer, scoring_context(config, task, model, judge))  # e.g. a regex that won't compile
     episodes = build_plan(task, config.decoding, config.seeds)
+    # prompts that cannot fit the context (the tokenizer is loaded, the model is not)
+    episodes = apply_context_limit(episodes, model.path, config.engine.max_model_len, config.task.on_overlong)
     spec = WorkerSpec(
         model_path=str(model.path),
         model_dtype=config.model.dtype,
@@ -195,6 +198,9 @@ def resume(run_path: Path, overrides: list[str] | None = None, dispatcher: Dispa
                 attest_finished_run(run.path)
             return run.path
         recorded = reader.read_manifest(run).get("identity", {})
+        if isinstance(recorded.get("task"), dict) and "on_overlong" not in recorded["task"]:
+            # made before task.on_overlong: the default, which it matches unless a prompt was too long
+            recorded = {**recorded, "task": {**recorded["task"], "on_overlong": prepared.config.task.on_overlong}}
         current = run_identity(prepared.config, prepared.task, prepared.model, prepared.digest, len(prepared.episodes),
                                prepared.judge_model)  # fmt: skip
         changed = sorted(k for k in set(recorded) | set(current) if recorded.get(k) != current.get(k))
@@ -231,10 +237,11 @@ def _complete(run: layout.RunDir, prepared: Prepared, dispatcher: Dispatcher, pa
 
     spec = config.task.scorer
     context = scoring_context(config, prepared.task, prepared.model, prepared.judge_model)
-    scores = score_outputs(reader.read_outputs(run, score_columns(spec)), spec, context)
+    outputs = reader.read_outputs(run, score_columns(spec))
+    scores = score_outputs(outputs, spec, context)
     files = {name: file_sha256(run.path / name) for name in (layout.CONFIG, layout.MANIFEST)}
     files[layout.SCORES] = writer.write_atomic(run.scores, writer.table_bytes(scores))
-    files[layout.SUMMARY] = writer.write_json(run.summary, summarize(scores))
+    files[layout.SUMMARY] = writer.write_json(run.summary, summarize(scores, failed=failed_episodes(outputs)))
     files.update(parts.file_hashes)
     failpoints.hit("before-record")
 

@@ -18,7 +18,9 @@ Kinds written today (their names and fields are fixed by the runs already record
   ``shuffle_order``, and for loglikelihood judging ``option``/``position``). Every one has
   ``call`` (the episode's model calls numbered from 0), ``request``, ``request_hash`` (sha256 of
   the request's canonical JSON, what a replay matches) and ``response``.
-* ``end``: the number of model calls and the status.
+* ``end``: the number of model calls and the status (``ok``; ``error`` with the reason in ``error``).
+* A ``model`` line with ``error`` instead of ``response`` (:class:`FailedCallEntry`): a call the
+  engine refused, or that was refused before it (a prompt longer than the model's context).
 
 Kinds for agent episodes, defined here so that their encoding is fixed before they are written.
 An *effect* is anything from outside the episode that a replay must serve from the record: each
@@ -224,10 +226,24 @@ class JudgeEntry(Entry, OptionalFields):
         return self
 
 
-class EndEntry(Entry):
+class EndEntry(Entry, OptionalFields):
+    """The chain's last entry: ``status`` ok, or error with the reason in ``error`` (left out when ok)."""
+
     kind: Literal["end"] = "end"
     model_calls: Count
     status: str
+    error: str | None = None
+
+
+class FailedCallEntry(Entry):
+    """A model call the engine refused (or that was refused before it, e.g. a prompt longer than the
+    context): the request as it would have been sent, and the reason instead of a response."""
+
+    kind: Literal["model"] = "model"
+    call: Count
+    request: GenerationRequest | LoglikelihoodRequest
+    request_hash: Hex64
+    error: str
 
 
 class ToolEntry(Entry):
@@ -286,6 +302,7 @@ ENTRY_TYPES: dict[str, type[Entry]] = {
     "model": ModelEntry,
     "loglikelihood": LoglikelihoodEntry,
     "judge": JudgeEntry,
+    "failed": FailedCallEntry,
     "tool": ToolEntry,
     "observation": ObservationEntry,
     "clock": ClockEntry,
@@ -297,7 +314,7 @@ ENTRY_TYPES: dict[str, type[Entry]] = {
 }
 """Typed forms by tag; the tag is the ``kind`` written, except that ``model`` lines are told apart as above."""
 
-MODEL_CALLS = (ModelEntry, LoglikelihoodEntry, JudgeEntry)
+MODEL_CALLS = (ModelEntry, LoglikelihoodEntry, JudgeEntry, FailedCallEntry)
 """The typed forms of ``model`` lines."""
 
 ENTRY_KINDS = frozenset(t.model_fields["kind"].default for t in ENTRY_TYPES.values())
@@ -314,6 +331,8 @@ def entry_tag(value: Any) -> str | None:
     if kind == "model":
         if "role" in value:
             return "judge"
+        if "error" in value and "response" not in value:
+            return "failed"
         request = value.get("request")
         return "loglikelihood" if isinstance(request, dict) and "op" in request else "model"
     return kind if isinstance(kind, str) else None

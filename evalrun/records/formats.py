@@ -204,6 +204,7 @@ class Estimate(OptionalFields):
     n_items: Count
     trials_per_item: float
     n_observations: Count
+    errors: Count | None = None  # observations of failed episodes (scored 0); left out when there are none
 
 
 class Summary(RecordModel):

@@ -41,6 +41,11 @@ Int64 = Annotated[int, pa.int64()]
 UInt64 = Annotated[int, pa.uint64()]
 
 
+FAILED_FINISH_REASON = "failed"
+"""The ``finish_reason`` of a failed episode's row (its chain ends with status error; docs/design.md
+"Failed episodes"). No engine reports it: vLLM's reasons are stop, length, abort, error, repetition."""
+
+
 class SamplingSeedColumn(RecordModel):
     sampling: UInt64
 

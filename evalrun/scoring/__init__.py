@@ -18,7 +18,14 @@ from evalrun.scoring import choice, normalizers, rubric, text
 from evalrun.scoring.context import ScoringContext
 from evalrun.scoring.digest import scoring_hash, scoring_record
 from evalrun.scoring.registry import NORMALIZERS, SCORERS, Score, Scorer, normalizer, scorer
-from evalrun.scoring.table import SCORES_SCHEMA, make_scorer, score_columns, score_outputs, scorer_version
+from evalrun.scoring.table import (
+    SCORES_SCHEMA,
+    failed_episodes,
+    make_scorer,
+    score_columns,
+    score_outputs,
+    scorer_version,
+)
 
 BUILTIN = (choice, normalizers, rubric, text)  # imported for their registrations
 
@@ -29,6 +36,7 @@ __all__ = [
     "Score",
     "Scorer",
     "ScoringContext",
+    "failed_episodes",
     "make_scorer",
     "normalizer",
     "score_columns",

@@ -7,7 +7,7 @@ from typing import Any
 import pyarrow as pa
 
 from evalrun.config import ScorerConfig
-from evalrun.records.outputs import SCORES_SCHEMA
+from evalrun.records.outputs import FAILED_FINISH_REASON, SCORES_SCHEMA
 from evalrun.scoring.context import ScoringContext
 from evalrun.scoring.registry import IDENTITY_COLUMNS, NORMALIZERS, SCORERS, RowScorer, Score
 
@@ -17,8 +17,17 @@ def scorer_version(spec: ScorerConfig) -> str:
 
 
 def score_columns(spec: ScorerConfig) -> list[str]:
-    """The output columns a scorer reads."""
-    return list(SCORERS.get(spec.name).columns)
+    """The output columns a scorer reads (and ``finish_reason``, which tells failed episodes apart)."""
+    columns = list(SCORERS.get(spec.name).columns)
+    return columns if "finish_reason" in columns else [*columns, "finish_reason"]
+
+
+def failed_episodes(outputs: pa.Table) -> frozenset[str]:
+    """The episodes whose output rows say they failed (docs/design.md "Failed episodes")."""
+    columns = outputs.select(["episode_id", "finish_reason"]).to_pydict()
+    return frozenset(
+        e for e, r in zip(columns["episode_id"], columns["finish_reason"], strict=True) if r == FAILED_FINISH_REASON
+    )
 
 
 def make_scorer(spec: ScorerConfig, context: ScoringContext | None = None) -> RowScorer:
@@ -30,16 +39,26 @@ def make_scorer(spec: ScorerConfig, context: ScoringContext | None = None) -> Ro
 
 
 def score_outputs(outputs: pa.Table, spec: ScorerConfig, context: ScoringContext | None = None) -> pa.Table:
-    """Rows per (episode, metric), sorted by episode id so the table never depends on part order."""
+    """Rows per (episode, metric), sorted by episode id so the table never depends on part order.
+
+    A failed episode scores 0 on every metric, unread by the scorer: its metrics are those the
+    scorer gives the first episode that did not fail (the scorer's name when every episode failed).
+    """
     entry = SCORERS.get(spec.name)
     score_row = make_scorer(spec, context)
-    columns = outputs.select(list(entry.columns)).to_pydict()
+    # finish_reason tells failed episodes apart; a table without it (made by hand) has none
+    marked = "finish_reason" in outputs.column_names
+    columns = outputs.select(sorted({*entry.columns, "finish_reason"} if marked else set(entry.columns))).to_pydict()
     read = [columns[name] for name in entry.reads]
     rows = [dict(zip(entry.reads, values, strict=True)) for values in zip(*read, strict=True)]
     source: list[int] = []  # the output row of each score
     scores: list[Score] = []
-    for i in sorted(range(len(rows)), key=columns["episode_id"].__getitem__):
-        for score in score_row(rows[i]):
+    order = sorted(range(len(rows)), key=columns["episode_id"].__getitem__)
+    failed = [reason == FAILED_FINISH_REASON for reason in columns["finish_reason"]] if marked else [False] * len(rows)
+    scored = {i: score_row(rows[i]) for i in order if not failed[i]}
+    metrics = [score.metric for score in next(iter(scored.values()))] if scored else [spec.name]
+    for i in order:
+        for score in scored[i] if i in scored else [Score(metric, 0.0, None) for metric in metrics]:
             source.append(i)
             scores.append(score)
     table: dict[str, list[Any]] = {name: [columns[name][i] for i in source] for name in IDENTITY_COLUMNS}

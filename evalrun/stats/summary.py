@@ -7,6 +7,8 @@ so a ``/1`` summary is recomputed with the ``/1`` method.
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Collection
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -48,41 +50,56 @@ METHODS = {
 METHOD = METHODS[SUMMARY_FORMAT].method
 
 
-def _as_record(values: list[tuple[Any, Any, float]], fmt: SummaryFormat) -> dict[str, Any]:
+def _as_record(values: list[tuple[Any, Any, float]], fmt: SummaryFormat, errors: int) -> dict[str, Any]:
     record = asdict(estimate(values, fmt.interval))
     record["ci95"] = list(record["ci95"]) if record["ci95"] is not None else None
     if not fmt.names_interval:
         del record["interval"]
+    if errors:  # left out when none failed, so summaries of runs without failures are as before
+        record["errors"] = errors
     return record
 
 
-def summarize(scores: pa.Table, summary_format: str = SUMMARY_FORMAT) -> dict[str, Any]:
-    """The summary of a scores table in ``summary_format`` (ValueError for a format this code does not know)."""
+def summarize(scores: pa.Table, summary_format: str = SUMMARY_FORMAT, failed: Collection[str] = ()) -> dict[str, Any]:
+    """The summary of a scores table in ``summary_format`` (ValueError for a format this code does not know).
+
+    ``failed``: the episodes that failed (scored 0); each metric counts their observations as ``errors``.
+    """
     if summary_format not in METHODS:
         raise ValueError(f"unknown summary format {summary_format!r}; expected one of {sorted(METHODS)}")
     fmt = METHODS[summary_format]
+    failed = frozenset(failed)
     cols = scores.select(["task", "item_id", "seed", "repeat", "metric", "value"]).to_pydict()
+    episodes = scores.column("episode_id").to_pylist() if failed else [None] * scores.num_rows
     grouped: dict[tuple[str, str], list[tuple[Any, Any, float]]] = {}
     overall: dict[str, list[tuple[Any, Any, float]]] = {}
-    for task, item, seed, repeat, metric, value in zip(
-        cols["task"], cols["item_id"], cols["seed"], cols["repeat"], cols["metric"], cols["value"], strict=True
-    ):
+    errors: Counter[tuple[str, str]] = Counter()
+    overall_errors: Counter[str] = Counter()
+    for episode, task, item, seed, repeat, metric, value in zip(
+        episodes, cols["task"], cols["item_id"], cols["seed"], cols["repeat"], cols["metric"], cols["value"],
+        strict=True,
+    ):  # fmt: skip
         grouped.setdefault((task, metric), []).append((item, (seed, repeat), value))
         overall.setdefault(metric, []).append(((task, item), (seed, repeat), value))
+        if episode in failed:
+            errors[(task, metric)] += 1
+            overall_errors[metric] += 1
     tasks: dict[str, dict[str, Any]] = {}
     for (task, metric), values in sorted(grouped.items()):
-        tasks.setdefault(task, {})[metric] = _as_record(values, fmt)
+        tasks.setdefault(task, {})[metric] = _as_record(values, fmt, errors[(task, metric)])
     summary = {
         "format": summary_format,
         "method": fmt.method,
         "tasks": tasks,
-        "overall": {metric: _as_record(values, fmt) for metric, values in sorted(overall.items())},
+        "overall": {
+            metric: _as_record(values, fmt, overall_errors[metric]) for metric, values in sorted(overall.items())
+        },
     }
     return Summary.model_validate(summary).as_record()
 
 
-def resummarize(scores: pa.Table, stored: Any) -> dict[str, Any]:
+def resummarize(scores: pa.Table, stored: Any, failed: Collection[str] = ()) -> dict[str, Any]:
     """``scores`` summarised in the format ``stored`` (a summary.json as read) declares, for a
     byte-for-byte comparison; ValueError when it declares none this code knows."""
     declared = stored.get("format") if isinstance(stored, dict) else None
-    return summarize(scores, declared if isinstance(declared, str) else "")
+    return summarize(scores, declared if isinstance(declared, str) else "", failed)
