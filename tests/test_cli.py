@@ -262,6 +262,11 @@ def test_the_results_table_adds_overall_rows_when_there_are_several_tasks(capsys
     lines = capsys.readouterr().out.splitlines()
     assert lines[1].split()[5] == "method" and lines[3].split() == ["a", "m", "0.5000", "[0.1000,", "0.9000]",
                                                                      "wilson", "1", "2.5", "0.2500"]  # fmt: skip
+    failed = {"tasks": {"a": {"m": {**est, "errors": 5}}, "b": {"m": est}}, "overall": {"m": {**est, "errors": 5}}}
+    render_summary(stdout_console(), failed, title="results")
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1].split()[-1] == "errors"
+    assert [line.split()[-1] for line in lines[3:]] == ["5", "0", "5"]
 
 
 # --- as a process ----------------------------------------------------------------------------------

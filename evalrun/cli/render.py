@@ -104,13 +104,15 @@ def render_summary(console: Console, summary: Mapping[str, Any], title: str) -> 
         groups.append((OVERALL, summary.get("overall", {})))
     rows = [(task, metric, est) for task, metrics in groups for metric, est in metrics.items()]
     named = any("interval" in est for _, _, est in rows)
+    failed = any(est.get("errors") for _, _, est in rows)  # episodes that failed (scored as failures)
     columns = ["task", "metric", "mean>", "95% interval>", *(["method"] if named else []), "items>", "trials>"]
-    table = _table(*columns, "spread>", title=title)
+    table = _table(*columns, "spread>", *(["errors>"] if failed else []), title=title)
     for task, metric, est in rows:
         method = [str(est.get("interval") or "-")] if named else []
+        errors = [str(est.get("errors") or 0)] if failed else []
         table.add_row(
             task, metric, _num(est.get("mean")), _interval(est.get("ci95"), ".4f"), *method,
-            _num(est.get("n_items"), "d"), _num(est.get("trials_per_item"), "g"), _num(est.get("spread")),
+            _num(est.get("n_items"), "d"), _num(est.get("trials_per_item"), "g"), _num(est.get("spread")), *errors,
         )  # fmt: skip
     _emit(console, table)
 
