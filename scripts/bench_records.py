@@ -45,8 +45,11 @@ from evalrun.pipeline.harness import encode_generator, record_episode
 from evalrun.pipeline.manifest import Digest, seed_set_hash
 from evalrun.pipeline.plan import Episode, episode_id
 from evalrun.records.canonical import Canonical, canonical_json
+from evalrun.records.formats import Manifest
 from evalrun.records.merkle import merkle_root
+from evalrun.records.seeds import derive_seed
 from evalrun.rundir import layout, writer
+from evalrun.rundir.attest import attest_finished_run
 from evalrun.rundir.reader import read_outputs
 from evalrun.scoring import score_outputs, scoring_hash
 from evalrun.stats.summary import summarize
@@ -66,8 +69,9 @@ def synthetic(n: int) -> tuple[list[Episode], list[Completion]]:
     episodes, completions = [], []
     for i in range(n):
         a, b = rng.randrange(100), rng.randrange(100)
-        sampling = SamplingSpec(0.0, 1.0, 0, 16, ("\n",), rng.getrandbits(64), True)
         item = f"add-{i:07d}"
+        seed = derive_seed(SEEDS["master"], "sampling", "addition", item, 0, 0)
+        sampling = SamplingSpec(0.0, 1.0, 0, 16, ("\n",), seed, True)
         eid = episode_id("addition", item, 0, 0, {"sampling": str(sampling.seed)})
         episodes.append(Episode(eid, "addition", item, 0, 0, f"Q: {a}+{b}\nA:", str(a + b), sampling))
         answer = str(a + b if rng.random() < 0.8 else a + b + 1)
@@ -128,9 +132,12 @@ def write_run(path: Path, episodes: list[Episode], part_size: int, pool: Process
     """Write the run directory; returns the seconds spent in chains + output parts."""
     run = layout.create_run_dir(path.parent, path.name, exact=path)
     digest = Digest(prompt_pack=_prompt_pack(), seed_set=seed_set_hash(SEEDS), scoring=scoring_hash(SCORER_CONFIG))
-    manifest = {"format": "evalrun.manifest/1", "digest": digest.as_record(), "decoding": DECODING, "seeds": SEEDS,
-                "task": {"name": "addition", "scorer": SCORER, "template": {"sha256": TEMPLATE_SHA}},
-                "episodes": len(episodes), "note": "synthetic run written by scripts/bench_records.py"}  # fmt: skip
+    manifest = Manifest(
+        identity={"digest": digest.as_record()}, digest=digest.as_record(), limit=None, episodes=len(episodes),
+        task={"name": "addition", "scorer": SCORER, "template": {"sha256": TEMPLATE_SHA}}, decoding=DECODING,
+        seeds=SEEDS, model={}, judge_model=None, engine={}, determinism={}, cluster={}, workers=[],
+        generator=GENERATOR, libraries={}, python="3", git={}, hardware={}, started_at="synthetic",
+    )  # fmt: skip
     raw_config = {"task": {"name": "addition", "scorer": SCORER}, "decoding": DECODING, "seeds": SEEDS}
     files = {layout.CONFIG: writer.write_atomic(run.config, canonical_json(raw_config).encode())}
     files[layout.MANIFEST] = writer.write_json(run.manifest, manifest)
@@ -158,6 +165,7 @@ def write_run(path: Path, episodes: list[Episode], part_size: int, pool: Process
         "ended_at": "synthetic",
     }
     writer.write_json(run.record, record)
+    attest_finished_run(run.path)
     return write_s
 
 

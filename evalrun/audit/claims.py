@@ -94,6 +94,18 @@ def check_score_values(run: layout.RunDir) -> str:
     except (BadInput, OSError) as exc:
         return f"not recomputed: {exc}"
     fresh = score_outputs(read_outputs(run, score_columns(spec)), spec, context)
+    order = [("episode_id", "ascending"), ("metric", "ascending")]
+    stored, fresh = stored.sort_by(order), fresh.sort_by(order)
+    same_keys = stored.num_rows == fresh.num_rows and all(
+        stored.column(k).equals(fresh.column(k)) for k in ("episode_id", "metric")
+    )
+    if same_keys and all(stored.column(c).equals(fresh.column(c)) for c in ("value", "extracted")):
+        return "recomputed"
+    _first_difference(stored, fresh)  # names the episode, metric and figure
+    raise _fail(layout.SCORES, "differs from the scores the recorded scorer gives")
+
+
+def _first_difference(stored: Any, fresh: Any) -> None:
     key = ["episode_id", "metric"]
     mine = {tuple(k): row for k, row in _keyed(fresh, key)}
     for (eid, metric), row in _keyed(stored, key):
@@ -107,7 +119,6 @@ def check_score_values(run: layout.RunDir) -> str:
     if mine:
         eid, metric = next(iter(mine))
         raise _fail(layout.SCORES, f"episode {eid} metric {metric}: missing; the recorded scorer gives it")
-    return "recomputed"
 
 
 def _keyed(table: Any, key: list[str]) -> Iterable[tuple[tuple[Any, ...], dict[str, Any]]]:
