@@ -13,20 +13,9 @@ from pathlib import Path
 import pytest
 
 from evalrun.audit.verify import verify_run
+from evalrun.pipeline.raylocal import processes_using
 
 pytestmark = pytest.mark.e2e  # starts the engine on a local Ray instance
-
-
-def _processes_using(session: Path) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if any(os.readlink(fd).startswith(str(session)) for fd in (entry / "fd").iterdir()):
-                    found.append(int(entry.name))
-            except OSError:
-                continue
-    return found
 
 
 def test_ctrl_c_exits_130_names_the_resume_command_and_leaves_no_ray_process(tmp_path: Path) -> None:
@@ -52,7 +41,7 @@ def test_ctrl_c_exits_130_names_the_resume_command_and_leaves_no_ray_process(tmp
     assert "Traceback" not in err
     assert f"evalrun run: interrupted: the run in {run} is incomplete; `evalrun resume {run}` finishes it" in err
     sessions = [p for p in (ray_base / "ray").glob("session_2*") if p.is_dir()]
-    assert sessions and all(_processes_using(s) == [] for s in sessions)
+    assert sessions and all(processes_using(s) == [] for s in sessions)
 
     done = subprocess.run([sys.executable, "-m", "evalrun.cli", "resume", str(run), "run.progress=false"],
                           capture_output=True, text=True, env=env, timeout=600)  # fmt: skip

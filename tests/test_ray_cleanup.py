@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from evalrun.pipeline.raylocal import MARKER, clean_orphans, orphaned_sessions
+from evalrun.pipeline.raylocal import MARKER, clean_orphans, orphaned_sessions, processes_using
 
 pytestmark = pytest.mark.e2e  # starts Ray
 
@@ -22,18 +22,6 @@ start_local(include_dashboard=False, log_to_driver=False, num_cpus=1, _temp_dir=
 print("started", flush=True)
 time.sleep(600)
 """
-
-
-def _session_processes(temp: Path) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if any(os.readlink(fd).startswith(str(temp)) for fd in (entry / "fd").iterdir()):
-                    found.append(int(entry.name))
-            except OSError:
-                continue
-    return found
 
 
 def test_a_killed_drivers_ray_processes_are_stopped_by_the_next_start(tmp_path: Path) -> None:
@@ -47,12 +35,12 @@ def test_a_killed_drivers_ray_processes_are_stopped_by_the_next_start(tmp_path: 
         driver.send_signal(signal.SIGKILL)
         driver.wait(timeout=30)
         time.sleep(5)  # the raylet and GCS notice the driver's death and exit; the agents stay
-        left = _session_processes(temp)
+        left = processes_using(temp)
         assert left, "Ray's agents outlive a SIGKILLed driver (what this cleanup is for)"
         stopped = clean_orphans(temp)
         assert set(left) <= set(stopped)
         time.sleep(0.5)
-        assert _session_processes(temp) == []
+        assert processes_using(temp) == []
         assert orphaned_sessions(temp) == []
     finally:
         if driver.poll() is None:

@@ -36,7 +36,7 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _processes_using(session_dir: Path) -> list[int]:
+def processes_using(session_dir: Path) -> list[int]:
     """Pids of the processes that hold a file of ``session_dir`` open (their logs, sockets)."""
     prefix = str(session_dir)
     found = []
@@ -66,7 +66,7 @@ def clean_orphans(ray_temp: Path, grace_s: float = 2.0) -> list[int]:
     """Stop every process left by a killed evalrun driver's local Ray session; returns their pids."""
     stopped: list[int] = []
     for session in orphaned_sessions(ray_temp):
-        pids = _processes_using(session)
+        pids = processes_using(session)
         for pid in pids:
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGTERM)
