@@ -247,6 +247,23 @@ def test_a_dataset_with_non_utf8_bytes_names_the_line(
     assert one_line(err).startswith(f"evalrun run: error: {dataset}:2: not valid UTF-8 (byte 0xff at column 19)")
 
 
+def test_a_template_or_pack_with_non_utf8_bytes_names_the_line(
+    no_engine: None, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    template = tmp_path / "t.jinja"
+    template.write_bytes(b"Q: {{ a }}+{{ b }}\nA \xe9:")
+    code, _out, err = cli(capsys, "run", *CONFIG, f"task.template={template}", f"run.root={tmp_path}")
+    assert code == 2, err
+    assert one_line(err).startswith(f"evalrun run: error: {template}:2: not valid UTF-8 (byte 0xe9 at column 3)")
+    pack = tmp_path / "pack"
+    pack.mkdir()
+    (pack / "pack.yaml").write_bytes(b"name: p\nversion: '1'\nuser: \xff\n")
+    code, _out, err = cli(capsys, "run", *CONFIG, "task=addition_fewshot", f"task.prompt_pack={pack}",
+                          f"run.root={tmp_path}")  # fmt: skip
+    assert code == 2, err
+    assert one_line(err).startswith(f"evalrun run: error: {pack / 'pack.yaml'}:3: not valid UTF-8 (byte 0xff")
+
+
 @pytest.mark.parametrize("args", [("verify", str(GOLDEN), "--expect-root", "zz"),
                                   ("verify", str(GOLDEN), "--expect-root", "a" * 63 + "g"),
                                   ("verify-proof", "proof.json", "--root", "12")])  # fmt: skip

@@ -1,4 +1,4 @@
-"""JSON Lines input files (datasets, few-shot pools): one object per non-blank line."""
+"""Input text files: UTF-8 or a BadInput naming the line; JSON Lines (datasets, few-shot pools) one object per line."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any
 from evalrun.errors import BadInput
 
 
-def _text(path: Path) -> str:
+def read_utf8(path: Path) -> str:
     """The file as UTF-8 text; bytes that are not UTF-8 are a BadInput naming the line."""
     data = path.read_bytes()
     try:
@@ -26,7 +26,7 @@ def _text(path: Path) -> str:
 def objects(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
     """``(file:line, object)`` per non-blank line; a line that is not UTF-8 or not a JSON object is a BadInput
     naming it."""
-    for number, line in enumerate(io.StringIO(_text(path), newline=None), start=1):
+    for number, line in enumerate(io.StringIO(read_utf8(path), newline=None), start=1):
         if not line.strip():
             continue
         where = f"{path}:{number}"

@@ -32,7 +32,7 @@ import yaml
 from jinja2 import Environment, StrictUndefined, Template, TemplateSyntaxError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from evalrun.config.jsonl import objects
+from evalrun.config.jsonl import objects, read_utf8
 from evalrun.errors import BadInput
 from evalrun.records.canonical import canonical_hash, file_sha256, sha256_hex
 
@@ -73,7 +73,7 @@ class _PackSpec(_Strict):
 def parse_yaml_model(path: Path, model: type[BaseModel]) -> Any:
     """Parse a YAML file into ``model``; any problem is a BadInput naming the file and the field."""
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = yaml.safe_load(read_utf8(path))
     except OSError as exc:
         raise BadInput(str(path), f"cannot read ({exc.strerror})") from exc
     except yaml.YAMLError as exc:
@@ -136,7 +136,7 @@ def _compiled(text: str) -> Template:
 def _template(path: Path, field: str) -> str:
     if not path.is_file():
         raise BadInput(field, f"{path} does not exist or is not a file")
-    text = path.read_text(encoding="utf-8")
+    text = read_utf8(path)
     try:
         _JINJA.parse(text)
     except TemplateSyntaxError as exc:
