@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import random
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -52,6 +53,16 @@ GENERATOR = {"name": "evalrun", "version": "synthetic", "git_commit": None}
 TEXTS = ["", " 86", 'naïve \u2028 \x00 \x1f \\ " / 😀', "a\nb\tc\r", "\U0010ffff Z ü"]
 LOGPROBS = [None, 0.0, -0.0, -1.0, 5e-324, -1e-7, -2.4676019165781327e-05, -1e21, -123.456]
 SEEDS = {"master": 7, "set": [0], "repeats": 2}
+# What every policy call of these runs samples with (the generated-parts test below varies it freely).
+DECODING = {
+    "name": "greedy",
+    "temperature": 0.0,
+    "top_p": 1.0,
+    "top_k": 0,
+    "max_tokens": 8,
+    "stop": ["\n"],
+    "logprobs": True,
+}
 
 
 def sampling(seed: int, temperature: float = 0.0) -> SamplingSpec:
@@ -63,7 +74,7 @@ def single_call(rng: random.Random, n: int) -> list[EpisodeResult]:
     results = []
     for i in range(n):
         item = f"item-{rng.getrandbits(32)}-{i}{rng.choice(TEXTS)}"
-        spec = sampling(derive_seed(7, "sampling", "synthetic", item, 0, i % 2), rng.choice([0.0, 0.7, 1e-7]))
+        spec = sampling(derive_seed(7, "sampling", "synthetic", item, 0, i % 2))
         eid = episode_id("synthetic", item, 0, i % 2, {"sampling": str(spec.seed)})
         episode = Episode(eid, "synthetic", item, 0, i % 2, f"{rng.choice(TEXTS)}Q: {i}+1\nA:", str(i + 1), spec)
         k = rng.randrange(0, 5)
@@ -113,7 +124,7 @@ def staged() -> list[EpisodeResult]:
     return run_episodes(StubEngine(), episodes, GENERATOR)
 
 
-def write_run(root: Path, parts: list[list[EpisodeResult]]) -> Path:
+def write_run(root: Path, parts: list[list[EpisodeResult]], decoding: dict[str, Any] = DECODING) -> Path:
     """A finished run directory as evalrun.pipeline.runner writes one (scores made by hand)."""
     run = layout.create_run_dir(root, "run", exact=root / "run")
     files = {layout.CONFIG: writer.write_atomic(run.config, b"synthetic: true\n")}
@@ -124,7 +135,7 @@ def write_run(root: Path, parts: list[list[EpisodeResult]]) -> Path:
                           digest=combine(parts_of_digest))  # fmt: skip
     manifest = Manifest(
         identity={}, digest=digest, task={"name": "synthetic"}, limit=None, episodes=len(results), model={},
-        judge_model=None, engine={}, decoding={}, seeds=SEEDS, determinism={}, cluster={}, workers=[],
+        judge_model=None, engine={}, decoding=decoding, seeds=SEEDS, determinism={}, cluster={}, workers=[],
         generator=Generator(**GENERATOR), libraries={}, python="3", git={}, hardware={}, started_at="synthetic",
     )  # fmt: skip
     files[layout.MANIFEST] = writer.write_json(run.manifest, manifest)
@@ -175,7 +186,12 @@ def test_an_intact_single_call_run_verifies_by_the_fast_path(single_run: Path) -
     for index in (0, 1):
         fast, precise = both_paths(single_run, index)
         assert fast is not None, "the fast path accepts what record_episode writes"
-        assert (fast.heads, fast.entries, fast.output_tokens) == (precise.heads, precise.entries, precise.output_tokens)
+        assert (fast.heads, fast.entries, fast.output_tokens, fast.samplings) == (
+            precise.heads,
+            precise.entries,
+            precise.output_tokens,
+            precise.samplings,
+        )
     report = verify_run(single_run, jobs=1)
     assert report.episodes == 11 and report.log_entries == 33 and report.parts == 2
     assert report.attestation == "checked"
@@ -318,3 +334,12 @@ def test_two_swapped_lines_name_the_line(run_copy: Path) -> None:
     _write_lines(run_copy, lines)
     message = _caught(run_copy)
     assert "log/part-00000.jsonl:2" in message and _episode_of(lines[1]) in message
+
+
+@pytest.mark.parametrize(("key", "value"), [("temperature", 0.7), ("max_tokens", 16), ("stop", [])])
+def test_a_manifest_claiming_other_sampling_settings_than_the_chains_fails(
+    tmp_path: Path, key: str, value: Any
+) -> None:
+    run = write_run(tmp_path, [single_call(random.Random(5), 3)], {**DECODING, key: value})
+    with pytest.raises(CheckFailed, match=rf"manifest.json: decoding.{key} is {re.escape(repr(value))}, the chains'"):
+        verify_run(run)

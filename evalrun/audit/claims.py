@@ -36,17 +36,11 @@ def check_seal(record: Record, expect_seal: str | None) -> str:
     return seal
 
 
-def check_sampling(manifest: dict[str, Any], samplings: Iterable[str]) -> str:
-    """Every policy generation's sampling settings, as the chains recorded them, are the manifest's.
-
-    A manifest without decoding settings says nothing to check against ("not recorded"); a new run's
-    always has them, and its digest check compares them with the prompt pack's recorded inputs.
-    """
+def check_sampling(manifest: dict[str, Any], samplings: Iterable[str]) -> None:
+    """Every policy generation's sampling settings, as the chains recorded them, are the manifest's."""
     decoding = manifest.get("decoding")
     if not isinstance(decoding, dict):
         raise _fail(layout.MANIFEST, "decoding: expected the run's decoding settings")
-    if not decoding:
-        return "not recorded in the manifest"
     for text in sorted(samplings):
         recorded = json.loads(text)
         for key in SAMPLING_SETTINGS:
@@ -54,7 +48,6 @@ def check_sampling(manifest: dict[str, Any], samplings: Iterable[str]) -> str:
             if recorded.get(key) != claimed:
                 raise _fail(layout.MANIFEST, f"decoding.{key} is {claimed!r}, the chains' requests were sampled "
                                              f"with {recorded.get(key)!r}")  # fmt: skip
-    return "checked against the chains"
 
 
 def check_seeds(run: layout.RunDir, manifest: dict[str, Any]) -> None:

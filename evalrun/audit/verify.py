@@ -102,7 +102,6 @@ class VerifyReport:
     digest_parts: dict[str, str] = field(default_factory=dict)
     seal: str | None = None  # the run's seal, recomputed (the value to keep elsewhere: --expect-seal)
     scores: str = "not present"  # recomputed | not recomputed: why
-    sampling: str = ""  # the manifest's decoding settings: checked against the chains | not recorded in the manifest
 
 
 def _fail(where: str, message: str) -> CheckFailed:
@@ -573,7 +572,7 @@ def _verify_run(
     manifest, digest_parts = check_manifest(run, record.as_record())
     if isinstance(manifest.get("episodes"), int) and manifest["episodes"] != written:
         raise _fail(layout.MANIFEST, f"plans {manifest['episodes']} episodes, the run holds {written}")
-    sampling = check_sampling(manifest, frozenset().union(*(p.samplings for p in results)))
+    check_sampling(manifest, frozenset().union(*(p.samplings for p in results)))
     check_seeds(run, manifest)
     scores = "not present"
     if layout.SCORES in record.files:
@@ -585,5 +584,4 @@ def _verify_run(
     return VerifyReport(
         run=run.path, episodes=len(heads), log_entries=sum(p.entries for p in results), parts=len(pairs),
         merkle_root=root, attestation=status, digest_parts=digest_parts, seal=seal, scores=scores,
-        sampling=sampling,
     )  # fmt: skip
