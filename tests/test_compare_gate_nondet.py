@@ -64,7 +64,7 @@ def make_run(root: Path, name: str, values: dict[tuple[str, int], float], m: dic
         eid = f"{item}-{seed}"
         text, tokens, logprobs = (outputs or {}).get((item, seed), (str(value), [1, 2], [-0.1, -0.2]))
         for col, v in zip(SCORES_SCHEMA.names, [eid, "t", item, seed, 0, "exact_match", value, text.strip(),
-                                                 "exact_match", "1"], strict=True):  # fmt: skip
+                                                 "exact_match", "1", None], strict=True):  # fmt: skip
             rows[col].append(v)
         out_row = {"episode_id": eid, "task": "t", "item_id": item, "seed": seed, "repeat": 0,
                    "seeds": {"sampling": 1}, "prompt": "q", "prompt_sha256": "0", "target": "1", "output": text,

@@ -15,6 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from evalrun.audit.replay import replay_run
+from evalrun.audit.rescore import rescore_run
 from evalrun.audit.verify import verify_run
 from evalrun.config import BUILTIN_TASKS, load
 from evalrun.engines import ENGINES, Completion, GenerationRequest, RequestRejected, engine
@@ -23,6 +24,7 @@ from evalrun.pipeline.context import load_tokenizer
 from evalrun.pipeline.dispatch import DISPATCHERS
 from evalrun.pipeline.runner import execute, prepare
 from evalrun.records.entries import EndEntry, FailedCallEntry, parse_line
+from evalrun.scoring import SCORERS, Score, scorer
 
 ROOT = Path(__file__).resolve().parents[1]
 REFUSED_ITEMS = ("add-002", "add-005")
@@ -115,6 +117,36 @@ def test_a_run_without_failures_has_no_errors_field(refusing_engine: None, tmp_p
     verify_run(run)
 
 
+def test_a_scorer_that_raises_fails_only_that_episode(refusing_engine: None, monkeypatch: pytest.MonkeyPatch,
+                                                      tmp_path: Path) -> None:  # fmt: skip
+    """A scorer fault is the episode's: its score rows say why it scores 0, the summary counts it
+    under ``errors``, the others are scored; verify recomputes the error, rescore reproduces it."""
+    monkeypatch.setattr(SCORERS, "_plugins", dict(SCORERS._plugins))
+    ENGINES.get("refusing").refused_questions = ("no such question",)
+
+    @scorer("fragile", version="1")
+    def fragile(spec: Any, context: Any) -> Any:
+        def score(row: Any) -> list[Score]:
+            if row["target"] == "99":  # one item's target, as if its format surprised the scorer
+                raise ValueError("cannot parse\n target 99")
+            return [Score("fragile", 1.0, row["output"])]
+
+        return score
+
+    overrides = ["engine.name=refusing", "cluster=inline", "limit=6", "determinism=off", f"run.root={tmp_path}",
+                 "run.progress=false", "task.scorer.name=fragile"]  # fmt: skip
+    run = execute(prepare(load(overrides)))
+    scores = pq.read_table(run / "scores.parquet").to_pylist()
+    raised = [r for r in scores if r["error"] is not None]
+    assert len(raised) == 1 and raised[0]["value"] == 0.0 and raised[0]["extracted"] is None
+    assert raised[0]["error"] == "scorer fragile raised ValueError: cannot parse target 99"
+    assert all(r["value"] == 1.0 for r in scores if r["error"] is None) and len(scores) == 6
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["overall"]["fragile"]["errors"] == 1 and summary["overall"]["fragile"]["n_observations"] == 6
+    verify_run(run)
+    assert rescore_run(run, []).bytes_identical
+
+
 # --- prompts longer than the context, found before any engine call ----------------------------
 
 
@@ -159,6 +191,8 @@ def test_on_overlong_error_names_the_items_before_the_model_loads(refusing_engin
 def test_truncate_left_sends_and_records_the_last_tokens(refusing_engine: None, tmp_path: Path) -> None:
     run = execute(prepare(load(_overlong_run(tmp_path, "truncate_left"))))
     assert CALLS == [6]
+    manifest = json.loads((run / "manifest.json").read_text())
+    assert manifest["digest_inputs"]["prompt_pack"]["on_overlong"] == "truncate_left"  # what the model sees changed
     tokenizer = load_tokenizer(ROOT / "models" / "tiny-adder")
     outputs = pq.read_table(run / "outputs").to_pydict()
     lengths = {i: len(tokenizer.encode(p).ids) for i, p in zip(outputs["item_id"], outputs["prompt"], strict=True)}

@@ -389,7 +389,7 @@ def test_output_and_score_schemas_derive_from_the_row_models_unchanged() -> None
     assert SCORES_SCHEMA.equals(pa.schema([
         ("episode_id", pa.string()), ("task", pa.string()), ("item_id", pa.string()), ("seed", pa.int64()),
         ("repeat", pa.int32()), ("metric", pa.string()), ("value", pa.float64()), ("extracted", pa.string()),
-        ("scorer", pa.string()), ("scorer_version", pa.string()),
+        ("scorer", pa.string()), ("scorer_version", pa.string()), ("error", pa.string()),
     ]), check_metadata=True)  # fmt: skip
     assert set(CHAIN_COLUMNS) == set(OUTPUT_SCHEMA.names) - {"target", "prompt_tokens", *PROVENANCE_COLUMNS}
     assert PROVENANCE_COLUMNS == ("worker", "hardware", "batch_size", "latency_s")

@@ -12,6 +12,7 @@ import pyarrow.compute as pc
 from evalrun.audit.rescore import recorded_context, recorded_scorer
 from evalrun.errors import BadInput, CheckFailed
 from evalrun.records.formats import Record, seal_of
+from evalrun.records.outputs import with_error_column
 from evalrun.records.seeds import derive_seed
 from evalrun.rundir import layout
 from evalrun.rundir.reader import read_outputs, read_scores
@@ -67,6 +68,9 @@ def check_seeds(run: layout.RunDir, manifest: dict[str, Any]) -> None:
                                          f"master seed {master}")  # fmt: skip
 
 
+SCORED_COLUMNS = ("value", "extracted", "error")  # what the scorer computes for each (episode, metric)
+
+
 def check_score_values(run: layout.RunDir) -> str:
     """Every score recomputed from the stored outputs with the recorded scorer; returns how it went
     ("recomputed", or why not: a scorer this code has at another version, a rubric file gone)."""
@@ -86,13 +90,13 @@ def check_score_values(run: layout.RunDir) -> str:
         context, _ = recorded_context(run, None)
     except (BadInput, OSError) as exc:
         return f"not recomputed: {exc}"
-    fresh = score_outputs(read_outputs(run, score_columns(spec)), spec, context)
+    fresh = with_error_column(score_outputs(read_outputs(run, score_columns(spec)), spec, context))
     order = [("episode_id", "ascending"), ("metric", "ascending")]
     stored, fresh = stored.sort_by(order), fresh.sort_by(order)
     same_keys = stored.num_rows == fresh.num_rows and all(
         stored.column(k).equals(fresh.column(k)) for k in ("episode_id", "metric")
     )
-    if same_keys and all(stored.column(c).equals(fresh.column(c)) for c in ("value", "extracted")):
+    if same_keys and all(stored.column(c).equals(fresh.column(c)) for c in SCORED_COLUMNS):
         return "recomputed"
     _first_difference(stored, fresh)  # names the episode, metric and figure
     raise _fail(layout.SCORES, "differs from the scores the recorded scorer gives")
@@ -105,7 +109,7 @@ def _first_difference(stored: Any, fresh: Any) -> None:
         again = mine.pop((eid, metric), None)
         if again is None:
             raise _fail(layout.SCORES, f"episode {eid} metric {metric}: the recorded scorer gives no such score")
-        for column in ("value", "extracted"):
+        for column in SCORED_COLUMNS:
             if row[column] != again[column]:
                 raise _fail(layout.SCORES, f"episode {eid} metric {metric}: {column} is {row[column]!r}, the "
                                            f"recorded scorer gives {again[column]!r}")  # fmt: skip

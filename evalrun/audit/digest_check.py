@@ -107,7 +107,8 @@ def _pack_of_manifest(manifest: dict[str, Any]) -> dict[str, Any]:
     decoding = _without(_section(manifest, "decoding"), "name")
     if pack.get("decoding") != decoding:
         raise _fail("task.prompt_pack.decoding differs from decoding")
-    return prompt_pack_record(pack, choices)
+    on_overlong = _section(manifest, "task").get("on_overlong")
+    return prompt_pack_record(pack, choices, on_overlong if isinstance(on_overlong, str) else None)
 
 
 def _check_prompt_pack_inputs(manifest: dict[str, Any], recorded: dict[str, Any]) -> None:

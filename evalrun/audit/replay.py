@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from evalrun.config import EvalConfig, load_stored, validate
+from evalrun.config import TRUNCATE_LEFT, EvalConfig, load_stored, validate
 from evalrun.engines.replay import Divergence, RecordedCall, ReplayEngine
 from evalrun.pipeline import encode
 from evalrun.pipeline.context import apply_context_limit
@@ -36,6 +36,7 @@ from evalrun.records.canonical import Canonical, canonical_json
 from evalrun.records.chain import link
 from evalrun.records.entries import MODEL_CALLS, EndEntry, FailedCallEntry, HeaderEntry
 from evalrun.records.merkle import merkle_root
+from evalrun.records.outputs import same_scores
 from evalrun.rundir import layout
 from evalrun.rundir.reader import (
     iter_chains,
@@ -223,9 +224,9 @@ def replay_run(path: Path, overrides: list[str]) -> ReplayReport:
     episodes = build_plan(task, config.decoding, config.seeds)
     manifest = read_manifest(run)
     model_path = (manifest.get("model") or {}).get("path")
-    if config.task.on_overlong == "truncate_left" and isinstance(model_path, str) and Path(model_path).is_dir():
+    if config.task.on_overlong == TRUNCATE_LEFT and isinstance(model_path, str) and Path(model_path).is_dir():
         # the prompts the run sent were shortened with the model's tokenizer: shorten them again
-        episodes = apply_context_limit(episodes, Path(model_path), config.engine.max_model_len, "truncate_left")
+        episodes = apply_context_limit(episodes, Path(model_path), config.engine.max_model_len, TRUNCATE_LEFT)
     engine = ReplayEngine(calls, failed)
     divergences: list[Divergence] = []
     results: list[EpisodeResult] = []
@@ -249,7 +250,7 @@ def replay_run(path: Path, overrides: list[str]) -> ReplayReport:
         context = ScoringContext.recorded(manifest, task.rubric)
         scores = score_outputs(encode.output_rows(results, provenance), config.task.scorer, context)
         recorded_scores = read_scores(run)
-        scores_identical = recorded_scores.schema.equals(scores.schema) and recorded_scores.equals(scores)
+        scores_identical = same_scores(recorded_scores, scores)
     return ReplayReport(
         episodes=len(recorded), reproduced=len(results), divergences=tuple(divergences),
         root_matches=not divergences and merkle_root(heads.items()) == record.merkle_root,

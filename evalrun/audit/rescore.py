@@ -19,6 +19,7 @@ import pyarrow.parquet as pq
 from evalrun.config import Override, ScorerConfig, parse_overrides
 from evalrun.errors import BadInput, CheckFailed
 from evalrun.records.canonical import canonical_hash
+from evalrun.records.outputs import same_scores
 from evalrun.rundir import layout, writer
 from evalrun.rundir.reader import open_run, read_config, read_manifest, read_outputs
 from evalrun.scoring import (
@@ -148,7 +149,7 @@ def rescore_run(path: Path, overrides: list[str]) -> RescoreReport:
     old = pq.read_table(pa.BufferReader(old_bytes))
     old_versions = set(old.column("scorer_version").to_pylist()) if "scorer_version" in old.column_names else set()
     scorer_changed = spec != recorded or rubric_changed or old_versions - {scorer_version(spec)} != set()
-    identical = old.schema.equals(new.schema) and old.equals(new)
+    identical = same_scores(old, new)
     new_bytes = writer.table_bytes(new)
     if identical:
         return RescoreReport(new.num_rows, scorer_changed, True, new_bytes == old_bytes, (), None)

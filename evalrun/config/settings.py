@@ -283,7 +283,8 @@ class TaskConfig(Section):
             raise BadInput("task", "expected exactly one of task.template (a file) and task.prompt_pack (a directory)")
 
 
-ON_OVERLONG = ("error", "fail_episode", "truncate_left")
+TRUNCATE_LEFT = "truncate_left"
+ON_OVERLONG = ("error", "fail_episode", TRUNCATE_LEFT)
 
 
 @dataclass(frozen=True)

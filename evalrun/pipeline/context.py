@@ -21,6 +21,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from evalrun.config import TRUNCATE_LEFT
 from evalrun.errors import BadInput
 from evalrun.pipeline.plan import Episode
 
@@ -72,7 +73,7 @@ def apply_context_limit(episodes: list[Episode], model_path: Path, max_model_len
         )
     changed: dict[str, Episode] = {}
     for e in overlong:
-        if on_overlong == "truncate_left":
+        if on_overlong == TRUNCATE_LEFT:
             changed[e.episode_id] = replace(e, prompt=_keep_last_tokens(tokenizer, e.prompt, context - 1))
         else:
             reason = (

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-from evalrun.config import EvalConfig
+from evalrun.config import TRUNCATE_LEFT, EvalConfig
 from evalrun.config.model import ResolvedModel
 from evalrun.pipeline.environment import (
     evalrun_version,
@@ -55,23 +55,23 @@ class Digest:
         }
 
 
-def prompt_pack_record(pack: dict[str, Any], choices: dict[str, Any]) -> dict[str, Any]:
+def prompt_pack_record(pack: dict[str, Any], choices: dict[str, Any], on_overlong: str | None = None) -> dict[str, Any]:
     """What ``digest.prompt_pack`` hashes: the pack's record (templates by content, few-shot pool and
-    settings, effective decoding settings) and, for multiple choice, how options are shown (shuffled
-    or not, the cannot-assess option)."""
+    settings, effective decoding settings), for multiple choice how options are shown (shuffled
+    or not, the cannot-assess option), and ``on_overlong`` when it is ``truncate_left``, the one
+    setting that changes what the model is shown (the others only decide what happens to a prompt
+    that is never sent, so runs made before the setting existed keep their digest)."""
     record = dict(pack)
     if choices["field"] is not None:
         record["choices"] = {k: choices[k] for k in CHOICE_DISPLAY}
+    if on_overlong == TRUNCATE_LEFT:
+        record["on_overlong"] = on_overlong
     return record
 
 
 def seed_set_record(seeds: dict[str, Any]) -> dict[str, Any]:
     """What ``digest.seed_set`` hashes."""
     return {"master": seeds["master"], "set": list(seeds["set"]), "repeats": seeds["repeats"]}
-
-
-def prompt_pack_hash(task: Task, decoding: dict[str, Any]) -> str:
-    return canonical_hash(prompt_pack_record(task.pack.as_record(decoding), task.choices.as_record()))
 
 
 def seed_set_hash(seeds: dict[str, Any]) -> str:
@@ -88,7 +88,9 @@ def digest_inputs(config: EvalConfig, task: Task, model: ResolvedModel,
                   judge_model: ResolvedModel | None = None) -> dict[str, dict[str, Any]]:  # fmt: skip
     """Each digest part's preimage, recorded in the manifest as ``digest_inputs``."""
     return {
-        "prompt_pack": prompt_pack_record(task.pack.as_record(config.decoding.as_record()), task.choices.as_record()),
+        "prompt_pack": prompt_pack_record(
+            task.pack.as_record(config.decoding.as_record()), task.choices.as_record(), config.task.on_overlong
+        ),
         "seed_set": seed_set_record(config.seeds.as_record()),
         "scoring": scoring_record(config.task.scorer, scoring_context(config, task, model, judge_model)),
     }

@@ -98,6 +98,7 @@ class ScoreRow(RecordModel):
     extracted: str | None
     scorer: str
     scorer_version: str
+    error: str | None  # why the episode scores 0 unread: it failed, or its scorer raised (null otherwise)
 
 
 _SCALARS: dict[Any, pa.DataType] = {str: pa.string(), float: pa.float64(), bool: pa.bool_()}
@@ -139,6 +140,24 @@ def columns_from(model: type[BaseModel], source: Source) -> tuple[str, ...]:
 
 OUTPUT_SCHEMA = arrow_schema(OutputRow)
 SCORES_SCHEMA = arrow_schema(ScoreRow)
+SCORE_ERROR_COLUMN = "error"
+
+
+def with_error_column(scores: pa.Table) -> pa.Table:
+    """A scores table with every column of :data:`SCORES_SCHEMA`: the ``error`` column is written only
+    when some episode has an error (runs without errors keep the bytes they had before the column
+    existed); a table without it gets one of nulls, so any two tables compare value for value."""
+    if SCORE_ERROR_COLUMN in scores.column_names:
+        return scores
+    return scores.append_column(SCORES_SCHEMA.field(SCORE_ERROR_COLUMN), pa.nulls(scores.num_rows, pa.string()))
+
+
+def same_scores(a: pa.Table, b: pa.Table) -> bool:
+    """Two scores tables hold the same rows, value for value, in the same order."""
+    a, b = with_error_column(a), with_error_column(b)
+    return a.schema.equals(b.schema) and a.equals(b)
+
+
 JUDGEMENT = OUTPUT_SCHEMA.field("judgements").type.value_type
 
 CHAIN_COLUMNS = columns_from(OutputRow, "chain")  # what verify checks against the chain, in schema order

@@ -32,7 +32,7 @@ from evalrun.records.entries import (
     request_hash,
 )
 from evalrun.records.formats import RECORD_FORMAT, SCHEDULE_FORMAT, Manifest, Record, Summary, first_error
-from evalrun.records.outputs import CHAIN_COLUMNS, CHAIN_SCHEMA, OUTPUT_SCHEMA
+from evalrun.records.outputs import CHAIN_COLUMNS, CHAIN_SCHEMA, OUTPUT_SCHEMA, SCORE_ERROR_COLUMN, with_error_column
 from evalrun.rundir import layout
 
 
@@ -108,8 +108,13 @@ def read_outputs(run: layout.RunDir, columns: list[str] | None = None) -> pa.Tab
 
 
 def read_scores(run: layout.RunDir, columns: list[str] | None = None) -> pa.Table:
+    """scores.parquet (``columns``, or all of them in today's schema: see :func:`with_error_column`)."""
     try:
-        return pq.read_table(run.scores, columns=columns)
+        if columns is None:
+            return with_error_column(pq.read_table(run.scores))
+        wanted = [c for c in columns if c != SCORE_ERROR_COLUMN or c in pq.read_schema(run.scores).names]
+        table = pq.read_table(run.scores, columns=wanted)
+        return table if wanted == columns else with_error_column(table).select(columns)
     except FileNotFoundError:
         raise _fail(layout.SCORES, "missing") from None
     except (pa.ArrowException, OSError, ValueError) as exc:

@@ -63,13 +63,17 @@ def _as_record(values: list[tuple[Any, Any, float]], fmt: SummaryFormat, errors:
 def summarize(scores: pa.Table, summary_format: str = SUMMARY_FORMAT, failed: Collection[str] = ()) -> dict[str, Any]:
     """The summary of a scores table in ``summary_format`` (ValueError for a format this code does not know).
 
-    ``failed``: the episodes that failed (scored 0); each metric counts their observations as ``errors``.
+    ``failed``: episodes that failed (scored 0); each metric counts their observations as ``errors``,
+    as it counts every row whose ``error`` column says why it scores 0 (a scorer that raised).
     """
     if summary_format not in METHODS:
         raise ValueError(f"unknown summary format {summary_format!r}; expected one of {sorted(METHODS)}")
     fmt = METHODS[summary_format]
     failed = frozenset(failed)
     cols = scores.select(["task", "item_id", "seed", "repeat", "metric", "value"]).to_pydict()
+    if "error" in scores.column_names:
+        failed |= {e for e, err in zip(scores.column("episode_id").to_pylist(), scores.column("error").to_pylist(),
+                                       strict=True) if err is not None}  # fmt: skip
     episodes = scores.column("episode_id").to_pylist() if failed else [None] * scores.num_rows
     grouped: dict[tuple[str, str], list[tuple[Any, Any, float]]] = {}
     overall: dict[str, list[tuple[Any, Any, float]]] = {}
