@@ -12,7 +12,7 @@ import pytest
 
 from evalrun.analysis.nondet import nondet_paths
 from evalrun.config import REPO_ROOT, load
-from evalrun.engines import GenerationRequest, SamplingSpec
+from evalrun.engines import GenerationRequest, LoglikelihoodRequest, RequestRejected, SamplingSpec
 from evalrun.errors import BadInput
 from evalrun.pipeline.runner import execute, open_for, prepare
 
@@ -138,3 +138,15 @@ def test_sweep_feeds_nondet(sweep: dict[tuple[str, str], Path]) -> None:
     assert vllm_sampled.tarr == 1.0, vllm_sampled.per_item
     hf_sampled = nondet_paths([sweep[("hf-1", "sample")], sweep[("hf-64", "sample")]])
     assert hf_sampled.tara >= 0.95
+
+
+def test_a_prompt_that_does_not_fit_is_refused_as_vllm_refuses_it(engine) -> None:
+    """The harness splits a refused batch; the HF engine must refuse, not crash or run past its positions."""
+    long = "1+" * 80  # 160 character tokens, beyond the 128-token context
+    with pytest.raises(RequestRejected, match=r"prompt \(length 160\) is longer than the maximum model length of 128"):
+        engine.generate([req(PROMPTS[0], spec()), req(long, spec())])
+    with pytest.raises(RequestRejected, match="cannot be empty"):
+        engine.generate([req("", spec())])
+    with pytest.raises(RequestRejected, match="maximum model length of 128"):
+        engine.loglikelihood([LoglikelihoodRequest(long, " 1")])
+    assert engine.generate([req(PROMPTS[0], spec())])[0].text == " 86"

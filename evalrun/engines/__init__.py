@@ -90,7 +90,7 @@ def loglikelihood_tokens(tokenizer: Any, request: LoglikelihoodRequest) -> tuple
     """
     ctx_ids = [int(t) for t in tokenizer.encode(request.context, add_special_tokens=True)]
     if not ctx_ids:
-        raise ValueError(
+        raise RequestRejected(
             f"loglikelihood request with context {request.context!r}: the context has no tokens and the "
             "tokenizer adds no BOS token, so there is nothing to condition the continuation's first token on"
         )
@@ -99,6 +99,16 @@ def loglikelihood_tokens(tokenizer: Any, request: LoglikelihoodRequest) -> tuple
         return whole_ids, len(whole_ids) - len(ctx_ids)
     cont_ids = [int(t) for t in tokenizer.encode(request.continuation, add_special_tokens=False)]
     return ctx_ids + cont_ids, len(cont_ids)
+
+
+def check_fits(prompt_tokens: int, context: int | None) -> None:
+    """Refuse, as vLLM does, a prompt with no tokens or one that leaves no room in the context."""
+    if prompt_tokens == 0:
+        raise RequestRejected("The decoder prompt cannot be empty")
+    if context is not None and prompt_tokens >= context:
+        raise RequestRejected(
+            f"The decoder prompt (length {prompt_tokens}) is longer than the maximum model length of {context}"
+        )
 
 
 def checked_logprob(value: float, request: LoglikelihoodRequest) -> float:

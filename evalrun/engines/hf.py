@@ -37,6 +37,7 @@ from evalrun.engines import (
     Loglikelihood,
     LoglikelihoodRequest,
     SamplingSpec,
+    check_fits,
     checked_logprob,
     engine,
     loglikelihood_tokens,
@@ -143,6 +144,8 @@ class HFEngine:
             eos_ids.add(self.tokenizer.eos_token_id)
         self.eos_ids = frozenset(int(e) for e in eos_ids)
         self.batch_size = settings["max_num_seqs"]
+        positions = getattr(model.config, "max_position_embeddings", None)
+        self.context: int | None = settings.get("max_model_len") or positions
         self._keeps_logits = "logits_to_keep" in inspect.signature(model.forward).parameters
         gpu = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else None
         self._description = {
@@ -159,6 +162,10 @@ class HFEngine:
         return self._description
 
     def generate(self, requests: list[GenerationRequest]) -> list[Completion]:
+        """Completions in request order; :class:`RequestRejected` when a prompt is empty or does not fit
+        the context, before anything runs (the harness splits the batch to find which)."""
+        for prompt in requests:
+            check_fits(len(self.tokenizer(prompt.prompt)["input_ids"]), self.context)
         completions: list[Completion] = []
         for start in range(0, len(requests), self.batch_size):
             completions.extend(self._generate_batch(requests[start : start + self.batch_size]))
@@ -214,6 +221,8 @@ class HFEngine:
 
     def loglikelihood(self, requests: list[LoglikelihoodRequest]) -> list[Loglikelihood]:
         encoded = [loglikelihood_tokens(self.tokenizer, r) for r in requests]
+        for ids, _ in encoded:
+            check_fits(len(ids) - 1, self.context)  # the last token is predicted, never fed
         results: list[Loglikelihood] = []
         for start in range(0, len(requests), self.batch_size):
             stop = start + self.batch_size
