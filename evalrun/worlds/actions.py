@@ -1,4 +1,4 @@
-"""The text format in which an agent calls tools and sees their results (docs/design.md "Agent episodes").
+"""The text format in which an agent calls tools and sees their results.
 
 A reply is one JSON object and nothing else::
 

@@ -1,4 +1,4 @@
-"""The world interface of agent episodes (docs/design.md "Agent episodes"; issue 12).
+"""The world interface of agent episodes (issue 12).
 
 A world is a small simulated environment an agent acts in through tool calls, Gymnasium-like:
 ``reset`` builds it from the task's seed and returns the task text, ``call`` answers one tool call,
