@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 import yaml
+from omegaconf import OmegaConf
 
 from evalrun.config import CONF_DIR
 from evalrun.errors import BadInput
@@ -199,8 +200,10 @@ def test_submitted_report_is_what_the_world_received() -> None:
             ]
         },
     )
-    assert result == ToolResult("ok", {"received": 2})
-    assert world.done and world.final_state()["submitted"] == [["I1", 3], ["I2", 1]]
+    assert result.status == "ok" and result.content["received"] == 2
+    final = world.final_state()
+    assert world.done and final["submitted"] == [["I1", 3], ["I2", 1]]
+    assert final["report_id"] == result.content["report_id"] and len(final["report_id"]) == 36  # via effects.uuid
 
 
 # ------------------------------------------------------------------------------------ bad calls
@@ -466,6 +469,7 @@ def test_suite_gives_deterministic_tasks() -> None:
     assert len(tasks) == 100 and tasks == world_tasks(suite_from_mapping(SUITE))
     assert tasks[0] == WorldTask("invoice-desk", "1", "duplicates", 1000, "duplicates-1000", START, 1.0, "test")
     assert tasks[50].family == "price-differences" and tasks[50].seed == 1000
+    assert world_tasks(suite_from_mapping(OmegaConf.create(SUITE))) == tasks  # as Hydra gives it
     train = world_tasks(suite_from_mapping({**SUITE, "split": "train"}))
     assert not {t.seed for t in train} & {t.seed for t in tasks}  # the held-out split shares no world
 

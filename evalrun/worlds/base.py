@@ -23,7 +23,7 @@ import threading
 import uuid as uuid_module
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from random import Random
 from typing import Any, ClassVar, Literal, Protocol
@@ -418,19 +418,6 @@ def score_final_state(final_state: Mapping[str, Any]) -> dict[str, float]:
     return world_class(world["name"], str(world.get("version"))).verifier(final_state)
 
 
-@dataclass(frozen=True)
-class Scores:
-    """Verifier metrics of one episode (what every world's verifier returns, as a dict)."""
-
-    precision: float
-    recall: float
-    f1: float
-    passed: float = field(metadata={"key": "pass"})
-
-    def as_dict(self) -> dict[str, float]:
-        return {"precision": self.precision, "recall": self.recall, "f1": self.f1, "pass": self.passed}
-
-
 def set_scores(submitted: Iterable[Any] | None, truth: Iterable[Any]) -> dict[str, float]:
     """Precision, recall, F1 and pass of a submitted set against the true set.
 
@@ -439,10 +426,10 @@ def set_scores(submitted: Iterable[Any] | None, truth: Iterable[Any]) -> dict[st
     """
     true = set(truth)
     if submitted is None:
-        return Scores(0.0, 0.0, 0.0, 0.0).as_dict()
+        return {"precision": 0.0, "recall": 0.0, "f1": 0.0, "pass": 0.0}
     got = set(submitted)
     hit = len(got & true)
     precision = hit / len(got) if got else (1.0 if not true else 0.0)
     recall = hit / len(true) if true else 1.0
     f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
-    return Scores(precision, recall, f1, 1.0 if got == true else 0.0).as_dict()
+    return {"precision": precision, "recall": recall, "f1": f1, "pass": 1.0 if got == true else 0.0}

@@ -350,6 +350,7 @@ class InvoiceDesk(World):
         self._desk: Desk | None = None
         self._truth: list[LineRef] = []
         self._submitted: list[LineRef] | None = None
+        self._report_id: str | None = None
 
     # -- World
 
@@ -357,7 +358,7 @@ class InvoiceDesk(World):
         start = date.fromisoformat(format_date(task.start_seconds))
         self._desk = generate_desk(task.seed, task.family, start)
         self._truth = ground_truth(task.family, self._desk)
-        self._submitted = None
+        self._submitted = self._report_id = None
         return task_text(task.family)
 
     def tools(self) -> list[ToolSpec]:
@@ -384,6 +385,7 @@ class InvoiceDesk(World):
             "world_hash": self.world_hash(),
             "truth": [list(ref) for ref in self._truth],
             "submitted": None if self._submitted is None else [list(ref) for ref in self._submitted],
+            "report_id": self._report_id,
             "done": self.done,
         }
 
@@ -445,7 +447,10 @@ class InvoiceDesk(World):
         first = found.contact.split()[0]
         greeting = GREETINGS[draw % len(GREETINGS)].format(first=first, vendor=found.name)
         body = " ".join(facts) or "Which invoice or sku do you mean?"
-        return {"from": f"{found.contact} ({found.name})", "reply": f"{greeting} {body}{CLOSINGS[(draw >> 2) % 3]}"}
+        return {
+            "from": f"{found.contact} ({found.name})",
+            "reply": f"{greeting} {body}{CLOSINGS[(draw >> 2) % len(CLOSINGS)]}",
+        }
 
     def today(self) -> JSON:
         return {"date": format_date(self.effects.clock())}
@@ -453,8 +458,9 @@ class InvoiceDesk(World):
     def submit_report(self, lines: list[dict[str, Any]]) -> JSON:
         refs = sorted({(str(ref["invoice_id"]).upper(), ref["line_no"]) for ref in lines})
         self._submitted = refs
+        self._report_id = self.effects.uuid()  # a generated id: recorded and replayed like any effect
         self.finish()
-        return {"received": len(refs)}
+        return {"received": len(refs), "report_id": self._report_id}
 
 
 @register_world

@@ -17,7 +17,7 @@ never shares a world with the split a model is trained on.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -78,7 +78,7 @@ def suite_from_mapping(data: Mapping[str, Any], where: str = "world") -> WorldSu
     families = data["family"]
     if isinstance(families, str):
         families = [families]
-    if not isinstance(families, list | tuple) or not families:
+    if not _is_list(families) or not families:
         raise BadInput(f"{where}.family", f"expected a list of families out of {cls.families}, got {families!r}")
     for family in families:
         if family not in cls.families:
@@ -99,6 +99,11 @@ def suite_from_mapping(data: Mapping[str, Any], where: str = "world") -> WorldSu
     return WorldSuite(name, version, tuple(families), seeds, split, start, float(tick))
 
 
+def _is_list(value: Any) -> bool:
+    """A list in config: a list, tuple or Hydra's ListConfig (any sequence but text)."""
+    return isinstance(value, Sequence) and not isinstance(value, str | bytes)
+
+
 def _seed_ranges(value: Any, where: str) -> dict[str, SeedRange]:
     if not isinstance(value, Mapping) or not value:
         raise BadInput(
@@ -107,7 +112,7 @@ def _seed_ranges(value: Any, where: str) -> dict[str, SeedRange]:
     ranges: dict[str, SeedRange] = {}
     for split, bounds in value.items():
         here = f"{where}.{split}"
-        if not isinstance(bounds, list | tuple) or len(bounds) != 2:
+        if not _is_list(bounds) or len(bounds) != 2:
             raise BadInput(here, f"expected a range [first, stop), got {bounds!r}")
         first, stop = _int(bounds[0], f"{here}[0]"), _int(bounds[1], f"{here}[1]")
         if not 0 <= first < stop:
