@@ -1,0 +1,58 @@
+"""Agent worlds: seeded offline environments an agent acts in through tool calls (issue 12).
+
+- :mod:`evalrun.worlds.base`: the world interface, tool specs, effects, tasks, the world registry;
+- :mod:`evalrun.worlds.guard`: the network guard around world code;
+- :mod:`evalrun.worlds.actions`: the tool-call text format and the rendering of results;
+- :mod:`evalrun.worlds.suite`: families, seed ranges and held-out split from config, as tasks;
+- :mod:`evalrun.worlds.invoice_desk`: the ``invoice-desk`` world, versions 1 and 2;
+- :mod:`evalrun.worlds.scripted`: the scripted reference agent and a driver.
+
+Worlds are engine-free and sit beside tasks in the layers: they import records, config's registry
+mechanism and errors only.
+"""
+
+from __future__ import annotations
+
+from evalrun.worlds.base import (
+    WORLDS,
+    Effects,
+    Observation,
+    SeededEffects,
+    ToolError,
+    ToolResult,
+    ToolSpec,
+    World,
+    WorldTask,
+    effects_for,
+    make_world,
+    register_world,
+    score_final_state,
+    tools_hash,
+    world_class,
+    world_key,
+)
+from evalrun.worlds.guard import NetworkUsed, network_guard
+
+for _version in ("1", "2"):
+    WORLDS.declare(world_key("invoice-desk", _version), "evalrun.worlds.invoice_desk")
+
+__all__ = [
+    "WORLDS",
+    "Effects",
+    "NetworkUsed",
+    "Observation",
+    "SeededEffects",
+    "ToolError",
+    "ToolResult",
+    "ToolSpec",
+    "World",
+    "WorldTask",
+    "effects_for",
+    "make_world",
+    "network_guard",
+    "register_world",
+    "score_final_state",
+    "tools_hash",
+    "world_class",
+    "world_key",
+]
