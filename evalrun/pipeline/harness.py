@@ -181,7 +181,7 @@ def run_episodes(engine: Engine, episodes: list[Episode], generator: dict[str, A
     if all(e.single_call for e in episodes):
         live = [e for e in episodes if e.rejection is None]
         requests = [GenerationRequest(prompt=e.prompt, sampling=e.sampling, episode_id=e.episode_id) for e in live]
-        outcomes = dict(zip((e.episode_id for e in live), _generate_each(engine, requests), strict=True))
+        outcomes = dict(zip((e.episode_id for e in live), generate_each(engine, requests), strict=True))
         results = []
         for e in episodes:
             outcome = outcomes.get(e.episode_id, e.rejection)
@@ -194,7 +194,7 @@ def run_episodes(engine: Engine, episodes: list[Episode], generator: dict[str, A
     return _run_staged_each(engine, episodes, encoded, judge_engine or engine)
 
 
-def _generate_each(engine: Engine, requests: list[GenerationRequest]) -> list[Completion | str]:
+def generate_each(engine: Engine, requests: list[GenerationRequest]) -> list[Completion | str]:
     """Each request's completion, or the reason the engine refused it.
 
     A refused batch is split in halves until the refused requests stand alone, so the others still
@@ -209,7 +209,7 @@ def _generate_each(engine: Engine, requests: list[GenerationRequest]) -> list[Co
         if len(requests) == 1:
             return [str(exc)]
         half = len(requests) // 2
-        return _generate_each(engine, requests[:half]) + _generate_each(engine, requests[half:])
+        return generate_each(engine, requests[:half]) + generate_each(engine, requests[half:])
 
 
 FAILED = Completion(text="", token_ids=(), logprobs=(), finish_reason=FAILED_FINISH_REASON, prompt_tokens=0)

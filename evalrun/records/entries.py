@@ -156,6 +156,23 @@ class EpisodeSeeds(RecordModel):
     sampling: DecimalString
 
 
+class WorldHeader(RecordModel):
+    """An agent episode's world: what ran (name and versions, the tools' hash), which task of it
+    (family, world seed), the generated world's hash, and the agent that acted."""
+
+    agent: str  # model | scripted
+    family: str
+    name: str
+    start: str  # the simulated date-time the world's clock starts at (ISO 8601)
+    tick: float  # simulated seconds the clock advances per read
+    tools: str  # the tool set's version
+    tools_hash: Hex64
+    verifier: str  # the verifier's version
+    world: str  # the world's version
+    world_hash: Hex64
+    world_seed: JsonInt
+
+
 # --- entries -----------------------------------------------------------------------------------
 
 
@@ -178,6 +195,7 @@ class HeaderEntry(Entry, OptionalFields):
     seeds: EpisodeSeeds
     fewshot: list[str] | None = None  # few-shot example ids, when the episode has them
     shuffle_order: list[Count] | None = None  # multiple choice: shown position -> original option
+    world: WorldHeader | None = None  # agent episodes
 
 
 class ModelEntry(Entry):
@@ -227,12 +245,19 @@ class JudgeEntry(Entry, OptionalFields):
 
 
 class EndEntry(Entry, OptionalFields):
-    """The chain's last entry: ``status`` ok, or error with the reason in ``error`` (left out when ok)."""
+    """The chain's last entry: ``status`` ok, or error with the reason in ``error`` (left out when ok).
+
+    Agent episodes add why the episode stopped (``stop``: done, max_steps, max_tokens), its turns
+    (``steps``) and the hash of the final world state the verifier scores (``final_state_sha256``).
+    """
 
     kind: Literal["end"] = "end"
     model_calls: Count
     status: str
     error: str | None = None
+    final_state_sha256: Hex64 | None = None
+    steps: Count | None = None
+    stop: Literal["done", "max_steps", "max_tokens"] | None = None
 
 
 class FailedCallEntry(Entry):
@@ -253,11 +278,21 @@ class ToolEntry(Entry):
     request_hash: Hex64
 
 
-class ObservationEntry(Entry):
+class ObservationEntry(Entry, OptionalFields):
+    """What the agent is shown: a tool call's result (``call``), or why a model reply was not a valid
+    tool-call reply (``reply``: that model call's number; status error)."""
+
     kind: Literal["observation"] = "observation"
-    call: Count  # the tool call this answers
+    call: Count | None = None  # the tool call this answers
+    reply: Count | None = None  # the model call whose reply could not be parsed
     status: Literal["ok", "error"]
     content: Json
+
+    @model_validator(mode="after")
+    def _answers_one(self) -> ObservationEntry:
+        if (self.call is None) == (self.reply is None):
+            raise ValueError("an observation answers exactly one of a tool call (call) or a model reply (reply)")
+        return self
 
 
 class ClockEntry(Entry):

@@ -1,0 +1,483 @@
+"""Agent episodes: an agent acting over many turns in a seeded offline world, every read recorded.
+
+An agent episode's chain (docs/design.md "Agent episodes") is: a header naming the world (name,
+versions, tools hash, the generated world's hash, family, world seed, start time, clock tick) and
+the agent; then per turn the model call (``agent=model``), one ``tool`` entry per call of the
+reply, each call's effects (``clock``, ``random``, ``uuid``, ``env``) and ``observation`` in call
+order, and a ``join`` entry when the reply held several calls; an unparseable reply gets an error
+``observation`` answering the model call; the end entry says why the episode stopped and hashes
+its final state. Everything that could vary between two runs of the episode is in the chain, so
+a replay serves it from there (:func:`replay_agent_episodes`) and never reads a live clock or model.
+
+Live episodes advance in lockstep: every episode waiting for the model is generated in one engine
+call, so a worker with 256 live episodes makes one engine call per turn, not 256.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from evalrun.engines import Completion, Engine, GenerationRequest, SamplingSpec
+from evalrun.engines.replay import Divergence
+from evalrun.pipeline.harness import completion_record, encode_generator, generate_each
+from evalrun.pipeline.plan import episode_id, sampling_spec
+from evalrun.records.canonical import Canonical, canonical_hash
+from evalrun.records.chain import ChainBuilder
+from evalrun.records.entries import (
+    ClockEntry,
+    ClockReading,
+    ClockRequest,
+    EndEntry,
+    Entry,
+    EnvEntry,
+    EnvRequest,
+    EnvValue,
+    EpisodeSeeds,
+    HeaderEntry,
+    JoinEntry,
+    ModelEntry,
+    ObservationEntry,
+    RandomDraw,
+    RandomEntry,
+    RandomRequest,
+    ToolEntry,
+    ToolRequest,
+    UuidEntry,
+    UuidRequest,
+    UuidValue,
+    WorldHeader,
+    generation_request,
+    parse_line,
+    request_hash,
+)
+from evalrun.records.formats import Generator
+from evalrun.records.seeds import derive_seed
+from evalrun.worlds import Effects, ToolResult, World, WorldTask, effects_for, make_world, network_guard
+from evalrun.worlds.actions import ParseError, Step, ToolCall, chat_messages, format_calls, parse_reply
+from evalrun.worlds.base import score_final_state
+from evalrun.worlds.scripted import scripted_policy
+
+AGENTS = ("model", "scripted")
+
+
+@dataclass(frozen=True)
+class AgentBudget:
+    """What ends a runaway episode: turns, and tokens the model generates over the whole episode."""
+
+    max_steps: int = 12
+    max_tokens: int = 4096
+
+
+@dataclass(frozen=True)
+class AgentEpisode:
+    episode_id: str
+    world_task: WorldTask
+    seed: int  # the run's seed (of the seed set) this episode is under
+    repeat: int
+    sampling: SamplingSpec
+    agent: str
+    budget: AgentBudget
+
+    @property
+    def task(self) -> str:
+        return self.world_task.world
+
+    @property
+    def item_id(self) -> str:
+        return self.world_task.item_id
+
+
+def plan_agent_episodes(tasks: Sequence[WorldTask], decoding: Any, master: int, seed_set: Sequence[int],
+                        repeats: int, agent: str, budget: AgentBudget) -> list[AgentEpisode]:  # fmt: skip
+    """Episodes of every task for every seed of the set and repeat, ids and seeds derived as for
+    single-turn episodes (docs/design.md "Seeds"): the same config gives the same episodes anywhere."""
+    episodes = []
+    for seed in seed_set:
+        for repeat in range(repeats):
+            for task in tasks:
+                sampling_seed = derive_seed(master, "sampling", task.world, task.item_id, seed, repeat)
+                sampling = sampling_spec(decoding, sampling_seed)
+                eid = episode_id(task.world, task.item_id, seed, repeat, {"sampling": str(sampling.seed)})
+                episodes.append(AgentEpisode(eid, task, seed, repeat, sampling, agent, budget))
+    return episodes
+
+
+# --- the recorder ------------------------------------------------------------------------------
+
+
+class Recorder:
+    """One episode's chain under construction, with each effect kind's calls numbered from 0."""
+
+    def __init__(self, episode: str) -> None:
+        self.chain = ChainBuilder(episode)
+        self.calls: dict[str, int] = {}
+
+    def next_call(self, kind: str) -> int:
+        number = self.calls.get(kind, 0)
+        self.calls[kind] = number + 1
+        return number
+
+    def append(self, entry_type: type[Entry], /, **fields: Any) -> None:
+        self.chain.append(entry_type, **fields)
+
+
+class EffectSource(Protocol):
+    """Where an effect's response comes from: the world's live effects, or a recorded schedule."""
+
+    def serve(self, kind: str, call: int, request: Any, live: Callable[[], Any]) -> Any: ...
+
+
+class LiveSource:
+    def serve(self, kind: str, call: int, request: Any, live: Callable[[], Any]) -> Any:
+        return live()
+
+
+class RecordingEffects:
+    """The :class:`~evalrun.worlds.Effects` a world reads through: each read is answered by ``source``
+    (live: the world's seeded effects; replay: the schedule) and appended to the episode's chain."""
+
+    def __init__(self, inner: Effects, recorder: Recorder, source: EffectSource) -> None:
+        self.inner, self.recorder, self.source = inner, recorder, source
+
+    def _read(self, kind: str, entry_type: type[Entry], request: Any, live: Callable[[], Any]) -> Any:
+        call = self.recorder.next_call(kind)
+        response = self.source.serve(kind, call, request, live)
+        self.recorder.append(entry_type, call=call, request=request, response=response)
+        return response
+
+    def clock(self) -> float:
+        reading = self._read("clock", ClockEntry, ClockRequest(clock="wall"),
+                             lambda: ClockReading(seconds=self.inner.clock()))  # fmt: skip
+        return float(reading.seconds)
+
+    def random(self, purpose: str, bits: int) -> int:
+        draw = self._read("random", RandomEntry, RandomRequest(purpose=purpose, bits=bits),
+                          lambda: RandomDraw(value=str(self.inner.random(purpose, bits))))  # fmt: skip
+        return int(draw.value)
+
+    def uuid(self) -> str:
+        value = self._read("uuid", UuidEntry, UuidRequest(version=4), lambda: UuidValue(uuid=self.inner.uuid()))
+        return str(value.uuid)
+
+    def env(self, name: str) -> str | None:
+        value = self._read("env", EnvEntry, EnvRequest(name=name), lambda: EnvValue(value=self.inner.env(name)))
+        return value.value
+
+
+# --- agents ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Turn:
+    """An episode waiting for its agent: what it has seen so far."""
+
+    episode: AgentEpisode
+    call: int  # the episode's next model call number
+    task_text: str
+    steps: tuple[Step, ...]
+    tools: tuple[Any, ...]
+    max_tokens: int  # what is left of the episode's token budget
+
+
+@dataclass(frozen=True)
+class Reply:
+    text: str
+    request: GenerationRequest | None = None  # a model's reply: the request and completion the chain records
+    completion: Completion | None = None
+    refused: str | None = None  # the engine refused the request: the episode fails with this reason
+
+
+class Agent(Protocol):
+    def act(self, turns: Sequence[Turn]) -> list[Reply]:
+        """One reply per turn, in order; a model agent generates them all in one engine call."""
+        ...
+
+
+class ScriptedAgent:
+    """``agent=scripted``: the world's deterministic reference policy (no model call)."""
+
+    def act(self, turns: Sequence[Turn]) -> list[Reply]:
+        return [Reply(format_calls(scripted_policy(t.task_text, t.steps))) for t in turns]
+
+
+ChatRenderer = Callable[[list[dict[str, str]]], str]
+
+
+def plain_chat(messages: list[dict[str, str]]) -> str:
+    """A rendering for tokenizers without a chat template: ``role: content`` lines, then ``assistant:``."""
+    return "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant:"
+
+
+class ModelAgent:
+    """``agent=model``: the episode as chat messages, rendered by ``render`` (the tokenizer's chat
+    template), generated by ``engine``: every waiting episode in one engine call."""
+
+    def __init__(self, engine: Engine, render: ChatRenderer) -> None:
+        self.engine, self.render = engine, render
+        self.engine_calls = 0
+        self.model_calls = 0
+
+    def act(self, turns: Sequence[Turn]) -> list[Reply]:
+        requests = []
+        for t in turns:
+            prompt = self.render(chat_messages(t.tools, t.task_text, t.steps))
+            sampling = t.episode.sampling
+            if t.max_tokens < sampling.max_tokens:
+                sampling = SamplingSpec(sampling.temperature, sampling.top_p, sampling.top_k, t.max_tokens,
+                                        sampling.stop, sampling.seed, sampling.logprobs)  # fmt: skip
+            requests.append(GenerationRequest(prompt, sampling, t.episode.episode_id, t.call))
+        self.engine_calls += 1
+        self.model_calls += len(requests)
+        outcomes = generate_each(self.engine, requests)
+        return [
+            Reply(o.text, r, o) if isinstance(o, Completion) else Reply("", r, refused=o)
+            for r, o in zip(requests, outcomes, strict=True)
+        ]
+
+
+def chat_template_renderer(model_path: str) -> ChatRenderer:
+    """The model's own chat template (tokenizer_config.json), or :func:`plain_chat` when it has none."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    if not getattr(tokenizer, "chat_template", None):
+        return plain_chat
+
+    def render(messages: list[dict[str, str]]) -> str:
+        return str(tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True))
+
+    return render
+
+
+# --- episodes ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AgentResult:
+    episode: AgentEpisode
+    log_lines: tuple[str, ...]
+    head: str
+    steps: tuple[Step, ...]
+    final_state: dict[str, Any] | None  # None: the episode failed before its world had one
+    scores: dict[str, float]
+    model_calls: int
+    tool_calls: int
+    output_tokens: int
+    stop: str | None  # done | max_steps | max_tokens; None when the episode failed
+    error: str | None = None
+    world_hash: str | None = None
+
+
+@dataclass
+class _Live:
+    episode: AgentEpisode
+    world: World
+    recorder: Recorder
+    effects: RecordingEffects
+    task_text: str = ""
+    steps: list[Step] = field(default_factory=list)
+    model_calls: int = 0
+    tokens: int = 0
+    stop: str | None = None
+    error: str | None = None
+
+    def turn(self) -> Turn:
+        left = self.episode.budget.max_tokens - self.tokens
+        return Turn(self.episode, self.model_calls, self.task_text, tuple(self.steps), tuple(self.world.tools()), left)
+
+
+def run_agent_episodes(episodes: Sequence[AgentEpisode], agent: Agent, generator: dict[str, Any] | Canonical,
+                       sources: Callable[[AgentEpisode], EffectSource] | None = None) -> list[AgentResult]:  # fmt: skip
+    """Run ``episodes`` to their end in lockstep; results in episode order.
+
+    ``sources`` gives each episode's effect source (default: live); a replay passes the schedule.
+    """
+    typed_generator = Generator.model_validate_json(encode_generator(generator))
+    live: list[_Live] = []
+    finished: dict[str, _Live] = {}
+    for e in episodes:
+        state = _start(e, typed_generator, sources(e) if sources is not None else LiveSource())
+        if state.error is None:
+            live.append(state)
+        else:
+            finished[e.episode_id] = state
+    while live:
+        replies = agent.act([s.turn() for s in live])
+        for state, reply in zip(live, replies, strict=True):
+            _advance(state, reply)
+        for state in [s for s in live if s.stop is not None or s.error is not None]:
+            finished[state.episode.episode_id] = state
+        live = [s for s in live if s.stop is None and s.error is None]
+    return [_finish(finished[e.episode_id]) for e in episodes]
+
+
+def _start(episode: AgentEpisode, generator: Generator, source: EffectSource) -> _Live:
+    task = episode.world_task
+    world = make_world(task)
+    recorder = Recorder(episode.episode_id)
+    effects = RecordingEffects(effects_for(task), recorder, source)
+    state = _Live(episode, world, recorder, effects)
+    header: dict[str, Any] = {"generator": generator, "item": task.item_id, "repeat": episode.repeat,
+                              "seed": episode.seed, "seeds": EpisodeSeeds(sampling=str(episode.sampling.seed)),
+                              "task": task.world}  # fmt: skip
+    try:
+        with network_guard():
+            state.task_text = world.reset(task, effects)
+    except Exception as exc:  # a fault of the world's code fails the episode, loudly, in its chain
+        recorder.append(HeaderEntry, **header)
+        state.error = f"world reset failed: {type(exc).__name__}: {exc}"
+        return state
+    versions = world.versions()
+    header["world"] = WorldHeader(
+        agent=episode.agent, family=task.family, name=task.world, start=task.start, tick=task.tick,
+        tools=versions["tools"], tools_hash=versions["tools_hash"], verifier=versions["verifier"],
+        world=versions["world"], world_hash=world.world_hash(), world_seed=task.seed,
+    )  # fmt: skip
+    recorder.append(HeaderEntry, **header)
+    return state
+
+
+def _advance(state: _Live, reply: Reply) -> None:
+    """Record one reply and everything it leads to; set ``stop`` or ``error`` when the episode ends."""
+    recorder = state.recorder
+    model_call = state.model_calls
+    if reply.request is not None:
+        state.model_calls += 1
+        if reply.refused is not None:
+            state.error = f"the engine refused model call {model_call}: {reply.refused}"
+            return
+        assert reply.completion is not None
+        state.tokens += len(reply.completion.token_ids)
+        recorder.append(ModelEntry, call=model_call, request=generation_request(reply.request.prompt,
+                        reply.request.sampling), response=completion_record(reply.completion))  # fmt: skip
+    parsed = parse_reply(reply.text)
+    if isinstance(parsed, ParseError):
+        result = parsed.as_result()
+        recorder.append(ObservationEntry, reply=model_call, status=result.status, content=result.content)
+        state.steps.append(Step((), (result,), reply=reply.text))
+    else:
+        try:
+            state.steps.append(_run_calls(state, parsed, reply.text))
+        except Exception as exc:  # NetworkUsed, or a bug of the world: the episode fails, loudly
+            state.error = f"{type(exc).__name__}: {exc}"
+            return
+    budget = state.episode.budget
+    if state.world.done:
+        state.stop = "done"
+    elif len(state.steps) >= budget.max_steps:
+        state.stop = "max_steps"
+    elif state.tokens >= budget.max_tokens:
+        state.stop = "max_tokens"
+
+
+def _run_calls(state: _Live, calls: list[ToolCall], text: str) -> Step:
+    """The calls of one reply: tool entries, then each call's effects and observation in call order
+    (the join order, never the order threads finish), then a join entry for parallel calls."""
+    recorder = state.recorder
+    numbers = []
+    for call in calls:
+        number = recorder.next_call("tool")
+        recorder.append(ToolEntry, call=number, request=ToolRequest(name=call.name, arguments=dict(call.arguments)))
+        numbers.append(number)
+    results: list[ToolResult] = []
+    for call, number in zip(calls, numbers, strict=True):
+        with network_guard():
+            result = state.world.call(call.name, dict(call.arguments))
+        recorder.append(ObservationEntry, call=number, status=result.status, content=result.content)
+        results.append(result)
+    if len(calls) > 1:
+        recorder.append(JoinEntry, calls=numbers)
+    return Step(tuple(calls), tuple(results), reply=None if text == format_calls(calls) else text)
+
+
+def _finish(state: _Live) -> AgentResult:
+    recorder = state.recorder
+    final = None
+    scores: dict[str, float] = {}
+    world_hash = None
+    if state.error is None:
+        final = state.world.final_state()
+        scores = score_final_state(final)
+        world_hash = state.world.world_hash()
+        recorder.append(EndEntry, model_calls=state.model_calls, status="ok", steps=len(state.steps),
+                        stop=state.stop, final_state_sha256=canonical_hash(final))  # fmt: skip
+    else:
+        recorder.append(EndEntry, model_calls=state.model_calls, status="error", error=state.error,
+                        steps=len(state.steps))  # fmt: skip
+    return AgentResult(
+        state.episode, tuple(recorder.chain.lines), recorder.chain.head, tuple(state.steps), final, scores,
+        state.model_calls, recorder.calls.get("tool", 0), state.tokens, state.stop, state.error, world_hash,
+    )  # fmt: skip
+
+
+# --- replay ------------------------------------------------------------------------------------
+
+
+class ScheduleSource:
+    """Effects served from one episode's recorded chain, matched by kind, call number and request
+    hash; a read the record does not have is a divergence, never a live read."""
+
+    def __init__(self, episode: str, lines: Sequence[str]) -> None:
+        self.episode = episode
+        self.recorded: dict[tuple[str, int], Any] = {}
+        for line in lines:
+            entry = parse_line(line)
+            if isinstance(entry, ClockEntry | RandomEntry | UuidEntry | EnvEntry):
+                self.recorded[(entry.kind, entry.call)] = entry
+
+    def serve(self, kind: str, call: int, request: Any, live: Callable[[], Any]) -> Any:
+        entry = self.recorded.get((kind, call))
+        if entry is None:
+            raise Divergence(self.episode, None, f"no {kind} read {call} recorded", f"a {kind} read")
+        if entry.request_hash != request_hash(request):
+            raise Divergence(self.episode, entry.seq, f"{kind} read {call} of {entry.request.as_record()}",
+                             f"{request.as_record()}")  # fmt: skip
+        return entry.response
+
+
+def replay_agent_episodes(
+    episodes: Sequence[AgentEpisode],
+    recorded: dict[str, Sequence[str]],
+    agent: Agent,
+    generator: dict[str, Any] | Canonical,
+) -> tuple[list[AgentResult], list[Divergence]]:
+    """Rebuild each world from its seed, serve every recorded read (model replies through ``agent``,
+    a replay engine for ``agent=model``; effects from the chain), and compare the new chain with the
+    recorded one line by line: the first differing line is the divergence (episode, seq, expected, got)."""
+
+    def source(e: AgentEpisode) -> EffectSource:
+        return ScheduleSource(e.episode_id, recorded[e.episode_id])
+
+    divergences: list[Divergence] = []
+    results: list[AgentResult] = []
+    for e in episodes:  # one by one, so a divergence in one episode never stops another
+        try:
+            (result,) = run_agent_episodes([e], agent, generator, source)
+        except Divergence as d:
+            divergences.append(d)
+            continue
+        difference = first_line_difference(e.episode_id, recorded[e.episode_id], result.log_lines)
+        if difference is not None:
+            divergences.append(difference)
+        else:
+            results.append(result)
+    return results, divergences
+
+
+def first_line_difference(episode: str, expected: Sequence[str], got: Sequence[str]) -> Divergence | None:
+    for seq, (a, b) in enumerate(zip(expected, got, strict=False)):
+        if a != b:
+            return Divergence(episode, seq, _describe(a), _describe(b))
+    if len(expected) != len(got):
+        seq = min(len(expected), len(got))
+        return Divergence(episode, seq, f"{len(expected)} entries", f"{len(got)} entries")
+    return None
+
+
+def _describe(line: str) -> str:
+    entry = parse_line(line)
+    if isinstance(entry, ObservationEntry):
+        return f"observation of tool call {entry.call}: {entry.status} {entry.content!r}"
+    return line

@@ -1,0 +1,180 @@
+"""Agent episodes on the recorder (issue 12): chains that hold every read, lockstep turns, exact replay
+against fresh worlds. Engine-free: the scripted agent, and a scripted stand-in for the engine where
+a test isolates what the model agent records (the real engine runs in tests/test_agents_e2e.py)."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from evalrun.config.settings import DecodingConfig
+from evalrun.engines import Completion, GenerationRequest
+from evalrun.pipeline.agent import (
+    AgentBudget,
+    AgentEpisode,
+    ModelAgent,
+    ScriptedAgent,
+    plain_chat,
+    plan_agent_episodes,
+    replay_agent_episodes,
+    run_agent_episodes,
+)
+from evalrun.records.chain import chain_head
+from evalrun.records.entries import EndEntry, HeaderEntry, ObservationEntry, parse_line
+from evalrun.worlds import WORLDS, WorldTask
+from evalrun.worlds.actions import format_calls
+from evalrun.worlds.invoice_desk import InvoiceDesk, InvoiceDeskV2
+from evalrun.worlds.scripted import scripted_policy
+from evalrun.worlds.suite import suite_from_mapping, world_tasks
+
+GENERATOR = {"name": "evalrun", "version": "test", "git_commit": None}
+DECODING = DecodingConfig(name="agent", temperature=0.0, top_p=1.0, top_k=0, max_tokens=64, stop=(), logprobs=False)
+
+
+def suite(version: str = "1", seeds: tuple[int, int] = (1000, 1006)) -> list[WorldTask]:
+    return world_tasks(suite_from_mapping({
+        "world": "invoice-desk", "version": version, "family": ["duplicates", "price-differences"],
+        "seeds": {"train": [0, 1000], "test": list(seeds)}, "split": "test",
+    }))  # fmt: skip
+
+
+def plan(tasks: list[WorldTask], agent: str = "scripted", repeats: int = 1, **budget: int) -> list[AgentEpisode]:
+    return plan_agent_episodes(tasks, DECODING, 7, [0], repeats, agent, AgentBudget(**budget))
+
+
+def kinds(lines: tuple[str, ...]) -> list[str]:
+    return [json.loads(line)["kind"] for line in lines]
+
+
+def test_scripted_agent_passes_both_families_and_records_every_read() -> None:
+    results = run_agent_episodes(plan(suite()), ScriptedAgent(), GENERATOR)
+    assert len(results) == 12 and all(r.stop == "done" and r.scores["pass"] == 1.0 for r in results)
+    for r in results:
+        entries = [parse_line(line) for line in r.log_lines]
+        header, end = entries[0], entries[-1]
+        assert isinstance(header, HeaderEntry) and header.world is not None and header.world.agent == "scripted"
+        assert header.world.world_hash == r.world_hash and header.world.family == r.episode.world_task.family
+        assert isinstance(end, EndEntry) and end.stop == "done" and end.steps == len(r.steps)
+        assert chain_head(r.log_lines) == r.head
+        counts = Counter(kinds(r.log_lines))
+        assert counts["tool"] == counts["observation"] == r.tool_calls
+        assert counts["clock"] >= 1 and counts["uuid"] == 1  # today's date, the report id
+        assert counts["join"] == sum(len(s.calls) > 1 for s in r.steps)
+
+
+def test_same_seed_same_episodes_whatever_the_batch() -> None:
+    episodes = plan(suite())
+    together = run_agent_episodes(episodes, ScriptedAgent(), GENERATOR)
+    alone = [run_agent_episodes([e], ScriptedAgent(), GENERATOR)[0] for e in reversed(episodes)][::-1]
+    assert [r.log_lines for r in together] == [r.log_lines for r in alone]
+    assert len({r.world_hash for r in together}) == len(together)  # every task its own world
+
+
+class ScriptedEngine:
+    """An engine that answers each chat prompt with the scripted policy's reply (or a fixed one):
+    it isolates what the model agent records and how many engine calls it makes."""
+
+    def __init__(self, episodes: list[AgentEpisode], garbage: str | None = None) -> None:
+        self.by_id = {e.episode_id: e for e in episodes}
+        self.calls: list[int] = []
+        self.garbage = garbage
+        self.histories: dict[str, Any] = {}
+
+    def generate(self, requests: list[GenerationRequest]) -> list[Completion]:
+        self.calls.append(len(requests))
+        out = []
+        for r in requests:
+            text = self.garbage if self.garbage is not None else self.histories[r.episode_id]()
+            out.append(Completion(text, tuple(range(len(text) // 8 + 1)), (), "stop", len(r.prompt)))
+        return out
+
+
+class ScriptedModel(ModelAgent):
+    """The model agent over :class:`ScriptedEngine`: the engine replies what the scripted policy would."""
+
+    def act(self, turns: Any) -> Any:
+        for t in turns:
+            self.engine.histories[t.episode.episode_id] = lambda t=t: format_calls(
+                scripted_policy(t.task_text, t.steps)
+            )
+        return super().act(turns)
+
+
+def test_model_agent_advances_every_live_episode_in_one_engine_call() -> None:
+    episodes = plan(suite(seeds=(1000, 1020)), agent="model")
+    engine = ScriptedEngine(episodes)
+    agent = ScriptedModel(engine, plain_chat)
+    results = run_agent_episodes(episodes, agent, GENERATOR)
+    assert all(r.scores["pass"] == 1.0 for r in results)
+    assert engine.calls[0] == len(episodes) == 40  # every live episode in the first engine call
+    assert agent.model_calls / agent.engine_calls > 25 and len(engine.calls) <= max(len(r.steps) for r in results)
+    model_lines = [json.loads(line) for r in results for line in r.log_lines if '"kind":"model"' in line]
+    assert len(model_lines) == agent.model_calls and all(
+        m["request"]["prompt"].endswith("assistant:") for m in model_lines
+    )
+
+
+def test_bad_replies_and_budgets_are_recorded_and_scored_as_failures() -> None:
+    episodes = plan(suite(seeds=(1000, 1001)), agent="model", max_steps=3)
+    engine = ScriptedEngine(episodes, garbage='{"tool_calls":[{"name":"launch_rockets","arguments":{}}]} ok')
+    results = run_agent_episodes(episodes, ModelAgent(engine, plain_chat), GENERATOR)
+    for r in results:
+        assert r.stop == "max_steps" and r.scores["pass"] == 0.0 and r.error is None
+        observations = [parse_line(x) for x in r.log_lines if '"kind":"observation"' in x]
+        assert len(observations) == 3 and all(isinstance(o, ObservationEntry) and o.reply is not None
+                                              and o.status == "error" for o in observations)  # fmt: skip
+    engine = ScriptedEngine(episodes, garbage='{"tool_calls":[{"name":"launch_rockets","arguments":{}}]}')
+    results = run_agent_episodes(episodes, ModelAgent(engine, plain_chat), GENERATOR)
+    for r in results:
+        observations = [json.loads(x) for x in r.log_lines if '"kind":"observation"' in x]
+        assert all(o["call"] >= 0 and "unknown tool" in o["content"] for o in observations)
+    tokens = plan(suite(seeds=(1000, 1001)), agent="model", max_tokens=10)
+    engine = ScriptedEngine(tokens, garbage="x" * 40)  # 6 tokens a reply
+    results = run_agent_episodes(tokens, ModelAgent(engine, plain_chat), GENERATOR)
+    assert all(r.stop == "max_tokens" and r.output_tokens >= 10 and len(r.steps) == 2 for r in results)
+
+
+def test_replay_against_fresh_worlds_reproduces_every_line() -> None:
+    episodes = plan(suite())
+    results = run_agent_episodes(episodes, ScriptedAgent(), GENERATOR)
+    recorded = {r.episode.episode_id: r.log_lines for r in results}
+    replayed, divergences = replay_agent_episodes(episodes, recorded, ScriptedAgent(), GENERATOR)
+    assert not divergences and [r.head for r in replayed] == [r.head for r in results]
+    assert [r.final_state for r in replayed] == [r.final_state for r in results]
+
+
+def test_a_world_change_is_the_first_divergence_at_that_tool_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Version 2 shows invoices differently: replaying a version-1 record against it diverges at the
+    first get_invoice observation (the header's versions differ first, so compare from the tools on)."""
+    episodes = plan(suite(seeds=(1000, 1001)))
+    recorded = {r.episode.episode_id: r.log_lines for r in run_agent_episodes(episodes, ScriptedAgent(), GENERATOR)}
+    changed = [replace(e, world_task=replace(e.world_task, version="2")) for e in episodes]
+    _, divergences = replay_agent_episodes(changed, recorded, ScriptedAgent(), GENERATOR)
+    assert len(divergences) == 2 and all(d.seq == 0 for d in divergences)  # the header names the world version
+    # world code changed without a version bump (v2's behaviour under v1's name): the header agrees,
+    # the first read or observation v2 makes differently is the divergence
+    drifted = type("Drifted", (InvoiceDeskV2,), {"version": "1"})
+    monkeypatch.setitem(WORLDS._plugins, "invoice-desk@1", drifted)
+    _, divergences = replay_agent_episodes(episodes, recorded, ScriptedAgent(), GENERATOR)
+    assert len(divergences) == 2
+    for d in divergences:
+        assert d.seq is not None and d.seq > 0
+        assert json.loads(recorded[d.episode][d.seq])["kind"] in ("observation", "env")
+
+
+def test_a_socket_opened_by_a_world_fails_the_episode_loudly(monkeypatch: pytest.MonkeyPatch) -> None:
+    import socket
+
+    def phone_home(self: Any) -> Any:
+        socket.create_connection(("example.com", 80))
+
+    handlers = InvoiceDesk.handlers
+    monkeypatch.setattr(InvoiceDesk, "handlers", lambda self: {**handlers(self), "today": lambda: phone_home(self)})
+    (result,) = run_agent_episodes(plan(suite(seeds=(1000, 1001)))[:1], ScriptedAgent(), GENERATOR)
+    end = parse_line(result.log_lines[-1])
+    assert isinstance(end, EndEntry) and end.status == "error" and end.error and "NetworkUsed" in end.error
+    assert result.scores == {} and result.final_state is None
