@@ -11,8 +11,10 @@ from typing import Any
 
 import pytest
 
-from evalrun.config.settings import DecodingConfig
+from evalrun.config import load
+from evalrun.config.settings import DecodingConfig, SeedsConfig
 from evalrun.engines import Completion, GenerationRequest
+from evalrun.errors import BadInput
 from evalrun.pipeline.agent import (
     AgentBudget,
     AgentEpisode,
@@ -23,6 +25,7 @@ from evalrun.pipeline.agent import (
     replay_agent_episodes,
     run_agent_episodes,
 )
+from evalrun.pipeline.runner import prepare
 from evalrun.records.chain import chain_head
 from evalrun.records.entries import EndEntry, HeaderEntry, ObservationEntry, parse_line
 from evalrun.worlds import WORLDS, WorldTask
@@ -37,13 +40,14 @@ DECODING = DecodingConfig(name="agent", temperature=0.0, top_p=1.0, top_k=0, max
 
 def suite(version: str = "1", seeds: tuple[int, int] = (1000, 1006)) -> list[WorldTask]:
     return world_tasks(suite_from_mapping({
-        "world": "invoice-desk", "version": version, "family": ["duplicates", "price-differences"],
+        "name": "invoice-desk", "version": version, "family": ["duplicates", "price-differences"],
         "seeds": {"train": [0, 1000], "test": list(seeds)}, "split": "test",
     }))  # fmt: skip
 
 
 def plan(tasks: list[WorldTask], agent: str = "scripted", repeats: int = 1, **budget: int) -> list[AgentEpisode]:
-    return plan_agent_episodes(tasks, DECODING, 7, [0], repeats, agent, AgentBudget(**budget))
+    seeds = SeedsConfig(master=7, set=(0,), repeats=repeats)
+    return plan_agent_episodes("invoice-desk", tasks, DECODING, seeds, agent, AgentBudget(**budget))
 
 
 def kinds(lines: tuple[str, ...]) -> list[str]:
@@ -142,7 +146,7 @@ def test_replay_against_fresh_worlds_reproduces_every_line() -> None:
     episodes = plan(suite())
     results = run_agent_episodes(episodes, ScriptedAgent(), GENERATOR)
     recorded = {r.episode.episode_id: r.log_lines for r in results}
-    replayed, divergences = replay_agent_episodes(episodes, recorded, ScriptedAgent(), GENERATOR)
+    replayed, divergences = replay_agent_episodes(episodes, recorded, ScriptedAgent(), lambda _: GENERATOR)
     assert not divergences and [r.head for r in replayed] == [r.head for r in results]
     assert [r.final_state for r in replayed] == [r.final_state for r in results]
 
@@ -153,13 +157,13 @@ def test_a_world_change_is_the_first_divergence_at_that_tool_call(monkeypatch: p
     episodes = plan(suite(seeds=(1000, 1001)))
     recorded = {r.episode.episode_id: r.log_lines for r in run_agent_episodes(episodes, ScriptedAgent(), GENERATOR)}
     changed = [replace(e, world_task=replace(e.world_task, version="2")) for e in episodes]
-    _, divergences = replay_agent_episodes(changed, recorded, ScriptedAgent(), GENERATOR)
+    _, divergences = replay_agent_episodes(changed, recorded, ScriptedAgent(), lambda _: GENERATOR)
     assert len(divergences) == 2 and all(d.seq == 0 for d in divergences)  # the header names the world version
     # world code changed without a version bump (v2's behaviour under v1's name): the header agrees,
     # the first read or observation v2 makes differently is the divergence
     drifted = type("Drifted", (InvoiceDeskV2,), {"version": "1"})
     monkeypatch.setitem(WORLDS._plugins, "invoice-desk@1", drifted)
-    _, divergences = replay_agent_episodes(episodes, recorded, ScriptedAgent(), GENERATOR)
+    _, divergences = replay_agent_episodes(episodes, recorded, ScriptedAgent(), lambda _: GENERATOR)
     assert len(divergences) == 2
     for d in divergences:
         assert d.seq is not None and d.seq > 0
@@ -178,3 +182,22 @@ def test_a_socket_opened_by_a_world_fails_the_episode_loudly(monkeypatch: pytest
     end = parse_line(result.log_lines[-1])
     assert isinstance(end, EndEntry) and end.status == "error" and end.error and "NetworkUsed" in end.error
     assert result.scores == {} and result.final_state is None
+
+
+@pytest.mark.parametrize(
+    ("override", "where"),
+    [
+        ("task.world.family=[fraud]", "task.world.family"),
+        ("task.world.family=[]", "task.world.family"),
+        ("task.world.version=9", "task.world.name/version"),
+        ("task.world.split=dev", "task.world.split"),
+        ("task.world.max_steps=0", "task.world.max_steps"),
+        ("task.world.agent=human", "task.world.agent"),
+        ("task.scorer.name=exact_match", "task.scorer.name"),
+        ("+task.dataset=x.jsonl", "task.dataset"),
+    ],
+)
+def test_a_bad_agent_task_is_refused_before_any_model_loads(override: str, where: str) -> None:
+    with pytest.raises(BadInput) as caught:
+        prepare(load(["task=invoice_desk", override]))
+    assert caught.value.where.startswith(where)

@@ -383,7 +383,8 @@ def test_output_and_score_schemas_derive_from_the_row_models_unchanged() -> None
         ("token_ids", pa.list_(pa.int32())), ("token_logprobs", pa.list_(pa.float64())),
         ("finish_reason", pa.string()), ("prompt_tokens", pa.int32()), ("output_tokens", pa.int32()),
         ("head", pa.string()), ("fewshot_ids", pa.list_(pa.string())), ("shuffle_order", pa.list_(pa.int32())),
-        ("option_logprobs", pa.list_(pa.float64())), ("judgements", pa.list_(judgement)), ("worker", pa.string()),
+        ("option_logprobs", pa.list_(pa.float64())), ("judgements", pa.list_(judgement)), ("final_state", pa.string()),
+        ("worker", pa.string()),
         ("hardware", pa.string()), ("batch_size", pa.int32()), ("latency_s", pa.float64()),
     ]), check_metadata=True)  # fmt: skip
     assert SCORES_SCHEMA.equals(pa.schema([
@@ -391,7 +392,8 @@ def test_output_and_score_schemas_derive_from_the_row_models_unchanged() -> None
         ("repeat", pa.int32()), ("metric", pa.string()), ("value", pa.float64()), ("extracted", pa.string()),
         ("scorer", pa.string()), ("scorer_version", pa.string()), ("error", pa.string()),
     ]), check_metadata=True)  # fmt: skip
-    assert set(CHAIN_COLUMNS) == set(OUTPUT_SCHEMA.names) - {"target", "prompt_tokens", *PROVENANCE_COLUMNS}
+    not_chained = {"target", "prompt_tokens", "final_state", *PROVENANCE_COLUMNS}
+    assert set(CHAIN_COLUMNS) == set(OUTPUT_SCHEMA.names) - not_chained
     assert PROVENANCE_COLUMNS == ("worker", "hardware", "batch_size", "latency_s")
 
 

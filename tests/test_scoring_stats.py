@@ -8,8 +8,9 @@ import pyarrow as pa
 import pytest
 
 from evalrun.config import ScorerConfig
+from evalrun.records.outputs import SCORES_SCHEMA
 from evalrun.scoring import Score, make_scorer, score_outputs
-from evalrun.stats.estimates import Z_95, estimate
+from evalrun.stats.estimates import Z_95, estimate, pass_all_trials
 from evalrun.stats.summary import summarize
 
 
@@ -82,3 +83,19 @@ def test_summary_groups_per_task_and_overall() -> None:
     assert summary["tasks"]["t1"]["exact_match"]["mean"] == 0.5
     assert summary["tasks"]["t2"]["exact_match"]["ci95"] is None  # one item: no interval claimed
     assert summary["overall"]["exact_match"]["n_items"] == 3  # t1/1 and t2/1 are different items
+
+
+def test_pass_all_trials_is_pass_hat_k_over_items() -> None:
+    """pass^k: items as the unit, an item counts only when all its k trials pass."""
+    values = [("a", 0, 1.0), ("a", 1, 1.0), ("b", 0, 1.0), ("b", 1, 0.0), ("c", 0, 0.0), ("c", 1, 0.0)]
+    assert pass_all_trials(values) == 1 / 3
+    assert pass_all_trials([("a", 0, 1.0), ("b", 0, 0.0)]) is None  # one trial: pass^1 is the mean
+    assert pass_all_trials([("a", 0, 1.0), ("a", 1, 0.5)]) is None  # not a 0/1 metric
+    assert pass_all_trials([("a", 0, 1.0), ("a", 1, 1.0), ("b", 0, 1.0)]) is None  # unequal k
+    rows = [{"episode_id": f"{i}{t}", "task": "t", "item_id": i, "seed": 0, "repeat": t, "metric": "pass",
+             "value": v, "extracted": None, "scorer": "verifier", "scorer_version": "1", "error": None}
+            for i, t, v in values]  # fmt: skip
+    summary = summarize(pa.Table.from_pylist(rows, schema=SCORES_SCHEMA))
+    assert summary["overall"]["pass"]["pass_all_trials"] == 1 / 3 and summary["overall"]["pass"]["mean"] == 0.5
+    assert "pass_all_trials" not in summarize(pa.Table.from_pylist(rows, schema=SCORES_SCHEMA), "evalrun.summary/2")[
+        "overall"]["pass"]  # fmt: skip

@@ -47,7 +47,7 @@ from evalrun.worlds.suite import suite_from_mapping, world_tasks
 
 START = "2024-03-15T09:00:00Z"
 SUITE = {
-    "world": "invoice-desk",
+    "name": "invoice-desk",
     "version": "1",
     "family": ["duplicates", "price-differences"],
     "seeds": {"train": [0, 1000], "test": [1000, 1050]},
@@ -468,23 +468,23 @@ def test_suite_gives_deterministic_tasks() -> None:
     tasks = world_tasks(suite_from_mapping(SUITE))
     assert len(tasks) == 100 and tasks == world_tasks(suite_from_mapping(SUITE))
     assert tasks[0] == WorldTask("invoice-desk", "1", "duplicates", 1000, "duplicates-1000", START, 1.0, "test")
-    assert tasks[50].family == "price-differences" and tasks[50].seed == 1000
+    assert tasks[1].family == "price-differences" and tasks[1].seed == 1000 and tasks[2].seed == 1001
     assert world_tasks(suite_from_mapping(OmegaConf.create(SUITE))) == tasks  # as Hydra gives it
     train = world_tasks(suite_from_mapping({**SUITE, "split": "train"}))
     assert not {t.seed for t in train} & {t.seed for t in tasks}  # the held-out split shares no world
 
 
-def test_suite_yaml_example_loads() -> None:
-    data = yaml.safe_load((CONF_DIR / "world" / "invoice_desk.yaml").read_text())
-    suite = suite_from_mapping(data)
+def test_the_shipped_task_config_declares_a_suite() -> None:
+    world = yaml.safe_load((CONF_DIR / "task" / "invoice_desk.yaml").read_text())["world"]
+    suite = suite_from_mapping({k: v for k, v in world.items() if k not in ("agent", "max_steps", "max_tokens")})
     assert suite.split == "test" and len(world_tasks(suite)) == 200
 
 
 @pytest.mark.parametrize(
     ("change", "where"),
     [
-        ({"world": "nowhere"}, "world.world/version"),
-        ({"version": "7"}, "world.world/version"),
+        ({"name": "nowhere"}, "world.name/version"),
+        ({"version": "7"}, "world.name/version"),
         ({"family": ["fraud"]}, "world.family"),
         ({"family": []}, "world.family"),
         ({"family": ["duplicates", "duplicates"]}, "world.family"),

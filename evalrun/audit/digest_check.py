@@ -20,9 +20,10 @@ from collections.abc import Collection
 from typing import Any
 
 from evalrun.errors import CheckFailed
-from evalrun.pipeline.manifest import DIGEST_PARTS, prompt_pack_record, seed_set_record
+from evalrun.pipeline.manifest import DIGEST_PARTS, agent_prompt_record, prompt_pack_record, seed_set_record
 from evalrun.records.canonical import canonical_hash, combine
 from evalrun.rundir import layout
+from evalrun.scoring.context import verifier_identity
 
 FROM_INPUTS = "recomputed from digest_inputs"
 FROM_MANIFEST = "recomputed from the manifest"
@@ -30,7 +31,7 @@ NOT_RECORDED = "not recomputable: no recorded inputs"
 
 SCORING_FIELDS = frozenset({"scorer", "version", "params", "sources", "python", "context"})
 NO_CONTEXT = {"choice_scoring": "", "rubric": None, "judge_model": None}  # ScoringContext() as a record
-CONTEXT_SOURCES = {"choice_scoring": "task.choices.scoring", "rubric": "task.rubric",
+CONTEXT_SOURCES = {"choice_scoring": "task.choices.scoring", "rubric": "task.rubric", "verifier": "task.world.versions",
                    "judge_model": "the judges' model files (judge_model.files, else model.files)"}  # fmt: skip
 
 
@@ -112,6 +113,13 @@ def _pack_of_manifest(manifest: dict[str, Any]) -> dict[str, Any]:
 
 
 def _check_prompt_pack_inputs(manifest: dict[str, Any], recorded: dict[str, Any]) -> None:
+    world = _dict(manifest.get("task")).get("world")
+    if world is not None:  # an agent task
+        decoding = _without(_section(manifest, "decoding"), "name")
+        key = _first_difference(recorded, agent_prompt_record(_section(manifest, "task.world"), decoding))
+        if key is not None:
+            raise _fail(f"digest_inputs.prompt_pack.{key} differs from task.world and decoding")
+        return
     key = _first_difference(recorded, _pack_of_manifest(manifest))
     if key is not None:
         source = "task.choices" if key == "choices" else "task.prompt_pack"
@@ -158,6 +166,8 @@ def _check_scoring_inputs(manifest: dict[str, Any], recorded: dict[str, Any], sc
 def _scoring_context_of_manifest(manifest: dict[str, Any]) -> dict[str, Any]:
     """The scoring context record (see evalrun.scoring.ScoringContext) the manifest implies."""
     task = _section(manifest, "task")
+    if "world" in task:
+        return {**NO_CONTEXT, "verifier": verifier_identity(_dict(_dict(task["world"]).get("versions")))}
     choices = _dict(task.get("choices"))
     rubric = task.get("rubric")
     judges = _dict(manifest.get("judge_model") or manifest.get("model"))

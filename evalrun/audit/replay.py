@@ -26,7 +26,17 @@ from typing import Any
 
 from evalrun.config import TRUNCATE_LEFT, EvalConfig, load_stored, validate
 from evalrun.engines.replay import Divergence, RecordedCall, ReplayEngine
+from evalrun.errors import BadInput
 from evalrun.pipeline import encode
+from evalrun.pipeline.agent import (
+    Agent,
+    ModelAgent,
+    ScriptedAgent,
+    chat_template_renderer,
+    load_agent_task,
+    plan_agent_episodes,
+    replay_agent_episodes,
+)
 from evalrun.pipeline.context import apply_context_limit
 from evalrun.pipeline.environment import git_state
 from evalrun.pipeline.harness import EpisodeResult, run_episodes
@@ -203,6 +213,46 @@ def replay_config(run: layout.RunDir, overrides: list[str]) -> EvalConfig:
     return validate(cfg)
 
 
+def _replay_agents(run: layout.RunDir, config: EvalConfig, overrides: list[str], recorded: dict[str, Recorded],
+                   engine: ReplayEngine) -> ReplayReport:  # fmt: skip
+    """An agent run against fresh worlds: every world rebuilt from its seed, the recorded model replies
+    and effects served from the chains, every line compared (docs/design.md "Agent episodes")."""
+    manifest = read_manifest(run)
+    world = config.task.world
+    assert world is not None
+    model_path = (manifest.get("model") or {}).get("path")
+    template_dir = Path(model_path) if isinstance(model_path, str) and Path(model_path).is_dir() else None
+    if world.agent == "model" and template_dir is None:
+        raise BadInput("model.path", f"replaying a model agent renders its prompts with the model's chat template: "
+                                     f"the recorded model directory {model_path} is not here")  # fmt: skip
+    task = load_agent_task(config.task, config.limit, template_dir)
+    episodes = plan_agent_episodes(task.name, task.tasks, config.decoding, config.seeds, world.agent, task.budget)
+    agent: Agent = ScriptedAgent()
+    if world.agent == "model":
+        assert template_dir is not None
+        agent = ModelAgent(engine, chat_template_renderer(str(template_dir)))
+    divergences = [Divergence(eid, 0, "an episode of the current plan", "an episode the plan lacks")
+                   for eid in sorted(set(recorded) - {e.episode_id for e in episodes})]  # fmt: skip
+    divergences += [Divergence(e.episode_id, 0, "a recorded episode", "a newly planned episode")
+                    for e in episodes if e.episode_id not in recorded]  # fmt: skip
+    replayable = sorted((e for e in episodes if e.episode_id in recorded), key=lambda e: e.episode_id)
+    lines = {eid: r.lines for eid, r in recorded.items()}
+    results, diverged = replay_agent_episodes(replayable, lines, agent, lambda e: recorded[e.episode_id].generator)
+    divergences = sorted([*divergences, *diverged], key=lambda d: d.episode)
+    scores_identical = None
+    if not divergences:
+        provenance = encode.Provenance(worker="replay", hardware="{}", batch_size=1, latency_s=0.0)
+        scores = score_outputs(encode.agent_output_rows(results, provenance), config.task.scorer,
+                               ScoringContext.recorded(manifest, None))  # fmt: skip
+        scores_identical = same_scores(read_scores(run), scores)
+    heads = {r.episode.episode_id: r.head for r in results}
+    return ReplayReport(
+        episodes=len(recorded), reproduced=len(results), divergences=tuple(divergences),
+        root_matches=not divergences and merkle_root(heads.items()) == load_record(run).merkle_root,
+        scores_identical=scores_identical, code=code_identity(manifest, recorded), overrides=tuple(overrides),
+    )  # fmt: skip
+
+
 def replay_episode(engine: ReplayEngine, episode: Episode, recorded: Recorded) -> EpisodeResult:
     """Run one episode through the harness; raise Divergence at the first line that differs."""
     (result,) = run_episodes(engine, [episode], recorded.generator)
@@ -219,6 +269,8 @@ def replay_run(path: Path, overrides: list[str]) -> ReplayReport:
     run = open_run(path)
     recorded, calls, failed = load_recording(run)
     config = replay_config(run, overrides)
+    if config.task.world is not None:
+        return _replay_agents(run, config, overrides, recorded, ReplayEngine(calls, failed))
     task = load_task(config)
     config = config.with_decoding(task.pack.decoding)
     episodes = build_plan(task, config.decoding, config.seeds)

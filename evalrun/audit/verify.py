@@ -117,6 +117,9 @@ def _row_mismatch(row: dict[str, Any], entries: list[Entry]) -> str | None:
     assert isinstance(header, HeaderEntry)  # the reader starts every chain with a header
     expected: dict[str, Any] = {"task": header.task, "item_id": header.item, "seed": header.seed,
                                 "repeat": header.repeat}  # fmt: skip
+    end = entries[-1]
+    if header.world is not None or (isinstance(end, EndEntry) and end.stop is not None):
+        return _agent_row_mismatch(row, header, entries, expected)
     generated = [e for e in entries if isinstance(e, ModelEntry)]
     scored = [e for e in entries if isinstance(e, LoglikelihoodEntry)]
     first = generated[0] if generated else scored[0] if scored else None
@@ -145,6 +148,30 @@ def _row_mismatch(row: dict[str, Any], entries: list[Entry]) -> str | None:
         if row[column] != value:
             return column
     if row["seeds"] is not None and str(row["seeds"]["sampling"]) != header.seeds.sampling:
+        return "seeds"
+    return None
+
+
+def _agent_row_mismatch(row: dict[str, Any], header: HeaderEntry, entries: list[Entry],
+                        expected: dict[str, Any]) -> str | None:  # fmt: skip
+    """An agent episode's row against its chain (see evalrun.pipeline.encode.agent_output_rows)."""
+    end = entries[-1]
+    if not isinstance(end, EndEntry):
+        return "finish_reason"
+    text = header.world.task_text if header.world is not None else ""
+    tokens = sum(len(e.response.token_ids) for e in entries if isinstance(e, ModelEntry))
+    expected.update(
+        prompt=text, prompt_sha256=sha256_hex(text), output="", token_ids=[], token_logprobs=[],
+        finish_reason=end.stop if end.status == "ok" and end.stop is not None else FAILED_FINISH_REASON,
+        output_tokens=tokens, fewshot_ids=[], shuffle_order=[], option_logprobs=None, judgements=[],
+    )  # fmt: skip
+    for column, value in expected.items():
+        if row[column] != value:
+            return column
+    final = row["final_state"]
+    if (None if final is None else sha256_hex(final)) != end.final_state_sha256:
+        return "final_state"
+    if row["seeds"] is None or str(row["seeds"]["sampling"]) != header.seeds.sampling:
         return "seeds"
     return None
 

@@ -254,11 +254,50 @@ class ChoicesConfig(Section):
 
 
 @dataclass(frozen=True)
+class WorldSplitsConfig(Section):
+    """World seeds per split, half-open ranges ``[first, stop)``; ``test`` is the held-out split."""
+
+    where: ClassVar[str] = "task.world.seeds"
+
+    train: tuple[int, ...] = (0, 1000)
+    test: tuple[int, ...] = (1000, 1100)
+
+
+AGENT_KINDS = ("model", "scripted")
+
+
+@dataclass(frozen=True)
+class WorldConfig(Section):
+    """An agent task: episodes in a seeded offline world (evalrun/worlds), one per family and world
+    seed of the split, acted in by ``agent`` (docs/design.md "Agent episodes")."""
+
+    where: ClassVar[str] = "task.world"
+
+    name: str = "invoice-desk"  # a registered world (evalrun.worlds.WORLDS), at ``version``
+    version: str = "1"
+    family: tuple[str, ...] = ()
+    seeds: WorldSplitsConfig = field(default_factory=WorldSplitsConfig)
+    split: Literal["train", "test"] = "test"
+    start: str = "2024-03-15T09:00:00Z"  # the simulated date-time every episode's clock starts at
+    tick: float = 1.0  # simulated seconds the clock advances per read
+    agent: Literal["model", "scripted"] = "scripted"
+    max_steps: int = 12  # turns before an episode is stopped (scored as it stands: no report, no pass)
+    max_tokens: int = 4096  # tokens the model may generate over the episode
+
+    def check(self) -> None:
+        for key in ("max_steps", "max_tokens"):
+            if getattr(self, key) < 1:
+                raise _fail(f"task.world.{key}", "an integer >= 1", getattr(self, key))
+        if not self.family:
+            raise _fail("task.world.family", "at least one task family", list(self.family))
+
+
+@dataclass(frozen=True)
 class TaskConfig(Section):
     where: ClassVar[str] = "task"
 
     name: str = MISSING
-    dataset: str = MISSING
+    dataset: str | None = None  # a JSONL file (every task but an agent task)
     template: str | None = None  # a single user template file, or:
     prompt_pack: str | None = None  # a prompt pack directory (pack.yaml; see evalrun/tasks/pack.py)
     id_field: str = "id"
@@ -269,8 +308,21 @@ class TaskConfig(Section):
     # A prompt longer than the model's context: error (exit 2 before the model loads, naming the items),
     # fail_episode (recorded as a failed episode, no engine call) or truncate_left (keep its last tokens).
     on_overlong: str = "fail_episode"
+    world: WorldConfig | None = None  # an agent task: episodes in a world instead of dataset items
 
     def check(self) -> None:
+        if self.world is not None:
+            self.world.check()
+            given = [k for k in ("dataset", "template", "prompt_pack", "rubric") if getattr(self, k) is not None]
+            if given:
+                raise BadInput(f"task.{given[0]}", "an agent task (task.world) has no dataset, template or rubric")
+            if self.scorer.name != "verifier":
+                raise BadInput("task.scorer.name", "an agent task is scored by its world's verifier: expected verifier")
+            return
+        if self.dataset is None:
+            raise BadInput("task.dataset", "missing: expected a JSONL dataset file (or task.world for an agent task)")
+        if self.scorer.name == "verifier":
+            raise BadInput("task.scorer.name", "the verifier scorer scores agent tasks (task.world) only")
         if self.on_overlong not in ON_OVERLONG:
             raise BadInput("task.on_overlong", f"expected one of {', '.join(ON_OVERLONG)}, got {self.on_overlong!r}")
         if (self.scorer.name == "choice") != (self.choices.field is not None):

@@ -71,6 +71,12 @@ def validate(cfg: DictConfig) -> EvalConfig:
     settings = EvalConfig.from_record(raw)
     settings.check()
     task = settings.task
+    for name, model in (("model", settings.model), ("judge_model", settings.judge_model)):
+        if model is not None and model.path:
+            _resolve_path(str(Path(model.path)), f"{name}.path", must_be="dir")
+    if task.world is not None:  # an agent task: its world is checked where worlds are known (the plan)
+        return settings
+    assert task.dataset is not None
     dataset_path = _resolve_path(task.dataset, "task.dataset")
     if task.prompt_pack is not None:
         prompt_path = _resolve_path(task.prompt_pack, "task.prompt_pack", must_be="dir")
@@ -79,7 +85,4 @@ def validate(cfg: DictConfig) -> EvalConfig:
         prompt_path = _resolve_path(task.template, "task.template")
     rubric_path = _resolve_path(task.rubric, "task.rubric") if task.rubric is not None else None
     check_dataset(dataset_path, task.id_field, task.target_field, task.choices.field)
-    for name, model in (("model", settings.model), ("judge_model", settings.judge_model)):
-        if model is not None and model.path:
-            _resolve_path(str(Path(model.path)), f"{name}.path", must_be="dir")
     return replace(settings, dataset_path=dataset_path, prompt_path=prompt_path, rubric_path=rubric_path)

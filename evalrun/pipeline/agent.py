@@ -15,15 +15,20 @@ call, so a worker with 256 live episodes makes one engine call per turn, not 256
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
+from evalrun.config import DecodingConfig, SeedsConfig, TaskConfig
+from evalrun.config.settings import WorldConfig
 from evalrun.engines import Completion, Engine, GenerationRequest, SamplingSpec
 from evalrun.engines.replay import Divergence
+from evalrun.errors import BadInput
 from evalrun.pipeline.harness import completion_record, encode_generator, generate_each
 from evalrun.pipeline.plan import episode_id, sampling_spec
-from evalrun.records.canonical import Canonical, canonical_hash
+from evalrun.records.canonical import Canonical, canonical_hash, sha256_hex
 from evalrun.records.chain import ChainBuilder
 from evalrun.records.entries import (
     ClockEntry,
@@ -54,10 +59,11 @@ from evalrun.records.entries import (
 )
 from evalrun.records.formats import Generator
 from evalrun.records.seeds import derive_seed
-from evalrun.worlds import Effects, ToolResult, World, WorldTask, effects_for, make_world, network_guard
-from evalrun.worlds.actions import ParseError, Step, ToolCall, chat_messages, format_calls, parse_reply
+from evalrun.worlds import Effects, ToolResult, World, WorldTask, effects_for, make_world, network_guard, world_class
+from evalrun.worlds.actions import ParseError, Step, ToolCall, chat_messages, format_calls, parse_reply, system_prompt
 from evalrun.worlds.base import score_final_state
 from evalrun.worlds.scripted import scripted_policy
+from evalrun.worlds.suite import suite_from_mapping, world_tasks
 
 AGENTS = ("model", "scripted")
 
@@ -73,6 +79,7 @@ class AgentBudget:
 @dataclass(frozen=True)
 class AgentEpisode:
     episode_id: str
+    task: str  # the run's task name
     world_task: WorldTask
     seed: int  # the run's seed (of the seed set) this episode is under
     repeat: int
@@ -81,27 +88,83 @@ class AgentEpisode:
     budget: AgentBudget
 
     @property
-    def task(self) -> str:
-        return self.world_task.world
-
-    @property
     def item_id(self) -> str:
         return self.world_task.item_id
 
 
-def plan_agent_episodes(tasks: Sequence[WorldTask], decoding: Any, master: int, seed_set: Sequence[int],
-                        repeats: int, agent: str, budget: AgentBudget) -> list[AgentEpisode]:  # fmt: skip
-    """Episodes of every task for every seed of the set and repeat, ids and seeds derived as for
-    single-turn episodes (docs/design.md "Seeds"): the same config gives the same episodes anywhere."""
+def plan_agent_episodes(task_name: str, tasks: Sequence[WorldTask], decoding: DecodingConfig, seeds: SeedsConfig,
+                        agent: str, budget: AgentBudget) -> list[AgentEpisode]:  # fmt: skip
+    """Episodes of every world task for every seed of the set and repeat, ids and sampling seeds
+    derived as for single-turn episodes (docs/design.md "Seeds"): the same config gives the same
+    episodes anywhere. The world is generated from the world task's own seed, so every seed and
+    repeat of the set meets the same world and only the model's sampling differs."""
     episodes = []
-    for seed in seed_set:
-        for repeat in range(repeats):
+    for seed in seeds.set:
+        for repeat in range(seeds.repeats):
             for task in tasks:
-                sampling_seed = derive_seed(master, "sampling", task.world, task.item_id, seed, repeat)
+                sampling_seed = derive_seed(seeds.master, "sampling", task_name, task.item_id, seed, repeat)
                 sampling = sampling_spec(decoding, sampling_seed)
-                eid = episode_id(task.world, task.item_id, seed, repeat, {"sampling": str(sampling.seed)})
-                episodes.append(AgentEpisode(eid, task, seed, repeat, sampling, agent, budget))
+                eid = episode_id(task_name, task.item_id, seed, repeat, {"sampling": str(sampling.seed)})
+                episodes.append(AgentEpisode(eid, task_name, task, seed, repeat, sampling, agent, budget))
     return episodes
+
+
+@dataclass(frozen=True)
+class AgentTask:
+    """An agent task, loaded: the world suite's tasks and what decides how they are presented."""
+
+    name: str
+    config: WorldConfig
+    tasks: tuple[WorldTask, ...]
+    versions: dict[str, str]  # the world's name and versions, and its tools' hash
+    system_prompt_sha256: str  # the tool list and reply format every model agent is shown
+    chat_template_sha256: str | None  # the model's chat template (agent=model), None: plain rendering
+
+    @property
+    def budget(self) -> AgentBudget:
+        return AgentBudget(self.config.max_steps, self.config.max_tokens)
+
+    def as_record(self) -> dict[str, Any]:
+        """What the manifest's ``task.world`` and the prompt-pack digest part record of the task."""
+        return {
+            **self.config.as_record(),
+            "items": len(self.tasks),
+            "versions": self.versions,
+            "system_prompt_sha256": self.system_prompt_sha256,
+            "chat_template_sha256": self.chat_template_sha256,
+        }
+
+
+def load_agent_task(task: TaskConfig, limit: int | None, model_path: Path | None) -> AgentTask:
+    """The suite of ``task.world`` (a BadInput names the field), its tasks (the first ``limit``),
+    and for ``agent=model`` the chat template of the model at ``model_path``."""
+    world = task.world
+    assert world is not None
+    suite = suite_from_mapping({
+        "name": world.name, "version": world.version, "family": list(world.family),
+        "seeds": {"train": list(world.seeds.train), "test": list(world.seeds.test)}, "split": world.split,
+        "start": world.start, "tick": world.tick,
+    }, where="task.world")  # fmt: skip
+    tasks = world_tasks(suite)[:limit] if limit is not None else world_tasks(suite)
+    cls = world_class(world.name, world.version)
+    template = chat_template(model_path) if world.agent == "model" and model_path is not None else None
+    return AgentTask(
+        name=task.name, config=world, tasks=tuple(tasks), versions=cls.versions(),
+        system_prompt_sha256=sha256_hex(system_prompt(cls().tools())),
+        chat_template_sha256=sha256_hex(template) if template is not None else None,
+    )  # fmt: skip
+
+
+def chat_template(model_path: Path) -> str | None:
+    """The chat template in the model directory's tokenizer_config.json (None: it has none)."""
+    path = model_path / "tokenizer_config.json"
+    try:
+        template = json.loads(path.read_text(encoding="utf-8")).get("chat_template")
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        raise BadInput(str(path), f"unreadable tokenizer config ({exc})") from exc
+    return template if isinstance(template, str) else None
 
 
 # --- the recorder ------------------------------------------------------------------------------
@@ -178,7 +241,6 @@ class Turn:
     task_text: str
     steps: tuple[Step, ...]
     tools: tuple[Any, ...]
-    max_tokens: int  # what is left of the episode's token budget
 
 
 @dataclass(frozen=True)
@@ -223,11 +285,9 @@ class ModelAgent:
         requests = []
         for t in turns:
             prompt = self.render(chat_messages(t.tools, t.task_text, t.steps))
-            sampling = t.episode.sampling
-            if t.max_tokens < sampling.max_tokens:
-                sampling = SamplingSpec(sampling.temperature, sampling.top_p, sampling.top_k, t.max_tokens,
-                                        sampling.stop, sampling.seed, sampling.logprobs)  # fmt: skip
-            requests.append(GenerationRequest(prompt, sampling, t.episode.episode_id, t.call))
+            # every call samples with the episode's settings (verify checks them against the manifest);
+            # the token budget is checked after each reply
+            requests.append(GenerationRequest(prompt, t.episode.sampling, t.episode.episode_id, t.call))
         self.engine_calls += 1
         self.model_calls += len(requests)
         outcomes = generate_each(self.engine, requests)
@@ -268,6 +328,7 @@ class AgentResult:
     stop: str | None  # done | max_steps | max_tokens; None when the episode failed
     error: str | None = None
     world_hash: str | None = None
+    task_text: str = ""
 
 
 @dataclass
@@ -284,8 +345,7 @@ class _Live:
     error: str | None = None
 
     def turn(self) -> Turn:
-        left = self.episode.budget.max_tokens - self.tokens
-        return Turn(self.episode, self.model_calls, self.task_text, tuple(self.steps), tuple(self.world.tools()), left)
+        return Turn(self.episode, self.model_calls, self.task_text, tuple(self.steps), tuple(self.world.tools()))
 
 
 def run_agent_episodes(episodes: Sequence[AgentEpisode], agent: Agent, generator: dict[str, Any] | Canonical,
@@ -293,6 +353,8 @@ def run_agent_episodes(episodes: Sequence[AgentEpisode], agent: Agent, generator
     """Run ``episodes`` to their end in lockstep; results in episode order.
 
     ``sources`` gives each episode's effect source (default: live); a replay passes the schedule.
+    Every live episode waits for its agent at every turn (tools answer at once), so each turn is
+    one :meth:`Agent.act` over all of them: one engine call for a model agent.
     """
     typed_generator = Generator.model_validate_json(encode_generator(generator))
     live: list[_Live] = []
@@ -321,7 +383,7 @@ def _start(episode: AgentEpisode, generator: Generator, source: EffectSource) ->
     state = _Live(episode, world, recorder, effects)
     header: dict[str, Any] = {"generator": generator, "item": task.item_id, "repeat": episode.repeat,
                               "seed": episode.seed, "seeds": EpisodeSeeds(sampling=str(episode.sampling.seed)),
-                              "task": task.world}  # fmt: skip
+                              "task": episode.task}  # fmt: skip
     try:
         with network_guard():
             state.task_text = world.reset(task, effects)
@@ -331,7 +393,8 @@ def _start(episode: AgentEpisode, generator: Generator, source: EffectSource) ->
         return state
     versions = world.versions()
     header["world"] = WorldHeader(
-        agent=episode.agent, family=task.family, name=task.world, start=task.start, tick=task.tick,
+        agent=episode.agent, family=task.family, name=task.world, start=task.start, task_text=state.task_text,
+        tick=task.tick,
         tools=versions["tools"], tools_hash=versions["tools_hash"], verifier=versions["verifier"],
         world=versions["world"], world_hash=world.world_hash(), world_seed=task.seed,
     )  # fmt: skip
@@ -409,6 +472,7 @@ def _finish(state: _Live) -> AgentResult:
     return AgentResult(
         state.episode, tuple(recorder.chain.lines), recorder.chain.head, tuple(state.steps), final, scores,
         state.model_calls, recorder.calls.get("tool", 0), state.tokens, state.stop, state.error, world_hash,
+        state.task_text,
     )  # fmt: skip
 
 
@@ -441,11 +505,12 @@ def replay_agent_episodes(
     episodes: Sequence[AgentEpisode],
     recorded: dict[str, Sequence[str]],
     agent: Agent,
-    generator: dict[str, Any] | Canonical,
+    generator: Callable[[AgentEpisode], dict[str, Any] | Canonical],
 ) -> tuple[list[AgentResult], list[Divergence]]:
     """Rebuild each world from its seed, serve every recorded read (model replies through ``agent``,
     a replay engine for ``agent=model``; effects from the chain), and compare the new chain with the
-    recorded one line by line: the first differing line is the divergence (episode, seq, expected, got)."""
+    recorded one line by line: the first differing line is the divergence (episode, seq, expected, got).
+    ``generator``: the generator each episode's header recorded."""
 
     def source(e: AgentEpisode) -> EffectSource:
         return ScheduleSource(e.episode_id, recorded[e.episode_id])
@@ -454,7 +519,7 @@ def replay_agent_episodes(
     results: list[AgentResult] = []
     for e in episodes:  # one by one, so a divergence in one episode never stops another
         try:
-            (result,) = run_agent_episodes([e], agent, generator, source)
+            (result,) = run_agent_episodes([e], agent, generator(e), source)
         except Divergence as d:
             divergences.append(d)
             continue

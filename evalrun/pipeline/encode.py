@@ -13,8 +13,10 @@ from typing import Any
 
 import pyarrow as pa
 
+from evalrun.pipeline.agent import AgentResult
 from evalrun.pipeline.harness import EpisodeResult, Judgement
-from evalrun.records.outputs import OUTPUT_SCHEMA, STAGED_COLUMNS
+from evalrun.records.canonical import canonical_json, sha256_hex
+from evalrun.records.outputs import FAILED_FINISH_REASON, OUTPUT_SCHEMA, STAGED_COLUMNS
 from evalrun.rundir.writer import EncodedPart, table_bytes
 
 
@@ -49,6 +51,7 @@ def output_rows(results: list[EpisodeResult], provenance: Provenance) -> pa.Tabl
         "output_tokens": [len(c.token_ids) for c in completions],
         "head": [r.head for r in results],
         **(_staged_columns(results) if any(not e.single_call for e in episodes) else _no_stages(n)),
+        "final_state": pa.nulls(n, pa.string()),
         "worker": [provenance.worker] * n,
         "hardware": [provenance.hardware] * n,
         "batch_size": [provenance.batch_size] * n,
@@ -81,6 +84,53 @@ def _no_stages(n: int) -> dict[str, pa.Array]:
 def _judgement(j: Judgement) -> dict[str, Any]:
     return {"criterion": j.criterion, "judge": j.judge, "shuffle_order": list(j.shuffle_order), "output": j.output,
             "option_logprobs": None if j.option_logprobs is None else list(j.option_logprobs)}  # fmt: skip
+
+
+def agent_output_rows(results: list[AgentResult], provenance: Provenance) -> pa.Table:
+    """An agent episode's row: its task text as the prompt, no single output (the chain holds every
+    reply), why it stopped as the finish reason, the model's tokens over the episode, its final state."""
+    episodes = [r.episode for r in results]
+    n = len(results)
+    seeds = pa.array([e.sampling.seed for e in episodes], _SAMPLING_SEED.type)
+    columns: dict[str, Any] = {
+        "episode_id": [e.episode_id for e in episodes],
+        "task": [e.task for e in episodes],
+        "item_id": [e.item_id for e in episodes],
+        "seed": [e.seed for e in episodes],
+        "repeat": [e.repeat for e in episodes],
+        "seeds": pa.StructArray.from_arrays([seeds], fields=[_SAMPLING_SEED]),
+        "prompt": [r.task_text for r in results],
+        "prompt_sha256": [sha256_hex(r.task_text) for r in results],
+        "target": [""] * n,
+        "output": [""] * n,
+        "token_ids": [[] for _ in results],
+        "token_logprobs": [[] for _ in results],
+        "finish_reason": [agent_finish_reason(r.stop) for r in results],
+        "prompt_tokens": [0] * n,
+        "output_tokens": [r.output_tokens for r in results],
+        "head": [r.head for r in results],
+        **_no_stages(n),
+        "final_state": [None if r.final_state is None else canonical_json(r.final_state) for r in results],
+        "worker": [provenance.worker] * n,
+        "hardware": [provenance.hardware] * n,
+        "batch_size": [provenance.batch_size] * n,
+        "latency_s": [provenance.latency_s] * n,
+    }
+    return pa.table(columns, schema=OUTPUT_SCHEMA)
+
+
+def agent_finish_reason(stop: str | None) -> str:
+    """done | max_steps | max_tokens, or ``failed`` for an episode that ended in an error."""
+    return FAILED_FINISH_REASON if stop is None else stop
+
+
+def encode_agent_part(results: list[AgentResult], provenance: Provenance) -> EncodedPart:
+    return EncodedPart(
+        log=("\n".join(chain.from_iterable(r.log_lines for r in results)) + "\n").encode("utf-8"),
+        table=table_bytes(agent_output_rows(results, provenance)),
+        heads=tuple((r.episode.episode_id, r.head) for r in results),
+        output_tokens=sum(r.output_tokens for r in results),
+    )
 
 
 def encode_part(results: list[EpisodeResult], provenance: Provenance) -> EncodedPart:

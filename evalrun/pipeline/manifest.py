@@ -14,6 +14,7 @@ from typing import Any
 
 from evalrun.config import TRUNCATE_LEFT, EvalConfig
 from evalrun.config.model import ResolvedModel
+from evalrun.pipeline.agent import AgentTask
 from evalrun.pipeline.environment import (
     evalrun_version,
     git_state,
@@ -24,6 +25,7 @@ from evalrun.pipeline.environment import (
 from evalrun.records.canonical import canonical_hash, combine
 from evalrun.records.formats import MANIFEST_FORMAT, Manifest
 from evalrun.scoring import ScoringContext, scoring_record
+from evalrun.scoring.context import verifier_identity
 from evalrun.tasks import Task
 
 DIGEST_PARTS = ("prompt_pack", "seed_set", "scoring")
@@ -78,25 +80,39 @@ def seed_set_hash(seeds: dict[str, Any]) -> str:
     return canonical_hash(seed_set_record(seeds))
 
 
-def scoring_context(config: EvalConfig, task: Task, model: ResolvedModel,
+def scoring_context(config: EvalConfig, task: Task | AgentTask, model: ResolvedModel,
                     judge_model: ResolvedModel | None = None) -> ScoringContext:  # fmt: skip
     """The judges' model is ``judge_model``, or the run's own model when there is none."""
+    if isinstance(task, AgentTask):
+        return ScoringContext(verifier=verifier_identity(task.versions))
     return ScoringContext.of(config.task.choices, task.rubric, (judge_model or model).files)
 
 
-def digest_inputs(config: EvalConfig, task: Task, model: ResolvedModel,
+def agent_prompt_record(world: dict[str, Any], decoding: dict[str, Any]) -> dict[str, Any]:
+    """What ``digest.prompt_pack`` hashes for an agent task: the world task's record (world, versions
+    and tools hash, families and seeds, agent and budgets, system prompt and chat template hashes)
+    and the decoding settings: everything that decides what the agent is shown and how it answers."""
+    return {"world": world, "decoding": decoding}
+
+
+def digest_inputs(config: EvalConfig, task: Task | AgentTask, model: ResolvedModel,
                   judge_model: ResolvedModel | None = None) -> dict[str, dict[str, Any]]:  # fmt: skip
     """Each digest part's preimage, recorded in the manifest as ``digest_inputs``."""
-    return {
-        "prompt_pack": prompt_pack_record(
+    if isinstance(task, AgentTask):
+        settings = {k: v for k, v in config.decoding.as_record().items() if k != "name"}
+        prompt = agent_prompt_record(task.as_record(), settings)
+    else:
+        prompt = prompt_pack_record(
             task.pack.as_record(config.decoding.as_record()), task.choices.as_record(), config.task.on_overlong
-        ),
+        )
+    return {
+        "prompt_pack": prompt,
         "seed_set": seed_set_record(config.seeds.as_record()),
         "scoring": scoring_record(config.task.scorer, scoring_context(config, task, model, judge_model)),
     }
 
 
-def compute_digest(config: EvalConfig, task: Task, model: ResolvedModel,
+def compute_digest(config: EvalConfig, task: Task | AgentTask, model: ResolvedModel,
                    judge_model: ResolvedModel | None = None) -> Digest:  # fmt: skip
     return Digest.of_inputs(digest_inputs(config, task, model, judge_model))
 
@@ -112,22 +128,28 @@ def _model_identity(model: ResolvedModel | None) -> dict[str, Any] | None:
     return {"id": model.id, "revision": model.revision, "files": model.files, "pinned": model.pinned}
 
 
-def run_identity(config: EvalConfig, task: Task, model: ResolvedModel, digest: Digest, episodes: int,
+def _task_identity(config: EvalConfig, task: Task | AgentTask) -> dict[str, Any]:
+    if isinstance(task, AgentTask):
+        return {"name": task.name, "world": task.as_record(), "scorer": config.task.scorer.as_record()}
+    return {
+        "name": task.name,
+        "dataset_sha256": task.dataset_sha256,
+        "items": len(task.items),
+        "prompt_pack": task.pack.as_record(config.decoding.as_record()),
+        "choices": task.choices.as_record(),
+        "rubric": task.rubric.as_record() if task.rubric is not None else None,
+        "scorer": config.task.scorer.as_record(),
+        "on_overlong": config.task.on_overlong,
+    }
+
+
+def run_identity(config: EvalConfig, task: Task | AgentTask, model: ResolvedModel, digest: Digest, episodes: int,
                  judge_model: ResolvedModel | None = None) -> dict[str, Any]:  # fmt: skip
     """Everything that decides what a run computes, and nothing that legitimately varies (paths,
     times, workers, hardware). ``evalrun resume`` refuses a run whose identity would change."""
     return {
         "digest": digest.as_record(),
-        "task": {
-            "name": task.name,
-            "dataset_sha256": task.dataset_sha256,
-            "items": len(task.items),
-            "prompt_pack": task.pack.as_record(config.decoding.as_record()),
-            "choices": task.choices.as_record(),
-            "rubric": task.rubric.as_record() if task.rubric is not None else None,
-            "scorer": config.task.scorer.as_record(),
-            "on_overlong": config.task.on_overlong,
-        },
+        "task": _task_identity(config, task),
         "limit": config.limit,
         "episodes": episodes,
         "model": _model_identity(model),
@@ -140,9 +162,24 @@ def run_identity(config: EvalConfig, task: Task, model: ResolvedModel, digest: D
     }
 
 
+def _task_section(config: EvalConfig, task: Task | AgentTask) -> dict[str, Any]:
+    """The manifest's ``task``: what the run evaluated, with the paths it read."""
+    if isinstance(task, AgentTask):
+        return {"name": task.name, "world": task.as_record(), "scorer": config.task.scorer.as_record()}
+    return {
+        "name": task.name,
+        "dataset": {"path": str(task.dataset_path), "sha256": task.dataset_sha256, "items": len(task.items)},
+        "prompt_pack": {"path": str(task.pack.path), **task.pack.as_record(config.decoding.as_record())},
+        "choices": task.choices.as_record(),
+        "rubric": None if task.rubric is None else {"path": str(task.rubric.path), **task.rubric.as_record()},
+        "scorer": config.task.scorer.as_record(),
+        "on_overlong": config.task.on_overlong,
+    }
+
+
 def build_manifest(
     config: EvalConfig,
-    task: Task,
+    task: Task | AgentTask,
     model: ResolvedModel,
     digest: Digest,
     workers: list[dict[str, Any]],
@@ -158,15 +195,7 @@ def build_manifest(
         "identity": run_identity(config, task, model, digest, episodes, judge_model),
         "digest": digest.as_record(),
         **({"digest_inputs": digest.inputs} if digest.inputs is not None else {}),
-        "task": {
-            "name": task.name,
-            "dataset": {"path": str(task.dataset_path), "sha256": task.dataset_sha256, "items": len(task.items)},
-            "prompt_pack": {"path": str(task.pack.path), **task.pack.as_record(config.decoding.as_record())},
-            "choices": task.choices.as_record(),
-            "rubric": None if task.rubric is None else {"path": str(task.rubric.path), **task.rubric.as_record()},
-            "scorer": config.task.scorer.as_record(),
-            "on_overlong": config.task.on_overlong,
-        },
+        "task": _task_section(config, task),
         "limit": config.limit,
         "episodes": episodes,
         "model": model.as_record(),

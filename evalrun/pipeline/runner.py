@@ -12,12 +12,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 from evalrun.config import REPO_ROOT, EvalConfig, ModelConfig, load_stored, parse_overrides, to_yaml, validate
 from evalrun.config.model import ResolvedModel, resolve_model
 from evalrun.engines import ENGINES
 from evalrun.errors import BadInput, Interrupted, WriteFailed
 from evalrun.pipeline import failpoints
+from evalrun.pipeline.agent import AgentEpisode, AgentTask, load_agent_task, plan_agent_episodes
 from evalrun.pipeline.context import apply_context_limit
 from evalrun.pipeline.dispatch import DISPATCHERS, Dispatcher, dispatcher_key, open_dispatcher
 from evalrun.pipeline.manifest import (
@@ -47,9 +49,9 @@ class Prepared:
 
     config: EvalConfig
     model: ResolvedModel
-    task: Task
+    task: Task | AgentTask
     digest: Digest
-    episodes: list[Episode]
+    episodes: list[Episode] | list[AgentEpisode]
     worker_spec: WorkerSpec
     judge_model: ResolvedModel | None = None  # None: the judges (if any) run on the run's model
 
@@ -78,6 +80,8 @@ def prepare(config: EvalConfig) -> Prepared:
     check_plugins(config)
     model = _resolve(config.model)
     judge = _resolve(config.judge_model) if config.judge_model is not None else None
+    if config.task.world is not None:
+        return _prepare_agents(config, model)
     task = load_task(config)
     config = config.with_decoding(task.pack.decoding)  # a pack's decoding settings win over the group's
     make_scorer(config.task.scorer, scoring_context(config, task, model, judge))  # e.g. a regex that won't compile
@@ -96,6 +100,17 @@ def prepare(config: EvalConfig) -> Prepared:
         config=config, model=model, task=task, digest=compute_digest(config, task, model, judge),
         episodes=episodes, worker_spec=spec, judge_model=judge,
     )  # fmt: skip
+
+
+def _prepare_agents(config: EvalConfig, model: ResolvedModel) -> Prepared:
+    """An agent task's plan: the world suite's tasks for every seed and repeat (docs/design.md "Agent episodes")."""
+    task = load_agent_task(config.task, config.limit, model.path)
+    episodes = plan_agent_episodes(task.name, task.tasks, config.decoding, config.seeds, config.task.world.agent,
+                                   task.budget)  # fmt: skip
+    spec = WorkerSpec(model_path=str(model.path), model_dtype=config.model.dtype, engine=config.engine,
+                      determinism=config.determinism)  # fmt: skip
+    return Prepared(config=config, model=model, task=task, digest=compute_digest(config, task, model),
+                    episodes=episodes, worker_spec=spec)  # fmt: skip
 
 
 def check_destination(config: EvalConfig) -> None:
@@ -123,7 +138,7 @@ def open_for(prepared: Prepared) -> Dispatcher:
     return open_dispatcher(prepared.worker_spec, prepared.config.cluster)
 
 
-def _batches(episodes: list[Episode], size: int) -> list[list[Episode]]:
+def _batches(episodes: list[Any], size: int) -> list[list[Any]]:
     return [episodes[i : i + size] for i in range(0, len(episodes), size)]
 
 
@@ -198,7 +213,7 @@ def resume(run_path: Path, overrides: list[str] | None = None, dispatcher: Dispa
                 attest_finished_run(run.path)
             return run.path
         recorded = reader.read_manifest(run).get("identity", {})
-        if isinstance(recorded.get("task"), dict) and "on_overlong" not in recorded["task"]:
+        if isinstance(recorded.get("task"), dict) and not {"on_overlong", "world"} & set(recorded["task"]):
             # made before task.on_overlong: the default, which it matches unless a prompt was too long
             recorded = {**recorded, "task": {**recorded["task"], "on_overlong": prepared.config.task.on_overlong}}
         current = run_identity(prepared.config, prepared.task, prepared.model, prepared.digest, len(prepared.episodes),

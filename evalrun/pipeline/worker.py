@@ -16,7 +16,15 @@ from typing import Any
 from evalrun.config import DeterminismConfig, EngineConfig
 from evalrun.engines import build_engine
 from evalrun.pipeline import determinism
-from evalrun.pipeline.encode import Provenance, encode_part
+from evalrun.pipeline.agent import (
+    Agent,
+    AgentEpisode,
+    ModelAgent,
+    ScriptedAgent,
+    chat_template_renderer,
+    run_agent_episodes,
+)
+from evalrun.pipeline.encode import Provenance, encode_agent_part, encode_part
 from evalrun.pipeline.environment import hardware_fingerprint
 from evalrun.pipeline.harness import run_episodes
 from evalrun.pipeline.plan import Episode
@@ -67,6 +75,8 @@ class EngineWorker:
         self.determinism = determinism.apply(settings, seed=spec.engine.seed, engine=spec.engine.name)
         self.hardware = canonical_json(hardware_fingerprint())
         self.engine = _build_engine(spec)
+        self.model_path = spec.model_path
+        self._model_agent: ModelAgent | None = None
         self.judge_engine = self.engine
         if spec.judge_model_path is not None:
             judge = replace(
@@ -85,11 +95,26 @@ class EngineWorker:
             "judge_engine": self.judge_engine.describe() if self.judge_engine is not self.engine else None,
         }
 
-    def run(self, episodes: list[Episode], generator: dict[str, Any]) -> BatchOutcome:
+    def run(self, episodes: list[Episode] | list[AgentEpisode], generator: dict[str, Any]) -> BatchOutcome:
         started = time.perf_counter()
-        results = run_episodes(self.engine, episodes, generator, self.judge_engine)
-        provenance = Provenance(self.name, self.hardware, len(results), time.perf_counter() - started)
-        return BatchOutcome(encode_part(results, provenance), len(results), self.name)
+        if episodes and isinstance(episodes[0], AgentEpisode):
+            agent_episodes = [e for e in episodes if isinstance(e, AgentEpisode)]
+            results = run_agent_episodes(agent_episodes, self._agent(agent_episodes[0].agent), generator)
+            provenance = Provenance(self.name, self.hardware, len(results), time.perf_counter() - started)
+            return BatchOutcome(encode_agent_part(results, provenance), len(results), self.name)
+        single = run_episodes(self.engine, [e for e in episodes if isinstance(e, Episode)], generator,
+                              self.judge_engine)  # fmt: skip
+        provenance = Provenance(self.name, self.hardware, len(single), time.perf_counter() - started)
+        return BatchOutcome(encode_part(single, provenance), len(single), self.name)
+
+    def _agent(self, kind: str) -> Agent:
+        """The agent of ``task.world.agent``: the world's scripted policy, or this worker's model
+        with its chat template (loaded once)."""
+        if kind == "scripted":
+            return ScriptedAgent()
+        if self._model_agent is None:
+            self._model_agent = ModelAgent(self.engine, chat_template_renderer(self.model_path))
+        return self._model_agent
 
 
 def _build_engine(spec: WorkerSpec) -> Any:

@@ -164,6 +164,7 @@ class WorldHeader(RecordModel):
     family: str
     name: str
     start: str  # the simulated date-time the world's clock starts at (ISO 8601)
+    task_text: str  # what the agent is asked, as the world's reset gave it
     tick: float  # simulated seconds the clock advances per read
     tools: str  # the tool set's version
     tools_hash: Hex64

@@ -12,6 +12,8 @@ Where an output column comes from:
 * ``plan``: from the plan, not recorded in the chain (the target).
 * ``engine``: reported by the engine, not recorded in the chain (prompt tokens).
 * ``provenance``: may differ between identical runs (worker, hardware, batch size, latency).
+* ``world``: an agent episode's final world state (canonical JSON; null for other episodes); the
+  chain's end entry records its sha256, which verify checks.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from pydantic import BaseModel
 
 from evalrun.records.formats import RecordModel
 
-Source = Literal["chain", "plan", "engine", "provenance"]
+Source = Literal["chain", "plan", "engine", "provenance", "world"]
 
 
 class Column:
@@ -35,6 +37,7 @@ class Column:
 
 
 CHAIN, PLAN, ENGINE, PROVENANCE = Column("chain"), Column("plan"), Column("engine"), Column("provenance")
+WORLD = Column("world")
 
 Int32 = Annotated[int, pa.int32()]
 Int64 = Annotated[int, pa.int64()]
@@ -81,6 +84,7 @@ class OutputRow(RecordModel):
     shuffle_order: Annotated[list[Int32], CHAIN]  # shown position -> original option index
     option_logprobs: Annotated[list[float] | None, CHAIN]  # per original option; null unless scored so
     judgements: Annotated[list[JudgementRow], CHAIN]
+    final_state: Annotated[str | None, WORLD]
     worker: Annotated[str, PROVENANCE]
     hardware: Annotated[str, PROVENANCE]  # canonical JSON of the worker's hardware fingerprint
     batch_size: Annotated[Int32, PROVENANCE]
@@ -163,4 +167,5 @@ JUDGEMENT = OUTPUT_SCHEMA.field("judgements").type.value_type
 CHAIN_COLUMNS = columns_from(OutputRow, "chain")  # what verify checks against the chain, in schema order
 CHAIN_SCHEMA = pa.schema([OUTPUT_SCHEMA.field(c) for c in CHAIN_COLUMNS])
 PROVENANCE_COLUMNS = columns_from(OutputRow, "provenance")
+(FINAL_STATE,) = columns_from(OutputRow, "world")
 STAGED_COLUMNS = ("fewshot_ids", "shuffle_order", "option_logprobs", "judgements")  # empty for single-call episodes

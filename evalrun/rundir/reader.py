@@ -32,7 +32,14 @@ from evalrun.records.entries import (
     request_hash,
 )
 from evalrun.records.formats import RECORD_FORMAT, SCHEDULE_FORMAT, Manifest, Record, Summary, first_error
-from evalrun.records.outputs import CHAIN_COLUMNS, CHAIN_SCHEMA, OUTPUT_SCHEMA, SCORE_ERROR_COLUMN, with_error_column
+from evalrun.records.outputs import (
+    CHAIN_COLUMNS,
+    CHAIN_SCHEMA,
+    FINAL_STATE,
+    OUTPUT_SCHEMA,
+    SCORE_ERROR_COLUMN,
+    with_error_column,
+)
 from evalrun.rundir import layout
 
 
@@ -265,16 +272,25 @@ def _check_request(entry: Entry, line: str, where: str) -> None:
 
 
 def read_output_part(path: Path, rel: str) -> list[dict[str, Any]]:
-    """The columns verify checks against the chain (:data:`CHAIN_COLUMNS`), checked to be of evalrun's types."""
+    """The columns verify checks against the chain (:data:`CHAIN_COLUMNS`, and ``final_state``, whose
+    hash an agent episode's chain records; null where a part predates it), checked to be of evalrun's types."""
     try:
-        table = pq.read_table(path)
-        missing = [c for c in CHAIN_COLUMNS if c not in table.column_names]
+        whole = pq.read_table(path)
+        missing = [c for c in CHAIN_COLUMNS if c not in whole.column_names]
         if missing:
             raise _fail(rel, f"missing output columns {missing}")
-        table = table.select(list(CHAIN_COLUMNS))
+        table = whole.select(list(CHAIN_COLUMNS))
         if not table.schema.equals(CHAIN_SCHEMA):
             wrong = next(f.name for f in table.schema if f != CHAIN_SCHEMA.field(f.name))
             raise _fail(rel, f"column {wrong!r} is not of evalrun's type {CHAIN_SCHEMA.field(wrong).type}")
-        return table.to_pylist()
+        rows = table.to_pylist()
+        finals = [None] * len(rows)
+        if FINAL_STATE in whole.column_names:
+            if whole.schema.field(FINAL_STATE).type != pa.string():
+                raise _fail(rel, f"column {FINAL_STATE!r} is not of evalrun's type string")
+            finals = whole.column(FINAL_STATE).to_pylist()
+        for row, final in zip(rows, finals, strict=True):
+            row[FINAL_STATE] = final
+        return rows
     except (pa.ArrowException, OSError, ValueError, IndexError, KeyError) as exc:
         raise _fail(rel, f"unreadable Parquet part ({type(exc).__name__}: {exc})") from exc

@@ -6,15 +6,17 @@ Every scorer and normaliser is registered where it is defined (``@scorer``, ``@n
 - :mod:`~evalrun.scoring.normalizers`: strip, lower, collapse_whitespace, strip_punctuation;
 - :mod:`~evalrun.scoring.text`: exact_match, regex, number;
 - :mod:`~evalrun.scoring.choice`: choice (letter parsing, loglikelihood);
-- :mod:`~evalrun.scoring.rubric`: rubric (verdicts, aggregation, weighting).
+- :mod:`~evalrun.scoring.rubric`: rubric (verdicts, aggregation, weighting);
+- :mod:`~evalrun.scoring.verifier`: verifier (an agent episode's final state, by its world's verifier).
 
 All scoring code lives in this package, so the scoring hash (:mod:`evalrun.scoring.digest`)
-covers it by hashing the package's files.
+covers it by hashing the package's files; a world's verifier lives with its world and is covered
+by the verifier version the scoring context records.
 """
 
 from __future__ import annotations
 
-from evalrun.scoring import choice, normalizers, rubric, text
+from evalrun.scoring import choice, normalizers, rubric, text, verifier
 from evalrun.scoring.context import ScoringContext
 from evalrun.scoring.digest import scoring_hash, scoring_record
 from evalrun.scoring.registry import NORMALIZERS, SCORERS, Score, Scorer, normalizer, scorer
@@ -27,7 +29,7 @@ from evalrun.scoring.table import (
     scorer_version,
 )
 
-BUILTIN = (choice, normalizers, rubric, text)  # imported for their registrations
+BUILTIN = (choice, normalizers, rubric, text, verifier)  # imported for their registrations
 
 __all__ = [
     "NORMALIZERS",

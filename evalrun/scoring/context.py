@@ -19,6 +19,7 @@ class ScoringContext:
     choice_scoring: str = ""  # letter | loglikelihood | both
     rubric: Rubric | None = None
     judge_model: str | None = None
+    verifier: dict[str, str] | None = None  # agent tasks: the world (name, version) and its verifier's version
 
     @classmethod
     def of(cls, choices: ChoicesConfig, rubric: Rubric | None, model_files: dict[str, str]) -> ScoringContext:
@@ -29,6 +30,9 @@ class ScoringContext:
     @classmethod
     def recorded(cls, manifest: dict[str, Any], rubric: Rubric | None) -> ScoringContext:
         """The context a finished run was scored with, from its manifest (``rubric`` read again)."""
+        world = manifest.get("task", {}).get("world")
+        if isinstance(world, dict):
+            return cls(verifier=verifier_identity(world.get("versions") or {}))
         choices = manifest.get("task", {}).get("choices") or {"field": None, "scoring": ""}
         choice = choices["scoring"] if choices["field"] is not None else ""
         if rubric is None:
@@ -37,8 +41,16 @@ class ScoringContext:
         return cls(choice, rubric, canonical_hash(judges["files"]))
 
     def as_record(self) -> dict[str, Any]:
-        return {
+        record: dict[str, Any] = {
             "choice_scoring": self.choice_scoring,
             "rubric": self.rubric.as_record() if self.rubric is not None else None,
             "judge_model": self.judge_model,
         }
+        if self.verifier is not None:  # left out otherwise: records made before agent tasks stay as they were
+            record["verifier"] = self.verifier
+        return record
+
+
+def verifier_identity(versions: dict[str, Any]) -> dict[str, str]:
+    """What of a world's versions decides its verifier's scores."""
+    return {key: str(versions.get(key)) for key in ("name", "world", "verifier")}

@@ -42,6 +42,20 @@ class Estimate:
     interval: IntervalKind  # how ci95 was computed ("none": one item, no interval)
 
 
+def pass_all_trials(observations: Iterable[tuple[Hashable, Hashable, float]]) -> float | None:
+    """pass^k: the share of items whose every one of k trials passed (value 1), with items as the
+    unit; None unless every value is 0 or 1 and every item has the same k > 1 trials."""
+    by_item: dict[Hashable, list[float]] = defaultdict(list)
+    for item, _trial, value in observations:
+        if value not in (0.0, 1.0):
+            return None
+        by_item[item].append(value)
+    trials = {len(v) for v in by_item.values()}
+    if len(trials) != 1 or trials.pop() < 2:
+        return None
+    return sum(all(v == 1.0 for v in values) for values in by_item.values()) / len(by_item)
+
+
 def wilson_interval(proportion: float, n: int) -> tuple[float, float]:
     """95% Wilson score interval of a proportion observed over ``n`` trials.
 

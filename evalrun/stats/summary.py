@@ -1,8 +1,8 @@
 """summary.json: per task and overall, every metric's mean with its item-level uncertainty.
 
-Two formats, each with its interval method (:mod:`evalrun.stats.estimates`): new runs write
-``evalrun.summary/2``; ``evalrun verify`` recomputes a stored summary in the format it declares,
-so a ``/1`` summary is recomputed with the ``/1`` method.
+Three formats, each with its interval method (:mod:`evalrun.stats.estimates`): new runs write
+``evalrun.summary/3`` (``/2`` and pass^k over repeats); ``evalrun verify`` recomputes a stored
+summary in the format it declares, so a ``/1`` summary is recomputed with the ``/1`` method.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 import pyarrow as pa
 
 from evalrun.records.formats import SUMMARY_FORMAT, SUMMARY_FORMATS, Summary
-from evalrun.stats.estimates import IntervalMethod, estimate
+from evalrun.stats.estimates import IntervalMethod, estimate, pass_all_trials
 
 
 @dataclass(frozen=True)
@@ -23,9 +23,17 @@ class SummaryFormat:
     interval: IntervalMethod
     method: str  # the summary's ``method`` string: what its numbers are
     names_interval: bool  # each metric's record says which interval it carries
+    pass_all_trials: bool = False  # 0/1 metrics with repeats report pass^k
 
 
-SUMMARY_V1, SUMMARY_V2 = SUMMARY_FORMATS  # SUMMARY_V2 is SUMMARY_FORMAT, what new runs write
+SUMMARY_V1, SUMMARY_V2, SUMMARY_V3 = SUMMARY_FORMATS  # SUMMARY_V3 is SUMMARY_FORMAT, what new runs write
+_V2_METHOD = (
+    "mean of per-item means; se = clustered SE over items (std of per-item means / sqrt(items)); "
+    "95% interval, named by 'interval': 'none' with one item; 'wilson' = Wilson score interval of the "
+    "proportion of items passed, n = items, when every value lies in [0, 1] and every per-item mean is "
+    "0 or 1; else 'clustered-clipped' = mean +/- 1.96 x se clipped to [0, 1] when every value lies in "
+    "[0, 1]; else 'clustered' = mean +/- 1.96 x se; spread = population std of per-trial means"
+)
 METHODS = {
     SUMMARY_V1: SummaryFormat(
         interval="clustered",
@@ -35,16 +43,15 @@ METHODS = {
         ),
         names_interval=False,
     ),
-    SUMMARY_V2: SummaryFormat(
+    SUMMARY_V2: SummaryFormat(interval="bounded", method=_V2_METHOD, names_interval=True),
+    SUMMARY_V3: SummaryFormat(
         interval="bounded",
         method=(
-            "mean of per-item means; se = clustered SE over items (std of per-item means / sqrt(items)); "
-            "95% interval, named by 'interval': 'none' with one item; 'wilson' = Wilson score interval of the "
-            "proportion of items passed, n = items, when every value lies in [0, 1] and every per-item mean is "
-            "0 or 1; else 'clustered-clipped' = mean +/- 1.96 x se clipped to [0, 1] when every value lies in "
-            "[0, 1]; else 'clustered' = mean +/- 1.96 x se; spread = population std of per-trial means"
+            f"{_V2_METHOD}; pass_all_trials (pass^k), for a metric of 0/1 values with the same k > 1 trials "
+            "per item: the share of items all k of whose trials passed"
         ),
         names_interval=True,
+        pass_all_trials=True,
     ),
 }
 METHOD = METHODS[SUMMARY_FORMAT].method
@@ -57,6 +64,8 @@ def _as_record(values: list[tuple[Any, Any, float]], fmt: SummaryFormat, errors:
         del record["interval"]
     if errors:  # left out when none failed, so summaries of runs without failures are as before
         record["errors"] = errors
+    if fmt.pass_all_trials and (all_passed := pass_all_trials(values)) is not None:
+        record["pass_all_trials"] = all_passed  # pass^k: repeats of a 0/1 metric
     return record
 
 

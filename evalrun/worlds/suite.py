@@ -1,8 +1,8 @@
 """World suites: which world, families, seed ranges and held-out split a run evaluates, from config.
 
-A suite is declared in config (``conf/world/invoice_desk.yaml``)::
+A suite is declared in config (the ``world`` section of ``conf/task/invoice_desk.yaml``)::
 
-    world: invoice-desk
+    name: invoice-desk
     version: "1"
     family: [duplicates, price-differences]
     seeds: {train: [0, 1000], test: [1000, 1100]}   # half-open ranges [a, b)
@@ -10,8 +10,8 @@ A suite is declared in config (``conf/world/invoice_desk.yaml``)::
     start: "2024-03-15T09:00:00Z"
     tick: 1.0
 
-and :func:`world_tasks` turns it into the run's tasks: for each family in the order given, each
-seed of the chosen split's range in order. The splits' ranges may not overlap, so a held-out split
+and :func:`world_tasks` turns it into the run's tasks: for each seed of the chosen split's range in
+order, each family in the order given. The splits' ranges may not overlap, so a held-out split
 never shares a world with the split a model is trained on.
 """
 
@@ -50,7 +50,7 @@ class WorldSuite:
     tick: float = 1.0
 
 
-KEYS = ("world", "version", "family", "seeds", "split", "start", "tick")
+KEYS = ("name", "version", "family", "seeds", "split", "start", "tick")
 
 
 def _int(value: Any, where: str) -> int:
@@ -65,16 +65,16 @@ def suite_from_mapping(data: Mapping[str, Any], where: str = "world") -> WorldSu
         raise BadInput(where, f"expected a mapping with {KEYS}, got {data!r}")
     if unknown := sorted(set(data) - set(KEYS)):
         raise BadInput(f"{where}.{unknown[0]}", f"unknown key; expected some of {KEYS}")
-    for key in ("world", "version", "family", "seeds", "split"):
+    for key in ("name", "version", "family", "seeds", "split"):
         if key not in data:
             raise BadInput(f"{where}.{key}", "missing")
-    name, version = data["world"], data["version"]
+    name, version = data["name"], data["version"]
     if not isinstance(name, str):
-        raise BadInput(f"{where}.world", f"expected a world name, got {name!r}")
+        raise BadInput(f"{where}.name", f"expected a world name, got {name!r}")
     if isinstance(version, bool) or not isinstance(version, str | int):
         raise BadInput(f"{where}.version", f'expected a version such as "1", got {version!r}')
     version = str(version)
-    cls = WORLDS.get(world_key(name, version), field=f"{where}.world/version")
+    cls = WORLDS.get(world_key(name, version), field=f"{where}.name/version")
     families = data["family"]
     if isinstance(families, str):
         families = [families]
@@ -127,7 +127,8 @@ def _seed_ranges(value: Any, where: str) -> dict[str, SeedRange]:
 
 
 def world_tasks(suite: WorldSuite) -> list[WorldTask]:
-    """The suite's tasks, deterministic: families in the order given, then seeds ascending."""
+    """The suite's tasks, deterministic: seeds ascending, and for each seed the families in the order
+    given (so the first N tasks, ``limit=N``, cover every family)."""
     seeds = suite.seeds[suite.split]
     return [
         WorldTask(
@@ -140,6 +141,6 @@ def world_tasks(suite: WorldSuite) -> list[WorldTask]:
             tick=suite.tick,
             split=suite.split,
         )
-        for family in suite.families
         for seed in range(seeds.start, seeds.stop)
+        for family in suite.families
     ]
