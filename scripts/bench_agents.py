@@ -1,0 +1,78 @@
+"""Agent episodes on the real engine: lockstep turns against one episode at a time, same process.
+
+N live episodes of ``task=invoice_desk`` (the held-out split, both families) with ``agent=model``
+on the shipped agent model: the lockstep driver generates every waiting episode in one engine
+call per turn (``evalrun.pipeline.agent.ModelAgent``); the baseline runs the first M of them one
+episode at a time (one engine call per model call). Prints model calls per engine call, episodes/s
+of each and their ratio, and how many of the M episodes have the same chain head both ways
+(batch invariance of the engine on this hardware: a count, not an assertion).
+
+    .venv/bin/python scripts/bench_agents.py [--episodes 256] [--baseline 16] [--model models/tiny-invoice-agent]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+
+from evalrun.config import REPO_ROOT, EngineConfig, load
+from evalrun.engines import build_engine
+from evalrun.pipeline.agent import (
+    ModelAgent,
+    chat_template_renderer,
+    load_agent_task,
+    plan_agent_episodes,
+    run_agent_episodes,
+)
+from evalrun.pipeline.manifest import generator_info
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--episodes", type=int, default=256)
+    parser.add_argument("--baseline", type=int, default=16)
+    parser.add_argument("--model", type=Path, default=REPO_ROOT / "models" / "tiny-invoice-agent")
+    parser.add_argument("--max-model-len", type=int, default=2048)
+    args = parser.parse_args()
+
+    config = load(["task=invoice_desk", "task.world.agent=model", f"limit={args.episodes}"])
+    world = config.task.world
+    assert world is not None
+    task = load_agent_task(config.task, config.limit, args.model)
+    episodes = plan_agent_episodes(task.name, task.tasks, config.decoding, config.seeds, "model", task.budget)
+    settings = EngineConfig(max_model_len=args.max_model_len, max_num_seqs=max(256, args.episodes)).as_record()
+    engine = build_engine("vllm", args.model, "float32", settings)
+    render = chat_template_renderer(str(args.model))
+    generator = generator_info()
+
+    run_agent_episodes(episodes[:2], ModelAgent(engine, render), generator)  # warm-up
+    lockstep = ModelAgent(engine, render)
+    started = time.perf_counter()
+    together = run_agent_episodes(episodes, lockstep, generator)
+    lockstep_s = time.perf_counter() - started
+
+    alone_agent = ModelAgent(engine, render)
+    started = time.perf_counter()
+    alone = [run_agent_episodes([e], alone_agent, generator)[0] for e in episodes[: args.baseline]]
+    alone_s = time.perf_counter() - started
+
+    same = sum(a.head == b.head for a, b in zip(alone, together, strict=False))
+    passed = sum(r.scores.get("pass", 0.0) for r in together)
+    print(f"episodes: {len(episodes)} live, lockstep; baseline: first {len(alone)} one at a time")
+    print(f"model calls per engine call: {lockstep.model_calls / lockstep.engine_calls:.1f} "
+          f"({lockstep.model_calls} model calls in {lockstep.engine_calls} engine calls; first turn: "
+          f"{len(episodes)})")  # fmt: skip
+    print(f"baseline model calls per engine call: {alone_agent.model_calls / alone_agent.engine_calls:.1f}")
+    lockstep_rate, alone_rate = len(together) / lockstep_s, len(alone) / alone_s
+    ratio = lockstep_rate / alone_rate
+    print(f"episodes/s: lockstep {lockstep_rate:.2f}, one at a time {alone_rate:.2f}, ratio {ratio:.1f}x")
+    print(f"same head both ways: {same}/{len(alone)}; pass rate (lockstep): {passed / len(together):.3f}")
+
+
+if __name__ == "__main__":
+    main()
