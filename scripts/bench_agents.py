@@ -24,6 +24,7 @@ from evalrun.config import REPO_ROOT, EngineConfig, load
 from evalrun.engines import build_engine
 from evalrun.pipeline.agent import (
     ModelAgent,
+    agent_decoding,
     chat_template_renderer,
     load_agent_task,
     plan_agent_episodes,
@@ -40,7 +41,7 @@ def main() -> None:
     parser.add_argument("--max-model-len", type=int, default=2048)
     args = parser.parse_args()
 
-    config = load(["task=invoice_desk", "task.world.agent=model", f"limit={args.episodes}"])
+    config = agent_decoding(load(["task=invoice_desk", "task.world.agent=model", f"limit={args.episodes}"]))
     world = config.task.world
     assert world is not None
     task = load_agent_task(config.task, config.limit, args.model)

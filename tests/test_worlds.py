@@ -476,7 +476,8 @@ def test_suite_gives_deterministic_tasks() -> None:
 
 def test_the_shipped_task_config_declares_a_suite() -> None:
     world = yaml.safe_load((CONF_DIR / "task" / "invoice_desk.yaml").read_text())["world"]
-    suite = suite_from_mapping({k: v for k, v in world.items() if k not in ("agent", "max_steps", "max_tokens")})
+    agent_settings = ("agent", "reply_tokens", "max_steps", "max_tokens")
+    suite = suite_from_mapping({k: v for k, v in world.items() if k not in agent_settings})
     assert suite.split == "test" and len(world_tasks(suite)) == 200
 
 

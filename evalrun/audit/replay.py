@@ -32,6 +32,7 @@ from evalrun.pipeline.agent import (
     Agent,
     ModelAgent,
     ScriptedAgent,
+    agent_decoding,
     chat_template_renderer,
     load_agent_task,
     plan_agent_episodes,
@@ -218,6 +219,7 @@ def _replay_agents(run: layout.RunDir, config: EvalConfig, overrides: list[str],
     """An agent run against fresh worlds: every world rebuilt from its seed, the recorded model replies
     and effects served from the chains, every line compared (docs/design.md "Agent episodes")."""
     manifest = read_manifest(run)
+    config = agent_decoding(config)
     world = config.task.world
     assert world is not None
     model_path = (manifest.get("model") or {}).get("path")

@@ -281,11 +281,12 @@ class WorldConfig(Section):
     start: str = "2024-03-15T09:00:00Z"  # the simulated date-time every episode's clock starts at
     tick: float = 1.0  # simulated seconds the clock advances per read
     agent: Literal["model", "scripted"] = "scripted"
+    reply_tokens: int = 256  # decoding.max_tokens of every model reply (the task's decoding setting)
     max_steps: int = 12  # turns before an episode is stopped (scored as it stands: no report, no pass)
     max_tokens: int = 4096  # tokens the model may generate over the episode
 
     def check(self) -> None:
-        for key in ("max_steps", "max_tokens"):
+        for key in ("reply_tokens", "max_steps", "max_tokens"):
             if getattr(self, key) < 1:
                 raise _fail(f"task.world.{key}", "an integer >= 1", getattr(self, key))
         if not self.family:

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from evalrun.config import DecodingConfig, SeedsConfig, TaskConfig
+from evalrun.config import DecodingConfig, EvalConfig, SeedsConfig, TaskConfig
 from evalrun.config.settings import WorldConfig
 from evalrun.engines import Completion, Engine, GenerationRequest, SamplingSpec
 from evalrun.engines.replay import Divergence
@@ -40,6 +40,7 @@ from evalrun.records.entries import (
     EnvRequest,
     EnvValue,
     EpisodeSeeds,
+    FailedCallEntry,
     HeaderEntry,
     JoinEntry,
     ModelEntry,
@@ -133,6 +134,13 @@ class AgentTask:
             "system_prompt_sha256": self.system_prompt_sha256,
             "chat_template_sha256": self.chat_template_sha256,
         }
+
+
+def agent_decoding(config: EvalConfig) -> EvalConfig:
+    """``config`` with every model reply's token limit, ``task.world.reply_tokens``, as its decoding
+    ``max_tokens`` (a reply is a JSON object of tool calls, not a 16-token answer)."""
+    assert config.task.world is not None
+    return config.with_decoding({"max_tokens": config.task.world.reply_tokens})
 
 
 def load_agent_task(task: TaskConfig, limit: int | None, model_path: Path | None) -> AgentTask:
@@ -408,7 +416,9 @@ def _advance(state: _Live, reply: Reply) -> None:
     model_call = state.model_calls
     if reply.request is not None:
         state.model_calls += 1
-        if reply.refused is not None:
+        if reply.refused is not None:  # e.g. the history no longer fits the context
+            recorder.append(FailedCallEntry, call=model_call, error=reply.refused,
+                            request=generation_request(reply.request.prompt, reply.request.sampling))  # fmt: skip
             state.error = f"the engine refused model call {model_call}: {reply.refused}"
             return
         assert reply.completion is not None

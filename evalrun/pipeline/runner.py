@@ -19,7 +19,7 @@ from evalrun.config.model import ResolvedModel, resolve_model
 from evalrun.engines import ENGINES
 from evalrun.errors import BadInput, Interrupted, WriteFailed
 from evalrun.pipeline import failpoints
-from evalrun.pipeline.agent import AgentEpisode, AgentTask, load_agent_task, plan_agent_episodes
+from evalrun.pipeline.agent import AgentEpisode, AgentTask, agent_decoding, load_agent_task, plan_agent_episodes
 from evalrun.pipeline.context import apply_context_limit
 from evalrun.pipeline.dispatch import DISPATCHERS, Dispatcher, dispatcher_key, open_dispatcher
 from evalrun.pipeline.manifest import (
@@ -104,6 +104,8 @@ def prepare(config: EvalConfig) -> Prepared:
 
 def _prepare_agents(config: EvalConfig, model: ResolvedModel) -> Prepared:
     """An agent task's plan: the world suite's tasks for every seed and repeat (docs/design.md "Agent episodes")."""
+    config = agent_decoding(config)
+    assert config.task.world is not None
     task = load_agent_task(config.task, config.limit, model.path)
     episodes = plan_agent_episodes(task.name, task.tasks, config.decoding, config.seeds, config.task.world.agent,
                                    task.budget)  # fmt: skip
