@@ -7,14 +7,16 @@ column by column in the storage schema derived from :class:`evalrun.records.outp
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import chain
 from typing import Any
 
 import pyarrow as pa
 
-from evalrun.pipeline.agent import AgentResult
+from evalrun.pipeline.agent import AgentEpisode, AgentResult
 from evalrun.pipeline.harness import EpisodeResult, Judgement
+from evalrun.pipeline.plan import Episode
 from evalrun.records.canonical import canonical_json, sha256_hex
 from evalrun.records.outputs import FAILED_FINISH_REASON, OUTPUT_SCHEMA, STAGED_COLUMNS
 from evalrun.rundir.writer import EncodedPart, table_bytes
@@ -32,14 +34,8 @@ def output_rows(results: list[EpisodeResult], provenance: Provenance) -> pa.Tabl
     episodes = [r.episode for r in results]
     completions = [r.completion for r in results]
     n = len(results)
-    seeds = pa.array([e.sampling.seed for e in episodes], _SAMPLING_SEED.type)
     columns: dict[str, Any] = {
-        "episode_id": [e.episode_id for e in episodes],
-        "task": [e.task for e in episodes],
-        "item_id": [e.item_id for e in episodes],
-        "seed": [e.seed for e in episodes],
-        "repeat": [e.repeat for e in episodes],
-        "seeds": pa.StructArray.from_arrays([seeds], fields=[_SAMPLING_SEED]),
+        **_identity_columns(episodes),
         "prompt": [e.prompt for e in episodes],
         "prompt_sha256": [r.prompt_sha256 for r in results],
         "target": [e.target for e in episodes],
@@ -61,6 +57,19 @@ def output_rows(results: list[EpisodeResult], provenance: Provenance) -> pa.Tabl
 
 
 _SAMPLING_SEED = OUTPUT_SCHEMA.field("seeds").type.field("sampling")
+
+
+def _identity_columns(episodes: Sequence[Episode | AgentEpisode]) -> dict[str, Any]:
+    """Who each row is: episode id, task, item, seed, repeat and the derived sampling seed."""
+    seeds = pa.array([e.sampling.seed for e in episodes], _SAMPLING_SEED.type)
+    return {
+        "episode_id": [e.episode_id for e in episodes],
+        "task": [e.task for e in episodes],
+        "item_id": [e.item_id for e in episodes],
+        "seed": [e.seed for e in episodes],
+        "repeat": [e.repeat for e in episodes],
+        "seeds": pa.StructArray.from_arrays([seeds], fields=[_SAMPLING_SEED]),
+    }
 
 
 def _staged_columns(results: list[EpisodeResult]) -> dict[str, list[Any]]:
@@ -91,14 +100,8 @@ def agent_output_rows(results: list[AgentResult], provenance: Provenance) -> pa.
     reply), why it stopped as the finish reason, the model's tokens over the episode, its final state."""
     episodes = [r.episode for r in results]
     n = len(results)
-    seeds = pa.array([e.sampling.seed for e in episodes], _SAMPLING_SEED.type)
     columns: dict[str, Any] = {
-        "episode_id": [e.episode_id for e in episodes],
-        "task": [e.task for e in episodes],
-        "item_id": [e.item_id for e in episodes],
-        "seed": [e.seed for e in episodes],
-        "repeat": [e.repeat for e in episodes],
-        "seeds": pa.StructArray.from_arrays([seeds], fields=[_SAMPLING_SEED]),
+        **_identity_columns(episodes),
         "prompt": [r.task_text for r in results],
         "prompt_sha256": [sha256_hex(r.task_text) for r in results],
         "target": [""] * n,
