@@ -60,7 +60,7 @@ RELOCATE = [
 def test_built_in_plug_ins_are_registered_by_name() -> None:
     assert ENGINES.names() == ("hf", "vllm")
     assert DISPATCHERS.names() == ("inline", "local", "ray")
-    assert SCORERS.names() == ("choice", "exact_match", "number", "regex", "rubric")
+    assert SCORERS.names() == ("choice", "exact_match", "number", "regex", "rubric", "verifier")
     assert NORMALIZERS.names() == ("collapse_whitespace", "lower", "strip", "strip_punctuation")
     assert {name: SCORERS.get(name).version for name in SCORERS.names()} == dict.fromkeys(SCORERS.names(), "1")
     assert SCORERS.get("choice").columns[-2:] == ("shuffle_order", "option_logprobs")
@@ -232,6 +232,7 @@ def test_the_default_config_records_what_the_golden_run_recorded() -> None:
     for section, key in (("run", "dir"), ("task", "dataset"), ("task", "template"), ("model", "path")):
         written[section][key] = recorded[section][key]  # paths of the machine it was made on
     assert written["task"].pop("on_overlong") == "fail_episode"  # a setting added after the golden run, at its default
+    assert written["task"].pop("world") is None  # added with agent tasks: none for a dataset task
     assert written == recorded
 
 
