@@ -164,14 +164,18 @@ def load_agent_task(task: TaskConfig, limit: int | None, model_path: Path | None
 
 
 def chat_template(model_path: Path) -> str | None:
-    """The chat template in the model directory's tokenizer_config.json (None: it has none)."""
-    path = model_path / "tokenizer_config.json"
+    """The model directory's chat template: ``chat_template.jinja`` (where transformers now saves
+    it), else ``chat_template`` in tokenizer_config.json; None when it has none."""
+    jinja = model_path / "chat_template.jinja"
+    config = model_path / "tokenizer_config.json"
     try:
-        template = json.loads(path.read_text(encoding="utf-8")).get("chat_template")
+        if jinja.is_file():
+            return jinja.read_text(encoding="utf-8")
+        template = json.loads(config.read_text(encoding="utf-8")).get("chat_template")
     except FileNotFoundError:
         return None
     except (OSError, ValueError) as exc:
-        raise BadInput(str(path), f"unreadable tokenizer config ({exc})") from exc
+        raise BadInput(str(config), f"unreadable chat template or tokenizer config ({exc})") from exc
     return template if isinstance(template, str) else None
 
 

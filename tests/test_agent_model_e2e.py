@@ -1,0 +1,50 @@
+"""The shipped agent model on the real engine (issue 12): `agent=model` episodes over both families,
+every model call in the chain, verified, replayed exactly from the recorded replies against fresh
+worlds, rescored bit for bit from the final states."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from evalrun.audit.replay import replay_run
+from evalrun.audit.rescore import rescore_run
+from evalrun.audit.verify import verify_run
+from evalrun.config import load
+from evalrun.pipeline.runner import execute, prepare
+
+pytestmark = pytest.mark.e2e
+
+MODEL_AGENT = ["task=invoice_desk", "task.world.agent=model", "model=tiny_invoice_agent", "cluster=inline", "limit=6",
+               "run.progress=false"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def model_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("model-agent")
+    return execute(prepare(load([*MODEL_AGENT, f"run.root={root}"])))
+
+
+def test_model_agent_episodes_are_recorded_verified_replayed_and_rescored(model_run: Path) -> None:
+    rows = pq.read_table(model_run / "outputs").to_pylist()
+    assert len(rows) == 6 and {r["item_id"].split("-")[0] for r in rows} == {"duplicates", "price"}
+    assert all(r["finish_reason"] in ("done", "max_steps", "max_tokens", "failed") for r in rows)
+    assert all(r["output_tokens"] > 0 for r in rows)
+    for path in (model_run / "log").iterdir():
+        entries = [json.loads(line) for line in path.read_text().splitlines()]
+        models = [e for e in entries if e["kind"] == "model"]
+        assert models and all(m["request"]["prompt"].startswith("<s><|system|>") for m in models)  # chat template
+        tools = [e for e in entries if e["kind"] == "tool"]
+        observations = [e for e in entries if e["kind"] == "observation"]
+        assert len(observations) == len(tools) + sum("reply" in o for o in observations)
+    manifest = json.loads((model_run / "manifest.json").read_text())
+    assert manifest["task"]["world"]["chat_template_sha256"] is not None
+    assert manifest["decoding"]["max_tokens"] == manifest["task"]["world"]["reply_tokens"]
+
+    assert verify_run(model_run).scores == "recomputed"
+    replayed = replay_run(model_run, [])
+    assert not replayed.divergences and replayed.root_matches and replayed.scores_identical
+    assert rescore_run(model_run, []).bytes_identical
