@@ -107,7 +107,7 @@ def _not_optimal(instance: Any, settings: SolverSettings) -> Solved:
 
 def test_a_reference_that_is_not_optimal_is_refused_unless_allowed(tmp_path: Path, monkeypatch: Any) -> None:
     monkeypatch.setattr(freeze, "solve", _not_optimal)
-    with pytest.raises(CheckFailed, match="not OPTIMAL .*cost-1000: FEASIBLE"):
+    with pytest.raises(CheckFailed, match=r"not OPTIMAL .*cost-1000: FEASIBLE"):
         build_references(tasks(), root=tmp_path)
     assert not (tmp_path / "shift-planner").exists()  # nothing written
     build_references(tasks(), allow_feasible=True, root=tmp_path)
