@@ -191,3 +191,9 @@ def test_the_manifest_and_scoring_context_record_the_reference_set() -> None:
     assert _scoring_context_of_manifest(manifest) == context.as_record()
     invoice = prepare(load(["task=invoice_desk", "limit=2"])).task
     assert "references" not in invoice.as_record()
+
+
+def test_the_references_group_and_its_commands_have_help(capsys: pytest.CaptureFixture[str]) -> None:
+    for args in (["references", "--help"], ["references", "build", "--help"], ["references", "check", "--help"]):
+        assert main(args) == 0
+        assert capsys.readouterr().out.startswith(f"Usage: evalrun {' '.join(args[:-1])}")
