@@ -167,7 +167,8 @@ def _scoring_context_of_manifest(manifest: dict[str, Any]) -> dict[str, Any]:
     """The scoring context record (see evalrun.scoring.ScoringContext) the manifest implies."""
     task = _section(manifest, "task")
     if "world" in task:
-        return {**NO_CONTEXT, "verifier": verifier_identity(_dict(_dict(task["world"]).get("versions")))}
+        world = _dict(task["world"])
+        return {**NO_CONTEXT, "verifier": verifier_identity(_dict(world.get("versions")), world.get("references"))}
     choices = _dict(task.get("choices"))
     rubric = task.get("rubric")
     judges = _dict(manifest.get("judge_model") or manifest.get("model"))

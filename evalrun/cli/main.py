@@ -42,6 +42,9 @@ from evalrun.records.canonical import canonical_json
 from evalrun.rundir import layout
 from evalrun.rundir.attest import write_attestation
 from evalrun.rundir.reader import load_record, open_run, read_summary
+from evalrun.worlds.freeze import build_references, check_reference_set, raise_problems
+from evalrun.worlds.solver import SolverSettings
+from evalrun.worlds.suite import suite_from_mapping, world_tasks
 
 PROG = "evalrun"
 DEBUG = "evalrun.debug"  # ctx.meta key: --debug was given
@@ -377,6 +380,65 @@ def nondet(runs: tuple[Path, ...], metric: str | None, as_json: bool) -> None:
 
 
 # --- entry point -----------------------------------------------------------------------------------
+
+
+# --- frozen references --------------------------------------------------------------------------------
+
+
+@cli.group(cls=EvalrunGroup, short_help="Build and check frozen solver references.")
+def references() -> None:
+    """Frozen reference solutions under references/<world>/<version>/ (docs/design.md "Frozen references")."""
+
+
+@references.command("build", context_settings={"ignore_unknown_options": True},
+                    short_help="Solve each task instance with CP-SAT and freeze the results.")  # fmt: skip
+@click.argument("overrides", nargs=-1, type=click.UNPROCESSED)
+@click.option("--allow-feasible", is_flag=True, help="Freeze a FEASIBLE (not proven optimal) reference, saying why.")
+@click.option("--max-deterministic-time", type=click.FloatRange(min=0, min_open=True), default=10.0,
+              show_default=True, help="CP-SAT's deterministic time limit (work units, not seconds).")  # fmt: skip
+@click.option("--random-seed", type=int, default=0, show_default=True, help="CP-SAT's random_seed.")
+@click.option("--root", type=RUN_PATH, help="The references directory (default: the repository's references/).")
+@click.option("--json", "as_json", is_flag=True, help=JSON_HELP)
+def references_build(overrides: tuple[str, ...], allow_feasible: bool, max_deterministic_time: float,
+                     random_seed: int, root: Path | None, as_json: bool) -> None:  # fmt: skip
+    """Build the references of the world tasks Hydra OVERRIDES select (default task=shift_planner, its
+    split): one CP-SAT solve per instance, one worker, fixed seed. Exit 1 if one is not OPTIMAL."""
+    args = list(overrides)
+    if not any(o.startswith("task=") for o in args):
+        args.insert(0, "task=shift_planner")
+    world = config.load(args).task.world
+    if world is None:
+        raise BadInput("task", "references are built for agent tasks (task.world)")
+    suite = suite_from_mapping({
+        "name": world.name, "version": world.version, "family": list(world.family),
+        "seeds": {"train": list(world.seeds.train), "test": list(world.seeds.test)}, "split": world.split,
+    }, where="task.world")  # fmt: skip
+    settings = SolverSettings(max_deterministic_time=max_deterministic_time, random_seed=random_seed)
+    report = build_references(world_tasks(suite), settings, allow_feasible, root)
+    if as_json:
+        _print_json(report.as_json())
+        return
+    counts = {s: list(report.statuses.values()).count(s) for s in sorted(set(report.statuses.values()))}
+    click.echo(f"built {len(report.statuses)} references ({', '.join(f'{k} {v}' for k, v in counts.items())}) "
+               f"in {report.index.directory}; index sha256 {report.index.sha256}")  # fmt: skip
+
+
+@references.command("check", short_help="Re-validate stored references without trusting them.")
+@click.option("--world", "world_name", default="shift-planner", show_default=True, help="The world.")
+@click.option("--version", "world_version", default="1", show_default=True, help="The world's version.")
+@click.option("--resolve", is_flag=True, help="Also re-solve with the recorded settings; compare status and objective.")
+@click.option("--root", type=RUN_PATH, help="The references directory (default: the repository's references/).")
+@click.option("--json", "as_json", is_flag=True, help=JSON_HELP)
+def references_check(world_name: str, world_version: str, resolve: bool, root: Path | None, as_json: bool) -> None:
+    """Check every reference of a set: index hashes, instance and model hashes, feasibility under the
+    world's checker, the objective recomputed. Exit 1 naming the instance and field of each problem."""
+    report = check_reference_set(world_name, world_version, resolve, root)
+    if as_json:
+        _print_json(report.as_json())
+    elif not report.problems:
+        click.echo(f"references ok: {report.checked} in {report.index.directory}"
+                   f"{' (re-solved)' if resolve else ''}; index sha256 {report.index.sha256}")  # fmt: skip
+    raise_problems(report)
 
 
 def _usage_error(exc: click.UsageError) -> int:

@@ -63,7 +63,7 @@ from evalrun.records.seeds import derive_seed
 from evalrun.worlds import Effects, ToolResult, World, WorldTask, effects_for, make_world, network_guard, world_class
 from evalrun.worlds.actions import ParseError, Step, ToolCall, chat_messages, format_calls, parse_reply, system_prompt
 from evalrun.worlds.base import score_final_state
-from evalrun.worlds.scripted import scripted_policy
+from evalrun.worlds.scripted import Policy, scripted_policy
 from evalrun.worlds.suite import suite_from_mapping, world_tasks
 
 AGENTS = ("model", "scripted")
@@ -120,6 +120,7 @@ class AgentTask:
     versions: dict[str, str]  # the world's name and versions, and its tools' hash
     system_prompt_sha256: str  # the tool list and reply format every model agent is shown
     chat_template_sha256: str | None  # the model's chat template (agent=model), None: plain rendering
+    references: dict[str, str] | None = None  # the frozen reference set the world scores against, if any
 
     @property
     def budget(self) -> AgentBudget:
@@ -133,6 +134,8 @@ class AgentTask:
             "versions": self.versions,
             "system_prompt_sha256": self.system_prompt_sha256,
             "chat_template_sha256": self.chat_template_sha256,
+            # only for a world with references, so the records of the others are unchanged
+            **({"references": self.references} if self.references is not None else {}),
         }
 
 
@@ -144,8 +147,9 @@ def agent_decoding(config: EvalConfig) -> EvalConfig:
 
 
 def load_agent_task(task: TaskConfig, limit: int | None, model_path: Path | None) -> AgentTask:
-    """The suite of ``task.world`` (a BadInput names the field), its tasks (the first ``limit``),
-    and for ``agent=model`` the chat template of the model at ``model_path``."""
+    """The suite of ``task.world`` (a BadInput names the field), its tasks (the first ``limit``), their
+    frozen references checked (worlds with references), and for ``agent=model`` the chat template of
+    the model at ``model_path``."""
     world = task.world
     assert world is not None
     suite = suite_from_mapping({
@@ -155,11 +159,12 @@ def load_agent_task(task: TaskConfig, limit: int | None, model_path: Path | None
     }, where="task.world")  # fmt: skip
     tasks = world_tasks(suite)[:limit] if limit is not None else world_tasks(suite)
     cls = world_class(world.name, world.version)
+    references = cls.check_references(tasks)  # a missing or mismatched reference: BadInput, before any model loads
     template = chat_template(model_path) if world.agent == "model" and model_path is not None else None
     return AgentTask(
         name=task.name, config=world, tasks=tuple(tasks), versions=cls.versions(),
         system_prompt_sha256=sha256_hex(system_prompt(cls().tools())),
-        chat_template_sha256=sha256_hex(template) if template is not None else None,
+        chat_template_sha256=sha256_hex(template) if template is not None else None, references=references,
     )  # fmt: skip
 
 
@@ -270,10 +275,14 @@ class Agent(Protocol):
 
 
 class ScriptedAgent:
-    """``agent=scripted``: the world's deterministic reference policy (no model call)."""
+    """``agent=scripted``: the world's deterministic reference policy (no model call); tests may pass
+    another policy (e.g. the planner's greedy plan)."""
+
+    def __init__(self, policy: Policy = scripted_policy) -> None:
+        self.policy = policy
 
     def act(self, turns: Sequence[Turn]) -> list[Reply]:
-        return [Reply(format_calls(scripted_policy(t.task_text, t.steps))) for t in turns]
+        return [Reply(format_calls(self.policy(t.task_text, t.steps))) for t in turns]
 
 
 ChatRenderer = Callable[[list[dict[str, str]]], str]

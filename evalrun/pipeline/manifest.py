@@ -84,7 +84,7 @@ def scoring_context(config: EvalConfig, task: Task | AgentTask, model: ResolvedM
                     judge_model: ResolvedModel | None = None) -> ScoringContext:  # fmt: skip
     """The judges' model is ``judge_model``, or the run's own model when there is none."""
     if isinstance(task, AgentTask):
-        return ScoringContext(verifier=verifier_identity(task.versions))
+        return ScoringContext(verifier=verifier_identity(task.versions, task.references))
     return ScoringContext.of(config.task.choices, task.rubric, (judge_model or model).files)
 
 

@@ -19,7 +19,7 @@ class ScoringContext:
     choice_scoring: str = ""  # letter | loglikelihood | both
     rubric: Rubric | None = None
     judge_model: str | None = None
-    verifier: dict[str, str] | None = None  # agent tasks: the world (name, version) and its verifier's version
+    verifier: dict[str, Any] | None = None  # agent tasks: the world (name, version), its verifier's version, references
 
     @classmethod
     def of(cls, choices: ChoicesConfig, rubric: Rubric | None, model_files: dict[str, str]) -> ScoringContext:
@@ -32,7 +32,7 @@ class ScoringContext:
         """The context a finished run was scored with, from its manifest (``rubric`` read again)."""
         world = manifest.get("task", {}).get("world")
         if isinstance(world, dict):
-            return cls(verifier=verifier_identity(world.get("versions") or {}))
+            return cls(verifier=verifier_identity(world.get("versions") or {}, world.get("references")))
         choices = manifest.get("task", {}).get("choices") or {"field": None, "scoring": ""}
         choice = choices["scoring"] if choices["field"] is not None else ""
         if rubric is None:
@@ -51,6 +51,10 @@ class ScoringContext:
         return record
 
 
-def verifier_identity(versions: dict[str, Any]) -> dict[str, str]:
-    """What of a world's versions decides its verifier's scores."""
-    return {key: str(versions.get(key)) for key in ("name", "world", "verifier")}
+def verifier_identity(versions: dict[str, Any], references: Any = None) -> dict[str, Any]:
+    """What decides a world's verifier's scores: the world's versions, and the frozen reference set it
+    scores against (name, version, index hash; docs/design.md "Frozen references") for a world with one."""
+    identity: dict[str, Any] = {key: str(versions.get(key)) for key in ("name", "world", "verifier")}
+    if references is not None:  # left out otherwise: the identities of worlds without references are unchanged
+        identity["references"] = references
+    return identity

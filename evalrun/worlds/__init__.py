@@ -5,7 +5,12 @@
 - :mod:`evalrun.worlds.actions`: the tool-call text format and the rendering of results;
 - :mod:`evalrun.worlds.suite`: families, seed ranges and held-out split from config, as tasks;
 - :mod:`evalrun.worlds.invoice_desk`: the ``invoice-desk`` world, versions 1 and 2;
-- :mod:`evalrun.worlds.scripted`: the scripted reference agent and a driver.
+- :mod:`evalrun.worlds.shift_planner`: the ``shift-planner`` world, scored against frozen references;
+- :mod:`evalrun.worlds.references`: frozen reference sets on disk (read and hash-checked, never solved);
+- :mod:`evalrun.worlds.solver`: the CP-SAT model of a shift-planner instance (imports ortools lazily);
+- :mod:`evalrun.worlds.freeze`: ``evalrun references build`` and ``check``;
+- :mod:`evalrun.worlds.scripted`: the scripted reference agent and a driver;
+- :mod:`evalrun.worlds.scripted_planner`: its policies for ``shift-planner`` (optimal, greedy).
 
 Worlds are engine-free and sit beside tasks in the layers: they import records, config's registry
 mechanism and errors only.
@@ -35,6 +40,7 @@ from evalrun.worlds.guard import NetworkUsed, network_guard
 
 for _version in ("1", "2"):
     WORLDS.declare(world_key("invoice-desk", _version), "evalrun.worlds.invoice_desk")
+WORLDS.declare(world_key("shift-planner", "1"), "evalrun.worlds.shift_planner")
 
 __all__ = [
     "WORLDS",

@@ -373,6 +373,12 @@ class World(ABC):
         return self._world_hash
 
     @classmethod
+    def check_references(cls, tasks: Sequence[WorldTask]) -> dict[str, str] | None:
+        """Check that every task's frozen reference is there and matches (BadInput otherwise), before any
+        model loads; the reference set's record (name, version, index hash), or None for a world with none."""
+        return None
+
+    @classmethod
     def versions(cls) -> dict[str, str]:
         """What the episode header records: world name and version, tool-set version and hash, verifier version."""
         return {

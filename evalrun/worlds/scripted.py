@@ -1,4 +1,5 @@
-"""``agent=scripted``: a deterministic reference policy for ``invoice-desk``, and a driver to run it.
+"""``agent=scripted``: a deterministic reference policy for ``invoice-desk`` (``shift-planner``: see
+:mod:`evalrun.worlds.scripted_planner`), and a driver to run it.
 
 The policy is a pure function of what an agent sees, the task text and the turns so far, so it can
 stand in for a model anywhere (the harness, replay tests) and its episodes are training transcripts
@@ -19,6 +20,7 @@ from evalrun.worlds.actions import MAX_CALLS, Step, ToolCall
 from evalrun.worlds.base import Effects, World, WorldTask
 from evalrun.worlds.guard import network_guard
 from evalrun.worlds.invoice_desk import DUPLICATES, GOALS, PRICE_DIFFERENCES
+from evalrun.worlds.scripted_planner import PlanKind, is_planner_task, planner_policy
 
 Policy = Callable[[str, Sequence[Step]], list[ToolCall]]
 MAX_STEPS = 12
@@ -88,9 +90,13 @@ def _report(refs: Sequence[tuple[str, int]]) -> list[ToolCall]:
     return [ToolCall("submit_report", {"lines": [{"invoice_id": i, "line_no": n} for i, n in refs]})]
 
 
-def scripted_policy(task_text: str, history: Sequence[Step], *, ask_vendor: bool = False) -> list[ToolCall]:
+def scripted_policy(task_text: str, history: Sequence[Step], *, ask_vendor: bool = False,
+                    plan: PlanKind = "optimal") -> list[ToolCall]:  # fmt: skip
     """The next calls. ``ask_vendor=True`` asks the vendor about the first flagged line before
-    reporting (one more turn, and a random draw of the simulated person to record)."""
+    reporting (one more turn, and a random draw of the simulated person to record). A shift-planner
+    task goes to :func:`~evalrun.worlds.scripted_planner.planner_policy` with ``plan``."""
+    if is_planner_task(task_text):
+        return planner_policy(task_text, history, plan=plan)
     family = task_family(task_text)
     asked, listed, invoices, orders = _seen(history)
     if "list_invoices:" not in asked:
