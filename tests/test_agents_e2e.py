@@ -83,3 +83,21 @@ def test_world_version_2_runs_beside_version_1(run_eval, agent_run: Path) -> Non
     verify_run(v2)
     log = "".join(p.read_text() for p in (v2 / "log").iterdir())
     assert '"currency"' in log  # version 2 shows invoices with their currency
+
+
+def test_planning_run_scores_against_frozen_references_and_records_them(run_eval) -> None:
+    """shift-planner (issue 13): the run reads frozen CP-SAT references, never the solver; the manifest
+    names the reference set; verify, replay and rescore reproduce the scores."""
+    run = run_eval("task=shift_planner", "limit=4")
+    manifest = json.loads((run / "manifest.json").read_text())
+    references = manifest["task"]["world"]["references"]
+    assert (
+        references["name"] == "shift-planner" and references["version"] == "1" and len(references["index_sha256"]) == 64
+    )
+    assert manifest["digest_inputs"]["scoring"]["context"]["verifier"]["references"] == references
+    scores = pq.read_table(run / "scores.parquet").to_pylist()
+    assert {(r["metric"], r["value"]) for r in scores} == {("feasible", 1.0), ("gap", 0.0), ("pass", 1.0)}
+    assert verify_run(run).scores == "recomputed"
+    replayed = replay_run(run, [])
+    assert not replayed.divergences and replayed.root_matches and replayed.scores_identical
+    assert rescore_run(run, []).bytes_identical
