@@ -10,7 +10,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from evalrun.analysis.compare import compare_paths, manifest_diff
+from evalrun.analysis.compare import changed_things, compare_paths, manifest_diff
 from evalrun.analysis.gate import digest_record, gate_paths, pooled_range
 from evalrun.analysis.nondet import EpisodeOutputs, analyse, episode_nondet, nondet_paths
 from evalrun.analysis.runs import load_run
@@ -244,3 +244,17 @@ def test_nondet_over_run_dirs_matches_episodes_and_names_the_differing_settings(
         nondet_paths([a, c])
     assert main(["nondet", str(a)]) == 2
     assert main(["nondet", str(a), str(c)]) == 2
+
+
+def test_compare_says_when_the_reference_set_changed() -> None:
+    """Two agent runs scored against different frozen reference sets (issue 13): the reference set
+    is named as a changed thing, apart from the world's versions."""
+    world = {"name": "shift-planner", "versions": {"world": "1", "verifier": "1"},
+             "references": {"name": "shift-planner", "version": "1", "index_sha256": "a" * 64}}  # fmt: skip
+    other = {**world, "references": {**world["references"], "index_sha256": "b" * 64}}
+    a, b = {"task": {"world": world}}, {"task": {"world": other}}
+    diffs = manifest_diff(a, b)
+    assert [(d.category, d.field) for d in diffs] == [("reference set", "task.world.references.index_sha256")]
+    assert changed_things(diffs) == ["reference set"]
+    newer = {"task": {"world": {**other, "versions": {"world": "2", "verifier": "1"}}}}
+    assert changed_things(manifest_diff(a, newer)) == ["reference set", "world"]

@@ -1,7 +1,9 @@
 """``evalrun compare RUN_A RUN_B``: what changed between two runs, then B - A per item.
 
 First the manifest diff: every recorded field that differs, grouped into the things a user
-changes (model, prompt pack, seed set, scorer, dataset, engine, determinism, hardware, software),
+changes (model, prompt pack, seed set, scorer, dataset, engine, determinism, hardware, software;
+for agent tasks also the world's versions, the agent and its budgets, and the frozen reference set
+scored against),
 with a loud warning when more than one thing changed. Then, per task and overall, the paired
 difference of per-item means (repeats averaged within an item first) with its interval and a
 paired test, and the unpaired interval beside it.
@@ -28,6 +30,14 @@ CATEGORIES: tuple[tuple[str, str], ...] = (
     ("task.prompt_pack.path", ""),
     ("task.prompt_pack.", "prompt pack"),
     ("task.choices.", "prompt pack"),
+    ("task.world.references.", "reference set"),
+    ("task.world.versions.", "world"),
+    ("task.world.agent", "agent"),
+    ("task.world.chat_template_sha256", "prompt pack"),
+    ("task.world.system_prompt_sha256", "prompt pack"),
+    ("task.world.reply_tokens", "prompt pack"),
+    ("task.world.max_", "agent"),
+    ("task.world.", "dataset"),
     ("task.rubric.path", ""),
     ("task.rubric.", "scorer"),
     ("decoding.", "prompt pack"),
