@@ -25,7 +25,10 @@ tokens: what the model is trained on is exactly what it is shown at run time.
 
 Model: a small LlamaForCausalLM (context 2048, enough for a whole episode) trained on CPU with the
 loss on assistant reply tokens only (the ``<|end|>`` that closes a reply included).
-``scripts/eval_agent_model.py`` measures the pass rate on held-out seeds.
+``scripts/eval_agent_model.py`` measures the pass rate on held-out seeds. The shipped model (1300 steps,
+~24 min on one shared CPU core) has learned the protocol (no unparseable replies, the scripted turn
+order) but rarely the report itself: about 0-4% of held-out episodes pass. It is a working model
+agent for the harness, not a capable one.
 """
 
 from __future__ import annotations
@@ -160,7 +163,7 @@ def reply_loss(model: LlamaForCausalLM, ids: torch.Tensor, labels: torch.Tensor)
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=REPO / "models" / "tiny-invoice-agent")
-    parser.add_argument("--steps", type=int, default=700)
+    parser.add_argument("--steps", type=int, default=1300)
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--vocab", type=int, default=1024)
