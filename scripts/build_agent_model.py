@@ -8,7 +8,7 @@ again (a retrained model gets new hashes, so the pins must be refreshed with ``-
         --write-pins conf/model/tiny_invoice_agent.yaml
 
 Training data: the scripted agent's episodes (``run_scripted`` with ``effects_for(task)``) over the
-TRAIN seed range of ``conf/world/invoice_desk.yaml`` only, both families, rendered with
+TRAIN seed range of ``conf/task/invoice_desk.yaml`` (its ``world`` section) only, both families, rendered with
 ``evalrun.worlds.actions.chat_messages``, the same rendering the model agent sees at run time. The
 held-out ``test`` seeds never appear.
 
@@ -54,7 +54,8 @@ from evalrun.worlds.scripted import run_scripted
 from evalrun.worlds.suite import WorldSuite, suite_from_mapping, world_tasks
 
 REPO = Path(__file__).resolve().parents[1]
-SUITE_FILE = REPO / "conf" / "world" / "invoice_desk.yaml"
+SUITE_FILE = REPO / "conf" / "task" / "invoice_desk.yaml"  # its ``world`` section
+AGENT_SETTINGS = ("agent", "reply_tokens", "max_steps", "max_tokens")  # of the task, not of the world suite
 BOS, PAD, END = "<s>", "<pad>", "<|end|>"
 ROLES = ("system", "user", "assistant", "tool")
 ROLE_TOKENS = {role: f"<|{role}|>" for role in ROLES}
@@ -82,14 +83,16 @@ IGNORE = -100
 
 
 def load_suite(split: str) -> WorldSuite:
-    data = yaml.safe_load(SUITE_FILE.read_text(encoding="utf-8"))
-    return suite_from_mapping({**data, "split": split}, where=str(SUITE_FILE))
+    world = yaml.safe_load(SUITE_FILE.read_text(encoding="utf-8"))["world"]
+    data = {k: v for k, v in world.items() if k not in AGENT_SETTINGS}
+    return suite_from_mapping({**data, "split": split}, where=f"{SUITE_FILE}: world")
 
 
 def scripted_episodes(suite: WorldSuite) -> list[list[dict[str, str]]]:
     """Every scripted episode of the suite's split as chat messages, up to and including the last reply."""
     episodes = []
-    for task in world_tasks(suite):
+    # family by family, seeds ascending: the order the shipped model was trained in
+    for task in sorted(world_tasks(suite), key=lambda t: (suite.families.index(t.family), t.seed)):
         world = make_world(task)
         transcript = run_scripted(world, task, effects_for(task))
         if transcript.scores["pass"] != 1.0:

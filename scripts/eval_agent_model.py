@@ -9,7 +9,7 @@ is done (submit_report) or after ``--max-steps`` turns, and is scored by the wor
 
     python scripts/eval_agent_model.py --model models/tiny-invoice-agent --seeds 20
 
-Seeds are the first ``--seeds`` of the ``test`` split of ``conf/world/invoice_desk.yaml`` per family.
+Seeds are the first ``--seeds`` of the ``test`` split of ``conf/task/invoice_desk.yaml`` per family.
 """
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ from evalrun.worlds.actions import ParseError, Step, chat_messages, parse_reply
 from evalrun.worlds.suite import suite_from_mapping, world_tasks
 
 REPO = Path(__file__).resolve().parents[1]
-SUITE_FILE = REPO / "conf" / "world" / "invoice_desk.yaml"
+SUITE_FILE = REPO / "conf" / "task" / "invoice_desk.yaml"  # its ``world`` section
+AGENT_SETTINGS = ("agent", "reply_tokens", "max_steps", "max_tokens")
 
 
 def run_episode(
@@ -86,8 +87,9 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     model = LlamaForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
-    data = yaml.safe_load(SUITE_FILE.read_text(encoding="utf-8"))
-    suite = suite_from_mapping({**data, "split": args.split}, where=str(SUITE_FILE))
+    world = yaml.safe_load(SUITE_FILE.read_text(encoding="utf-8"))["world"]
+    data = {k: v for k, v in world.items() if k not in AGENT_SETTINGS}
+    suite = suite_from_mapping({**data, "split": args.split}, where=f"{SUITE_FILE}: world")
     first = suite.seeds[args.split].start
     tasks = [task for task in world_tasks(suite) if task.seed < first + args.seeds]
 
