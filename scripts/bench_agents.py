@@ -4,8 +4,9 @@ N live episodes of ``task=invoice_desk`` (the held-out split, both families) wit
 on the shipped agent model: the lockstep driver generates every waiting episode in one engine
 call per turn (``evalrun.pipeline.agent.ModelAgent``); the baseline runs the first M of them one
 episode at a time (one engine call per model call). Prints model calls per engine call, episodes/s
-of each and their ratio, and how many of the M episodes have the same chain head both ways
-(batch invariance of the engine on this hardware: a count, not an assertion).
+of each and their ratio, and how many of the M episodes have the same replies and the same chain
+head both ways (batch invariance of the engine on this hardware: counts, not assertions). N beyond
+the held-out split's 200 tasks takes repeats of it (seeds.repeats).
 
     .venv/bin/python scripts/bench_agents.py [--episodes 256] [--baseline 16] [--model models/tiny-invoice-agent]
 """
@@ -13,8 +14,10 @@ of each and their ratio, and how many of the M episodes have the same chain head
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import time
+from dataclasses import replace
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -23,6 +26,7 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 from evalrun.config import REPO_ROOT, EngineConfig, load
 from evalrun.engines import build_engine
 from evalrun.pipeline.agent import (
+    AgentResult,
     ModelAgent,
     agent_decoding,
     chat_template_renderer,
@@ -41,11 +45,11 @@ def main() -> None:
     parser.add_argument("--max-model-len", type=int, default=2048)
     args = parser.parse_args()
 
-    config = agent_decoding(load(["task=invoice_desk", "task.world.agent=model", f"limit={args.episodes}"]))
-    world = config.task.world
-    assert world is not None
-    task = load_agent_task(config.task, config.limit, args.model)
-    episodes = plan_agent_episodes(task.name, task.tasks, config.decoding, config.seeds, "model", task.budget)
+    config = agent_decoding(load(["task=invoice_desk", "task.world.agent=model"]))
+    task = load_agent_task(config.task, None, args.model)
+    repeats = -(-args.episodes // len(task.tasks))  # enough repeats of the held-out split for N live episodes
+    seeds = replace(config.seeds, repeats=repeats)
+    episodes = plan_agent_episodes(task.name, task.tasks, config.decoding, seeds, "model", task.budget)[: args.episodes]
     settings = EngineConfig(max_model_len=args.max_model_len, max_num_seqs=max(256, args.episodes)).as_record()
     engine = build_engine("vllm", args.model, "float32", settings)
     render = chat_template_renderer(str(args.model))
@@ -63,6 +67,7 @@ def main() -> None:
     alone_s = time.perf_counter() - started
 
     same = sum(a.head == b.head for a, b in zip(alone, together, strict=False))
+    same_replies = sum(replies(a) == replies(b) for a, b in zip(alone, together, strict=False))
     passed = sum(r.scores.get("pass", 0.0) for r in together)
     print(f"episodes: {len(episodes)} live, lockstep; baseline: first {len(alone)} one at a time")
     print(f"model calls per engine call: {lockstep.model_calls / lockstep.engine_calls:.1f} "
@@ -72,7 +77,13 @@ def main() -> None:
     lockstep_rate, alone_rate = len(together) / lockstep_s, len(alone) / alone_s
     ratio = lockstep_rate / alone_rate
     print(f"episodes/s: lockstep {lockstep_rate:.2f}, one at a time {alone_rate:.2f}, ratio {ratio:.1f}x")
-    print(f"same head both ways: {same}/{len(alone)}; pass rate (lockstep): {passed / len(together):.3f}")
+    print(f"same replies both ways: {same_replies}/{len(alone)}; same head (replies, tokens and logprobs): "
+          f"{same}/{len(alone)}; pass rate (lockstep): {passed / len(together):.3f}")  # fmt: skip
+
+
+def replies(result: AgentResult) -> list[str]:
+    """The text of every model reply of an episode, in order."""
+    return [json.loads(line)["response"]["text"] for line in result.log_lines if '"kind":"model"' in line]
 
 
 if __name__ == "__main__":
