@@ -5,6 +5,9 @@ a test isolates what the model agent records (the real engine runs in tests/test
 from __future__ import annotations
 
 import json
+import random
+import threading
+import time
 from collections import Counter
 from dataclasses import replace
 from typing import Any
@@ -201,3 +204,41 @@ def test_a_bad_agent_task_is_refused_before_any_model_loads(override: str, where
     with pytest.raises(BadInput) as caught:
         prepare(load(["task=invoice_desk", override]))
     assert caught.value.where.startswith(where)
+
+
+def test_parallel_calls_run_at_once_and_are_recorded_alike_whatever_the_thread_timing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The scripted agent reads every invoice in one reply: those calls run on threads at once, each
+    reads the clock and a random draw through its own effects, and each finishes after a random real
+    delay (a test double for a slow tool); the chain must not depend on which finished first."""
+    threads: set[int] = set()
+    get_invoice = InvoiceDesk.handlers
+
+    def slow_handlers(self: InvoiceDesk) -> Any:
+        handlers = dict(get_invoice(self))
+        original = handlers["get_invoice"]
+
+        def slow(**arguments: Any) -> Any:
+            threads.add(threading.get_ident())
+            time.sleep(random.SystemRandom().random() / 50)  # real, unseeded: the order of the reads varies
+            self.effects.clock()
+            self.effects.random("jitter", 8)
+            time.sleep(random.SystemRandom().random() / 50)  # ... and the order the calls finish in
+            return original(**arguments)
+
+        handlers["get_invoice"] = slow
+        return handlers
+
+    monkeypatch.setattr(InvoiceDesk, "handlers", slow_handlers)
+    episodes = plan(suite(seeds=(1000, 1003)))
+    runs = [run_agent_episodes(episodes, ScriptedAgent(), GENERATOR) for _ in range(4)]
+    assert all([r.log_lines for r in run] == [r.log_lines for r in runs[0]] for run in runs)
+    assert len(threads) > 1  # the calls did run on several threads
+    joined = [json.loads(x) for r in runs[0] for x in r.log_lines if '"kind":"join"' in x]
+    assert joined and all(len(j["calls"]) > 1 for j in joined)
+    clocks = [json.loads(x) for x in runs[0][0].log_lines if '"kind":"clock"' in x]
+    assert all("tool" in c for c in clocks)  # every read names the tool call it was made in
+    recorded = {r.episode.episode_id: r.log_lines for r in runs[0]}
+    replayed, divergences = replay_agent_episodes(episodes, recorded, ScriptedAgent(), lambda _: GENERATOR)
+    assert not divergences and [r.head for r in replayed] == [r.head for r in runs[0]]

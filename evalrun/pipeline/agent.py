@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -60,7 +61,17 @@ from evalrun.records.entries import (
 )
 from evalrun.records.formats import Generator
 from evalrun.records.seeds import derive_seed
-from evalrun.worlds import Effects, ToolResult, World, WorldTask, effects_for, make_world, network_guard, world_class
+from evalrun.worlds import (
+    Effects,
+    SeededEffects,
+    ToolResult,
+    World,
+    WorldTask,
+    effects_for,
+    make_world,
+    network_guard,
+    world_class,
+)
 from evalrun.worlds.actions import ParseError, Step, ToolCall, chat_messages, format_calls, parse_reply, system_prompt
 from evalrun.worlds.base import score_final_state
 from evalrun.worlds.scripted import Policy, scripted_policy
@@ -202,29 +213,51 @@ class Recorder:
     def append(self, entry_type: type[Entry], /, **fields: Any) -> None:
         self.chain.append(entry_type, **fields)
 
+    def flush(self, reads: Sequence[Read], tool: int | None) -> None:
+        """Append the effect entries of ``reads`` (one tool call's, in the order it made them)."""
+        extra = {"tool": tool} if tool is not None else {}
+        for read in reads:
+            self.append(read.entry_type, call=self.next_call(read.kind), request=read.request,
+                        response=read.response, **extra)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Read:
+    """One effect read, before it takes its place in the chain."""
+
+    kind: str
+    entry_type: type[Entry]
+    request: Any
+    response: Any
+
 
 class EffectSource(Protocol):
-    """Where an effect's response comes from: the world's live effects, or a recorded schedule."""
+    """Where an effect's response comes from: the world's live effects, or a recorded schedule.
+    ``tool`` and ``index`` say which read it is: the ``index``-th of its kind during tool call
+    ``tool`` (None: outside any tool call)."""
 
-    def serve(self, kind: str, call: int, request: Any, live: Callable[[], Any]) -> Any: ...
+    def serve(self, kind: str, tool: int | None, index: int, request: Any, live: Callable[[], Any]) -> Any: ...
 
 
 class LiveSource:
-    def serve(self, kind: str, call: int, request: Any, live: Callable[[], Any]) -> Any:
+    def serve(self, kind: str, tool: int | None, index: int, request: Any, live: Callable[[], Any]) -> Any:
         return live()
 
 
 class RecordingEffects:
-    """The :class:`~evalrun.worlds.Effects` a world reads through: each read is answered by ``source``
-    (live: the world's seeded effects; replay: the schedule) and appended to the episode's chain."""
+    """The :class:`~evalrun.worlds.Effects` one tool call (or the reset) reads through: each read is
+    answered by ``source`` (live: ``inner``, the call's own seeded effects; replay: the schedule) and
+    kept in ``reads``, which the recorder appends to the chain once the call is done, in call order,
+    so that concurrent calls are recorded alike whatever order their threads ran in."""
 
-    def __init__(self, inner: Effects, recorder: Recorder, source: EffectSource) -> None:
-        self.inner, self.recorder, self.source = inner, recorder, source
+    def __init__(self, inner: Effects, source: EffectSource, tool: int | None) -> None:
+        self.inner, self.source, self.tool = inner, source, tool
+        self.reads: list[Read] = []
 
     def _read(self, kind: str, entry_type: type[Entry], request: Any, live: Callable[[], Any]) -> Any:
-        call = self.recorder.next_call(kind)
-        response = self.source.serve(kind, call, request, live)
-        self.recorder.append(entry_type, call=call, request=request, response=response)
+        index = sum(r.kind == kind for r in self.reads)
+        response = self.source.serve(kind, self.tool, index, request, live)
+        self.reads.append(Read(kind, entry_type, request, response))
         return response
 
     def clock(self) -> float:
@@ -357,7 +390,8 @@ class _Live:
     episode: AgentEpisode
     world: World
     recorder: Recorder
-    effects: RecordingEffects
+    seeded: SeededEffects  # the episode's live effects; each tool call reads through its own fork
+    source: EffectSource
     task_text: str = ""
     steps: list[Step] = field(default_factory=list)
     model_calls: int = 0
@@ -400,8 +434,9 @@ def _start(episode: AgentEpisode, generator: Generator, source: EffectSource) ->
     task = episode.world_task
     world = make_world(task)
     recorder = Recorder(episode.episode_id)
-    effects = RecordingEffects(effects_for(task), recorder, source)
-    state = _Live(episode, world, recorder, effects)
+    seeded = effects_for(task)
+    state = _Live(episode, world, recorder, seeded, source)
+    effects = RecordingEffects(seeded, source, None)
     header: dict[str, Any] = {"generator": generator, "item": task.item_id, "repeat": episode.repeat,
                               "seed": episode.seed, "seeds": EpisodeSeeds(sampling=str(episode.sampling.seed)),
                               "task": episode.task}  # fmt: skip
@@ -420,6 +455,7 @@ def _start(episode: AgentEpisode, generator: Generator, source: EffectSource) ->
         world=versions["world"], world_hash=world.world_hash(), world_seed=task.seed,
     )  # fmt: skip
     recorder.append(HeaderEntry, **header)
+    recorder.flush(effects.reads, None)  # what generating the world read, if anything
     return state
 
 
@@ -460,17 +496,28 @@ def _advance(state: _Live, reply: Reply) -> None:
 
 def _run_calls(state: _Live, calls: list[ToolCall], text: str) -> Step:
     """The calls of one reply: tool entries, then each call's effects and observation in call order
-    (the join order, never the order threads finish), then a join entry for parallel calls."""
-    recorder = state.recorder
+    (the join order, never the order threads finish), then a join entry for parallel calls. Calls
+    of tools the world lists as concurrent run at once, each on its own thread and effects."""
+    recorder, world = state.recorder, state.world
     numbers = []
     for call in calls:
         number = recorder.next_call("tool")
         recorder.append(ToolEntry, call=number, request=ToolRequest(name=call.name, arguments=dict(call.arguments)))
         numbers.append(number)
+
+    def run(i: int) -> tuple[ToolResult, list[Read]]:
+        effects = RecordingEffects(state.seeded.fork(numbers[i]), state.source, numbers[i])
+        with network_guard():  # this thread's world code
+            return world.call(calls[i].name, dict(calls[i].arguments), effects), effects.reads
+
+    if len(calls) > 1 and all(c.name in world.concurrent_tools for c in calls):
+        with ThreadPoolExecutor(max_workers=len(calls), thread_name_prefix="tool") as pool:
+            outcomes = list(pool.map(run, range(len(calls))))
+    else:
+        outcomes = [run(i) for i in range(len(calls))]
     results: list[ToolResult] = []
-    for call, number in zip(calls, numbers, strict=True):
-        with network_guard():
-            result = state.world.call(call.name, dict(call.arguments))
+    for number, (result, reads) in zip(numbers, outcomes, strict=True):
+        recorder.flush(reads, number)
         recorder.append(ObservationEntry, call=number, status=result.status, content=result.content)
         results.append(result)
     if len(calls) > 1:
@@ -503,23 +550,28 @@ def _finish(state: _Live) -> AgentResult:
 
 
 class ScheduleSource:
-    """Effects served from one episode's recorded chain, matched by kind, call number and request
-    hash; a read the record does not have is a divergence, never a live read."""
+    """Effects served from one episode's recorded chain: the ``index``-th read of a kind during tool
+    call ``tool`` is the ``index``-th such entry, checked to have the same request; a read the record
+    does not have is a divergence, never a live read."""
 
     def __init__(self, episode: str, lines: Sequence[str]) -> None:
         self.episode = episode
-        self.recorded: dict[tuple[str, int], Any] = {}
+        self.recorded: dict[tuple[str, int | None, int], Any] = {}
+        counts: dict[tuple[str, int | None], int] = {}
         for line in lines:
             entry = parse_line(line)
             if isinstance(entry, ClockEntry | RandomEntry | UuidEntry | EnvEntry):
-                self.recorded[(entry.kind, entry.call)] = entry
+                key = (entry.kind, entry.tool)
+                self.recorded[(*key, counts.get(key, 0))] = entry
+                counts[key] = counts.get(key, 0) + 1
 
-    def serve(self, kind: str, call: int, request: Any, live: Callable[[], Any]) -> Any:
-        entry = self.recorded.get((kind, call))
+    def serve(self, kind: str, tool: int | None, index: int, request: Any, live: Callable[[], Any]) -> Any:
+        entry = self.recorded.get((kind, tool, index))
+        where = f"{kind} read {index}" + (f" of tool call {tool}" if tool is not None else "")
         if entry is None:
-            raise Divergence(self.episode, None, f"no {kind} read {call} recorded", f"a {kind} read")
+            raise Divergence(self.episode, None, f"no {where} recorded", f"a {kind} read")
         if entry.request_hash != request_hash(request):
-            raise Divergence(self.episode, entry.seq, f"{kind} read {call} of {entry.request.as_record()}",
+            raise Divergence(self.episode, entry.seq, f"{where}: {entry.request.as_record()}",
                              f"{request.as_record()}")  # fmt: skip
         return entry.response
 

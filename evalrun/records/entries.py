@@ -24,9 +24,11 @@ Kinds written today (their names and fields are fixed by the runs already record
 
 Kinds for agent episodes, defined here so that their encoding is fixed before they are written.
 An *effect* is anything from outside the episode that a replay must serve from the record: each
-effect entry has ``call`` (that kind's calls in the episode, numbered from 0; a replay finds
-the recorded effect by episode, kind and call), ``request`` and ``request_hash`` (as for model
-entries: recomputed by verify, matched by replay) and, unless noted, ``response``:
+effect entry has ``call`` (that kind's calls in the episode, numbered from 0), ``tool`` when it
+was read during a tool call (that call's number: a replay serves the k-th read of a kind during
+tool call n from the k-th such entry, so concurrent calls are served alike), ``request`` and
+``request_hash`` (as for model entries: recomputed by verify, matched by replay) and, unless
+noted, ``response``:
 
 * ``tool``: the episode calls a tool (``request``: name and JSON arguments); no response: the
   result comes back as an ``observation`` entry with the same ``call``, possibly after other entries.
@@ -296,33 +298,37 @@ class ObservationEntry(Entry, OptionalFields):
         return self
 
 
-class ClockEntry(Entry):
+class ClockEntry(Entry, OptionalFields):
     kind: Literal["clock"] = "clock"
     call: Count
+    tool: Count | None = None  # read during this tool call (absent: outside any)
     request: ClockRequest
     request_hash: Hex64
     response: ClockReading
 
 
-class RandomEntry(Entry):
+class RandomEntry(Entry, OptionalFields):
     kind: Literal["random"] = "random"
     call: Count
+    tool: Count | None = None
     request: RandomRequest
     request_hash: Hex64
     response: RandomDraw
 
 
-class UuidEntry(Entry):
+class UuidEntry(Entry, OptionalFields):
     kind: Literal["uuid"] = "uuid"
     call: Count
+    tool: Count | None = None
     request: UuidRequest
     request_hash: Hex64
     response: UuidValue
 
 
-class EnvEntry(Entry):
+class EnvEntry(Entry, OptionalFields):
     kind: Literal["env"] = "env"
     call: Count
+    tool: Count | None = None
     request: EnvRequest
     request_hash: Hex64
     response: EnvValue

@@ -19,6 +19,7 @@ observation. An exception out of ``call`` is a bug of the world (or :class:`Netw
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import uuid as uuid_module
 from abc import ABC, abstractmethod
@@ -26,7 +27,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from random import Random
-from typing import Any, ClassVar, Literal, Protocol
+from typing import Any, ClassVar, Literal, Protocol, cast
 
 from evalrun.config.registry import Registry
 from evalrun.errors import BadInput
@@ -207,6 +208,13 @@ class SeededEffects:
     def env(self, name: str) -> str | None:
         return self._env.get(name)
 
+    def fork(self, key: int) -> SeededEffects:
+        """The effects of one tool call (``key``: its number in the episode): streams of its own,
+        derived from this seed and the key, and a clock that starts ``key`` ticks after this one's
+        start, so what a call reads never depends on which calls ran before it or beside it."""
+        seed = derive_seed(self.seed, "effects.call", key) >> (64 - MAX_RANDOM_BITS)
+        return SeededEffects(self.start + key * self.tick, self.tick, seed, self._env)
+
 
 # ----------------------------------------------------------------------------------------------- tasks
 
@@ -275,8 +283,10 @@ class World(ABC):
     tools and a handler per tool, and give their final state. :meth:`call` checks every call
     against the tool's spec before the handler sees it.
 
-    Calls are serialised by a lock, so the harness may run a turn's parallel calls on threads;
-    the order in which they take the lock is the order their effects are read in.
+    A call of a tool that changes the world holds the world's lock; the tools listed in
+    :attr:`concurrent_tools` only read it and run without, so the harness runs a reply's calls of
+    them at once. Each call reads through its own effects (:meth:`SeededEffects.fork`), so what it
+    reads does not depend on the order the calls run in.
     """
 
     name: ClassVar[str]
@@ -285,9 +295,12 @@ class World(ABC):
     verifier_version: ClassVar[str]
     families: ClassVar[tuple[str, ...]]
     verifier: ClassVar[Verifier]  # the module-level verify function, as a staticmethod
+    # Tools that only read the world: a reply's calls of them may run at once (without the lock).
+    concurrent_tools: ClassVar[frozenset[str]] = frozenset()
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
+        self._local = threading.local()  # the effects of the call running on this thread
         self._task: WorldTask | None = None
         self._effects: Effects | None = None
         self._world_hash: str | None = None
@@ -329,25 +342,41 @@ class World(ABC):
             self._world_hash = canonical_hash(self.generated())
         return text
 
-    def call(self, name: str, arguments: Any) -> ToolResult:
-        """Answer one tool call; a bad call is an error result, never an exception."""
-        with self._lock:
-            if self._task is None:
-                raise RuntimeError(f"{self.name}: call before reset")
-            if self._done:
-                return ToolResult.error("the episode is over: the report was submitted")
-            spec = next((s for s in self.tools() if s.name == name), None)
-            if spec is None:
-                return ToolResult.error(f"unknown tool {name!r}; the tools are {[s.name for s in self.tools()]}")
-            if problem := check_arguments(spec, arguments):
-                return ToolResult.error(problem)
+    def call(self, name: str, arguments: Any, effects: Effects | None = None) -> ToolResult:
+        """Answer one tool call; a bad call is an error result, never an exception.
+
+        ``effects``: what this call reads through (the harness gives each call its own); by default
+        the effects given at reset. A tool in :attr:`concurrent_tools` runs without the world's
+        lock, so several of them may run at once; any other tool holds it.
+        """
+        if self._task is None:
+            raise RuntimeError(f"{self.name}: call before reset")
+        with contextlib.nullcontext() if name in self.concurrent_tools else self._lock:
+            self._local.effects = effects
             try:
-                return ToolResult.ok(self.handlers()[name](**arguments))
-            except ToolError as exc:
-                return ToolResult.error(str(exc))
+                return self._answer(name, arguments)
+            finally:
+                self._local.effects = None
+
+    def _answer(self, name: str, arguments: Any) -> ToolResult:
+        if self._done:
+            return ToolResult.error("the episode is over: the report was submitted")
+        spec = next((s for s in self.tools() if s.name == name), None)
+        if spec is None:
+            return ToolResult.error(f"unknown tool {name!r}; the tools are {[s.name for s in self.tools()]}")
+        if problem := check_arguments(spec, arguments):
+            return ToolResult.error(problem)
+        try:
+            return ToolResult.ok(self.handlers()[name](**arguments))
+        except ToolError as exc:
+            return ToolResult.error(str(exc))
 
     @property
     def effects(self) -> Effects:
+        """What the running call reads through: its own effects, else the reset's."""
+        own = getattr(self._local, "effects", None)
+        if own is not None:
+            return cast(Effects, own)
         if self._effects is None:
             raise RuntimeError(f"{self.name}: effects read before reset")
         return self._effects

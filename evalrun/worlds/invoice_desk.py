@@ -344,6 +344,9 @@ class InvoiceDesk(World):
     verifier_version: ClassVar[str] = "1"
     families: ClassVar[tuple[str, ...]] = FAMILIES
     verifier = staticmethod(verify_invoice_desk)
+    concurrent_tools: ClassVar[frozenset[str]] = frozenset(
+        {"list_invoices", "search_invoices", "get_invoice", "get_purchase_order", "ask_vendor", "today"}
+    )  # all but submit_report, which ends the episode
 
     def __init__(self) -> None:
         super().__init__()
