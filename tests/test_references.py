@@ -95,7 +95,7 @@ def test_an_infeasible_stored_solution_fails_the_check(tmp_path: Path) -> None:
 
 def test_bad_input_exits_2(tmp_path: Path) -> None:
     assert main(["references", "check", "--world", "no-such-world"]) == 2
-    assert main(["references", "check", "--world", "invoice-desk"]) == 2  # a world without solver references
+    assert main(["references", "check", "--world", "invoice-desk", "--version", "7"]) == 2  # no such version
     assert main(["references", "check", "--root", str(tmp_path / "missing")]) == 2
 
 
@@ -190,10 +190,61 @@ def test_the_manifest_and_scoring_context_record_the_reference_set() -> None:
     assert ScoringContext.recorded(manifest, None).as_record() == context.as_record()
     assert _scoring_context_of_manifest(manifest) == context.as_record()
     invoice = prepare(load(["task=invoice_desk", "limit=2"])).task
-    assert "references" not in invoice.as_record()
+    assert invoice.as_record()["references"]["name"] == "invoice-desk"  # its frozen ground truths
 
 
 def test_the_references_group_and_its_commands_have_help(capsys: pytest.CaptureFixture[str]) -> None:
     for args in (["references", "--help"], ["references", "build", "--help"], ["references", "check", "--help"]):
         assert main(args) == 0
         assert capsys.readouterr().out.startswith(f"Usage: evalrun {' '.join(args[:-1])}")
+
+
+# --- ground truths the world computes (invoice-desk) ---------------------------------------------
+
+INVOICE_SETS = Path(__file__).resolve().parents[1] / "references" / "invoice-desk"
+
+
+def invoice_tasks(first: int = 1000, stop: int = 1003) -> list[Any]:
+    return world_tasks(suite_from_mapping({
+        "name": "invoice-desk", "version": "1", "family": ["duplicates", "price-differences"],
+        "seeds": {"test": [first, stop]}, "split": "test",
+    }))  # fmt: skip
+
+
+def test_invoice_truths_build_byte_identical_to_the_committed_set(tmp_path: Path) -> None:
+    build_references(invoice_tasks(), root=tmp_path)
+    for item in ("duplicates-1000", "price-differences-1002"):
+        built = (tmp_path / "invoice-desk" / "1" / f"{item}.json").read_bytes()
+        assert built == (INVOICE_SETS / "1" / f"{item}.json").read_bytes()
+    record = json.loads((INVOICE_SETS / "1" / "duplicates-1000.json").read_text())
+    assert record["truth"] and record["world"] == {"name": "invoice-desk", "version": "1"}
+    assert check_reference_set("invoice-desk", "1").problems == ()
+
+
+def test_an_edited_truth_fails_check_and_refuses_the_run_before_any_model_loads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = tmp_path / "refs"
+    shutil.copytree(INVOICE_SETS / "1", root / "invoice-desk" / "1")
+    path = root / "invoice-desk" / "1" / "price-differences-1001.json"
+    record = json.loads(path.read_text())
+    record["truth"] = [*record["truth"], ["I9", 1]]
+    path.write_text(json.dumps(record))
+    report = check_reference_set("invoice-desk", "1", root=root)
+    assert {(p.item, p.field) for p in report.problems} == {("price-differences-1001", "sha256"),
+                                                            ("price-differences-1001", "truth")}  # fmt: skip
+    assert main(["references", "check", "--world", "invoice-desk", "--root", str(root)]) == 1
+    monkeypatch.setattr(references, "REFERENCES_ROOT", root)
+    with pytest.raises(BadInput, match=r"price-differences-1001"):
+        prepare(load(["task=invoice_desk", "limit=4"]))
+
+
+def test_a_changed_rule_without_a_new_version_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The world's code computes another truth than the frozen one: the run stops before any model loads."""
+    from evalrun.worlds import invoice_desk
+
+    computed = invoice_desk.truth_reference
+    monkeypatch.setattr(invoice_desk, "truth_reference", lambda task: {**computed(task), "truth": []})
+    with pytest.raises(BadInput, match=r"truth: frozen .* now computes \[\]"):
+        prepare(load(["task=invoice_desk", "limit=2"]))
+    assert {p.field for p in check_reference_set("invoice-desk", "1").problems} == {"truth"}

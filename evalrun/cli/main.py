@@ -38,13 +38,13 @@ from evalrun.errors import (
     write_failed,
 )
 from evalrun.pipeline import dispatch, runner
+from evalrun.pipeline.agent import planned_world_tasks
 from evalrun.records.canonical import canonical_json
 from evalrun.rundir import layout
 from evalrun.rundir.attest import write_attestation
 from evalrun.rundir.reader import load_record, open_run, read_summary
 from evalrun.worlds.freeze import build_references, check_reference_set, raise_problems
 from evalrun.worlds.solver import SolverSettings
-from evalrun.worlds.suite import suite_from_mapping, world_tasks
 
 PROG = "evalrun"
 DEBUG = "evalrun.debug"  # ctx.meta key: --debug was given
@@ -385,13 +385,13 @@ def nondet(runs: tuple[Path, ...], metric: str | None, as_json: bool) -> None:
 # --- frozen references --------------------------------------------------------------------------------
 
 
-@cli.group(cls=EvalrunGroup, short_help="Build and check frozen solver references.")
+@cli.group(cls=EvalrunGroup, short_help="Build and check frozen references (solver results, ground truths).")
 def references() -> None:
     """Frozen reference solutions under references/<world>/<version>/ (docs/design.md "Frozen references")."""
 
 
 @references.command("build", context_settings={"ignore_unknown_options": True},
-                    short_help="Solve each task instance with CP-SAT and freeze the results.")  # fmt: skip
+                    short_help="Freeze each task's reference: a CP-SAT solution or a ground truth.")  # fmt: skip
 @click.argument("overrides", nargs=-1, type=click.UNPROCESSED)
 @click.option("--allow-feasible", is_flag=True, help="Freeze a FEASIBLE (not proven optimal) reference, saying why.")
 @click.option("--max-deterministic-time", type=click.FloatRange(min=0, min_open=True), default=10.0,
@@ -402,19 +402,17 @@ def references() -> None:
 def references_build(overrides: tuple[str, ...], allow_feasible: bool, max_deterministic_time: float,
                      random_seed: int, root: Path | None, as_json: bool) -> None:  # fmt: skip
     """Build the references of the world tasks Hydra OVERRIDES select (default task=shift_planner, its
-    split): one CP-SAT solve per instance, one worker, fixed seed. Exit 1 if one is not OPTIMAL."""
+    split): for a planning world one CP-SAT solve per instance, one worker, fixed seed (exit 1 if one
+    is not OPTIMAL); for a world whose own code computes the answers (task=invoice_desk), its ground
+    truth as it is now."""
     args = list(overrides)
     if not any(o.startswith("task=") for o in args):
         args.insert(0, "task=shift_planner")
     world = config.load(args).task.world
     if world is None:
         raise BadInput("task", "references are built for agent tasks (task.world)")
-    suite = suite_from_mapping({
-        "name": world.name, "version": world.version, "family": list(world.family),
-        "seeds": {"train": list(world.seeds.train), "test": list(world.seeds.test)}, "split": world.split,
-    }, where="task.world")  # fmt: skip
     settings = SolverSettings(max_deterministic_time=max_deterministic_time, random_seed=random_seed)
-    report = build_references(world_tasks(suite), settings, allow_feasible, root)
+    report = build_references(planned_world_tasks(world), settings, allow_feasible, root)
     if as_json:
         _print_json(report.as_json())
         return

@@ -157,18 +157,24 @@ def agent_decoding(config: EvalConfig) -> EvalConfig:
     return config.with_decoding({"max_tokens": config.task.world.reply_tokens})
 
 
+def planned_world_tasks(world: WorldConfig, limit: int | None = None) -> list[WorldTask]:
+    """The world tasks of ``task.world``'s suite (a BadInput names the field), the first ``limit``."""
+    suite = suite_from_mapping({
+        "name": world.name, "version": world.version, "family": list(world.family),
+        "seeds": {"train": list(world.seeds.train), "test": list(world.seeds.test)}, "split": world.split,
+        "start": world.start, "tick": world.tick,
+    }, where="task.world")  # fmt: skip
+    tasks = world_tasks(suite)
+    return tasks[:limit] if limit is not None else tasks
+
+
 def load_agent_task(task: TaskConfig, limit: int | None, model_path: Path | None) -> AgentTask:
     """The suite of ``task.world`` (a BadInput names the field), its tasks (the first ``limit``), their
     frozen references checked (worlds with references), and for ``agent=model`` the chat template of
     the model at ``model_path``."""
     world = task.world
     assert world is not None
-    suite = suite_from_mapping({
-        "name": world.name, "version": world.version, "family": list(world.family),
-        "seeds": {"train": list(world.seeds.train), "test": list(world.seeds.test)}, "split": world.split,
-        "start": world.start, "tick": world.tick,
-    }, where="task.world")  # fmt: skip
-    tasks = world_tasks(suite)[:limit] if limit is not None else world_tasks(suite)
+    tasks = planned_world_tasks(world, limit)
     cls = world_class(world.name, world.version)
     references = cls.check_references(tasks)  # a missing or mismatched reference: BadInput, before any model loads
     template = chat_template(model_path) if world.agent == "model" and model_path is not None else None

@@ -402,6 +402,13 @@ class World(ABC):
         return self._world_hash
 
     @classmethod
+    def frozen_reference(cls, task: WorldTask) -> dict[str, Any] | None:
+        """The reference record of ``task`` for a world whose answers its own code computes (a
+        ground truth), frozen by ``evalrun references build`` and recomputed by ``check``; None for a
+        world without, or one whose references a solver computes (:mod:`evalrun.worlds.freeze`)."""
+        return None
+
+    @classmethod
     def check_references(cls, tasks: Sequence[WorldTask]) -> dict[str, str] | None:
         """Check that every task's frozen reference is there and matches (BadInput otherwise), before any
         model loads; the reference set's record (name, version, index hash), or None for a world with none."""

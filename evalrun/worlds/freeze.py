@@ -20,7 +20,7 @@ from typing import Any
 from evalrun.errors import BadInput, CheckFailed
 from evalrun.records.canonical import canonical_hash, sha256_hex
 from evalrun.worlds import references
-from evalrun.worlds.base import WorldTask, world_class
+from evalrun.worlds.base import World, WorldTask, world_class
 from evalrun.worlds.shift_planner import (
     NAME,
     Instance,
@@ -52,10 +52,15 @@ class Problem:
         return {"item": self.item, "field": self.field, "message": self.message}
 
 
-def _check_world(name: str, version: str) -> None:
-    world_class(name, version)  # BadInput naming the known worlds
-    if name not in SOLVER_WORLDS:
-        raise BadInput("world", f"{name} has no solver references (worlds with them: {', '.join(SOLVER_WORLDS)})")
+def _check_world(name: str, version: str) -> bool:
+    """True for a world whose references a solver computes, False for one whose own code does
+    (:meth:`World.frozen_reference`); BadInput for an unknown world or one without references."""
+    cls = world_class(name, version)  # BadInput naming the known worlds
+    if name in SOLVER_WORLDS:
+        return True
+    if cls.frozen_reference is World.frozen_reference:
+        raise BadInput("world", f"{name} has no frozen references")
+    return False
 
 
 def reference_record(
@@ -107,7 +112,11 @@ def build_references(
     if not tasks:
         raise BadInput("task.world", "no world tasks to build references for")
     name, version = tasks[0].world, tasks[0].version
-    _check_world(name, version)
+    if not _check_world(name, version):  # a ground truth the world computes: frozen as it is now
+        cls = world_class(name, version)
+        computed = {task.item_id: cls.frozen_reference(task) for task in tasks}
+        index = references.write_set(name, version, computed, root)
+        return BuildReport(index, dict.fromkeys(sorted(computed), "COMPUTED"))
     records: dict[str, Any] = {}
     refused: list[str] = []
     for task in tasks:
@@ -151,11 +160,11 @@ class CheckReport:
 
 def check_reference_set(name: str, version: str, resolve: bool = False, root: Path | None = None) -> CheckReport:
     """Re-validate every reference the index lists; a BadInput for an unknown world or a missing set."""
-    _check_world(name, version)
+    solved = _check_world(name, version)
     index = references.load_index(name, version, root)
     problems: list[Problem] = []
     for item in sorted(index.files):
-        problems += _check_one(index, item, resolve)
+        problems += _check_one(index, item, resolve) if solved else _check_computed(index, item)
     return CheckReport(index, len(index.files), resolve, tuple(problems))
 
 
@@ -207,6 +216,27 @@ def _check_one(index: references.ReferenceIndex, item: str, resolve: bool) -> li
         problems.append(Problem(item, "best_bound", f"{bound!r} is above the objective {objective}"))
     if resolve:
         problems += _resolve(item, record, instance)
+    return problems
+
+
+def _check_computed(index: references.ReferenceIndex, item: str) -> list[Problem]:
+    """A ground-truth reference: its file hash, and every field against what the world's code computes now."""
+    path = index.path(item)
+    try:
+        data, record = references.read_json(path, "reference")
+        task = WorldTask(index.name, index.version, str(record["family"]), int(record["seed"]), item,
+                         str(record["start"]))  # fmt: skip
+    except (BadInput, KeyError, TypeError, ValueError) as exc:
+        return [Problem(item, "file", f"not a reference file: {exc}")]
+    problems = []
+    if sha256_hex(data) != index.files[item]:
+        problems.append(
+            Problem(item, "sha256", f"the file's {sha256_hex(data)} differs from the index's {index.files[item]}")
+        )
+    recomputed = world_class(index.name, index.version).frozen_reference(task) or {}
+    for field in sorted(set(record) | set(recomputed)):
+        if record.get(field) != recomputed.get(field):
+            problems.append(Problem(item, field, f"stored {record.get(field)!r}, recomputed {recomputed.get(field)!r}"))
     return problems
 
 

@@ -24,11 +24,14 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import date, timedelta
+from pathlib import Path
 from random import Random
 from typing import Any, ClassVar
 
 from evalrun.errors import BadInput
+from evalrun.records.canonical import canonical_hash
 from evalrun.records.seeds import derive_rng
+from evalrun.worlds import references
 from evalrun.worlds.base import (
     JSON,
     Handler,
@@ -334,6 +337,22 @@ def verify_invoice_desk(final_state: Mapping[str, Any]) -> dict[str, float]:
     return set_scores(got, truth)
 
 
+def truth_reference(task: WorldTask) -> dict[str, Any]:
+    """The frozen ground truth of ``task``: the lines its family's rule flags in the world its seed
+    and start date generate, with the hash of that world (docs/design.md "Frozen references")."""
+    desk = generate_desk(task.seed, task.family, date.fromisoformat(format_date(task.start_seconds)))
+    return {
+        "format": references.REFERENCE_FORMAT,
+        "world": {"name": NAME, "version": task.version},
+        "family": task.family,
+        "seed": task.seed,
+        "item": task.item_id,
+        "start": task.start,
+        "instance_sha256": canonical_hash(desk.as_json()),
+        "truth": [list(ref) for ref in ground_truth(task.family, desk)],
+    }
+
+
 @register_world
 class InvoiceDesk(World):
     """``invoice-desk`` version 1."""
@@ -347,6 +366,24 @@ class InvoiceDesk(World):
     concurrent_tools: ClassVar[frozenset[str]] = frozenset(
         {"list_invoices", "search_invoices", "get_invoice", "get_purchase_order", "ask_vendor", "today"}
     )  # all but submit_report, which ends the episode
+
+    @classmethod
+    def frozen_reference(cls, task: WorldTask) -> dict[str, Any] | None:
+        return truth_reference(task)
+
+    @classmethod
+    def check_references(cls, tasks: Sequence[WorldTask], root: Path | None = None) -> dict[str, str] | None:
+        """Every task's frozen ground truth is there, untouched, made for the world the task generates,
+        and still what the world's code computes (else the world changed without a new version);
+        BadInput otherwise, before any model loads. The set's record for the manifest."""
+        index = references.load_index(cls.name, cls.version, root)
+        for task in tasks:
+            computed = truth_reference(task)
+            stored = references.load_reference(index, task.item_id, computed["instance_sha256"])
+            if stored.get("truth") != computed["truth"]:
+                raise BadInput(f"{index.path(task.item_id)}: truth", f"frozen {stored.get('truth')}, the world's code "
+                               f"now computes {computed['truth']}: a changed world needs a new version")  # fmt: skip
+        return index.record()
 
     def __init__(self) -> None:
         super().__init__()
