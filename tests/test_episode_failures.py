@@ -162,8 +162,9 @@ def _long_dataset(tmp_path: Path, n: int, long_ids: set[int]) -> Path:
 def _overlong_run(tmp_path: Path, mode: str) -> list[str]:
     dataset = _long_dataset(tmp_path, 6, {1, 4})
     ENGINES.get("refusing").refused_questions = ("1+" * 150 + "1",)  # the engine would refuse the long ones
-    return ["engine.name=refusing", "cluster=inline", f"task.dataset={dataset}", f"task.on_overlong={mode}",
-            "determinism=off", f"run.root={tmp_path / 'runs'}", "run.progress=false"]  # fmt: skip
+    return ["engine.name=refusing", "cluster=inline", f"task.dataset={dataset}", "task.references=null",
+            f"task.on_overlong={mode}", "determinism=off", f"run.root={tmp_path / 'runs'}",
+            "run.progress=false"]  # fmt: skip
 
 
 def test_overlong_prompts_fail_their_episodes_without_an_engine_call(refusing_engine: None, tmp_path: Path) -> None:

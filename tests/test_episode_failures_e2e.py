@@ -26,8 +26,9 @@ def test_too_long_prompts_fail_their_episodes_on_vllm_and_the_run_completes(tmp_
     rows = [{"id": f"q-{i:03d}", "question": ("1+" * 150 + "1") if i in long_items else f"{i}+1", "answer": str(i + 1)}
             for i in range(12)]  # fmt: skip
     dataset.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    prepared = prepare(load([f"task.dataset={dataset}", f"task.template={BUILTIN_TASKS}/addition/template.jinja",
-                             "cluster=inline", "cluster.batch_size=6", f"run.root={tmp_path / 'runs'}",
+    prepared = prepare(load([f"task.dataset={dataset}", "task.references=null",
+                             f"task.template={BUILTIN_TASKS}/addition/template.jinja", "cluster=inline",
+                             "cluster.batch_size=6", f"run.root={tmp_path / 'runs'}",
                              "run.progress=false"]))  # fmt: skip
     assert sum(e.rejection is not None for e in prepared.episodes) == 2  # found before any engine call
     dispatcher = open_for(prepared)

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from evalrun import references
 from evalrun.audit.digest_check import _scoring_context_of_manifest
 from evalrun.cli.main import main
 from evalrun.config import load
@@ -20,7 +21,7 @@ from evalrun.pipeline.agent import ScriptedAgent, run_agent_episodes
 from evalrun.pipeline.manifest import scoring_context
 from evalrun.pipeline.runner import prepare
 from evalrun.scoring.context import ScoringContext
-from evalrun.worlds import freeze, references, solver
+from evalrun.worlds import freeze, solver
 from evalrun.worlds.freeze import build_references, check_reference_set
 from evalrun.worlds.scripted import scripted_policy
 from evalrun.worlds.shift_planner import generate_instance, plan_violations, verify_shift_planner
@@ -248,3 +249,37 @@ def test_a_changed_rule_without_a_new_version_is_refused(monkeypatch: pytest.Mon
     with pytest.raises(BadInput, match=r"truth: frozen .* now computes \[\]"):
         prepare(load(["task=invoice_desk", "limit=2"]))
     assert {p.field for p in check_reference_set("invoice-desk", "1").problems} == {"truth"}
+
+
+# --- a dataset task's frozen answers ---------------------------------------------------------------
+
+
+def test_built_in_tasks_are_scored_against_their_frozen_answer_sets() -> None:
+    prepared = prepare(load(["task=addition", "limit=3"]))
+    expected = {"name": "addition", "version": "1", "index_sha256": references.load_index("addition", "1").sha256}
+    assert prepared.task.references == expected
+    context = scoring_context(prepared.config, prepared.task, prepared.model)
+    assert context.references == expected and context.as_record()["references"] == expected
+    manifest = {"task": {"name": "addition", "choices": {"field": None}, "references": expected}, "model": {}}
+    assert ScoringContext.recorded(manifest, None).as_record() == context.as_record()
+    assert _scoring_context_of_manifest(manifest) == context.as_record()
+    assert main(["references", "check", "--answers", "addition@1"]) == 0
+
+
+def test_a_dataset_answer_that_drifted_from_the_frozen_set_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = tmp_path / "refs"
+    shutil.copytree(references.set_directory("addition", "1"), root / "addition" / "1")
+    monkeypatch.setattr(references, "REFERENCES_ROOT", root)
+    path = root / "addition" / "1" / "answers.json"
+    record = json.loads(path.read_text())
+    record["answers"]["add-001"] = "131"
+    index = references.write_answers("addition", "1", record["answers"], root)  # consistently rehashed
+    with pytest.raises(BadInput, match=r"item 'add-001': the frozen answer is '131', the dataset says '130'"):
+        prepare(load(["task=addition", "limit=3"]))
+    path.write_text(path.read_text().replace('"131"', '"132"'))  # edited behind the index's back
+    assert main(["references", "check", "--answers", "addition@1", "--root", str(root)]) == 1
+    assert index.sha256 != references.load_index("addition", "1", COMMITTED.parents[1]).sha256
+    with pytest.raises(BadInput, match=r"task\.references"):
+        prepare(load(["task=addition", "task.references=addition"]))

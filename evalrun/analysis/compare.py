@@ -31,6 +31,7 @@ CATEGORIES: tuple[tuple[str, str], ...] = (
     ("task.prompt_pack.", "prompt pack"),
     ("task.choices.", "prompt pack"),
     ("task.world.references.", "reference set"),
+    ("task.references.", "reference set"),
     ("task.world.versions.", "world"),
     ("task.world.agent", "agent"),
     ("task.world.chat_template_sha256", "prompt pack"),

@@ -32,6 +32,7 @@ NOT_RECORDED = "not recomputable: no recorded inputs"
 SCORING_FIELDS = frozenset({"scorer", "version", "params", "sources", "python", "context"})
 NO_CONTEXT = {"choice_scoring": "", "rubric": None, "judge_model": None}  # ScoringContext() as a record
 CONTEXT_SOURCES = {"choice_scoring": "task.choices.scoring", "rubric": "task.rubric", "verifier": "task.world.versions",
+                   "references": "task.references",
                    "judge_model": "the judges' model files (judge_model.files, else model.files)"}  # fmt: skip
 
 
@@ -172,11 +173,14 @@ def _scoring_context_of_manifest(manifest: dict[str, Any]) -> dict[str, Any]:
     choices = _dict(task.get("choices"))
     rubric = task.get("rubric")
     judges = _dict(manifest.get("judge_model") or manifest.get("model"))
-    return {
+    context = {
         "choice_scoring": choices.get("scoring", "") if choices.get("field") is not None else "",
         "rubric": _without(rubric, "path") if isinstance(rubric, dict) else None,
         "judge_model": canonical_hash(judges.get("files")) if rubric is not None else None,
     }
+    if "references" in task:
+        context["references"] = task["references"]
+    return context
 
 
 def _check_from_manifest(manifest: dict[str, Any], digest: dict[str, Any]) -> dict[str, str]:

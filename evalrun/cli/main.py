@@ -40,9 +40,11 @@ from evalrun.errors import (
 from evalrun.pipeline import dispatch, runner
 from evalrun.pipeline.agent import planned_world_tasks
 from evalrun.records.canonical import canonical_json
+from evalrun.references import load_answers, load_index, parse_set_name
 from evalrun.rundir import layout
 from evalrun.rundir.attest import write_attestation
 from evalrun.rundir.reader import load_record, open_run, read_summary
+from evalrun.tasks import freeze_answers
 from evalrun.worlds.freeze import build_references, check_reference_set, raise_problems
 from evalrun.worlds.solver import SolverSettings
 
@@ -408,9 +410,15 @@ def references_build(overrides: tuple[str, ...], allow_feasible: bool, max_deter
     args = list(overrides)
     if not any(o.startswith("task=") for o in args):
         args.insert(0, "task=shift_planner")
-    world = config.load(args).task.world
-    if world is None:
-        raise BadInput("task", "references are built for agent tasks (task.world)")
+    loaded = config.load(args)
+    world = loaded.task.world
+    if world is None:  # a dataset task: its answers, as the set task.references names
+        index = freeze_answers(loaded, root)
+        if as_json:
+            _print_json({"references": index.record(), "directory": str(index.directory)})
+        else:
+            click.echo(f"froze the answers of {loaded.task.name} in {index.directory}; index sha256 {index.sha256}")
+        return
     settings = SolverSettings(max_deterministic_time=max_deterministic_time, random_seed=random_seed)
     report = build_references(planned_world_tasks(world), settings, allow_feasible, root)
     if as_json:
@@ -424,12 +432,27 @@ def references_build(overrides: tuple[str, ...], allow_feasible: bool, max_deter
 @references.command("check", short_help="Re-validate stored references without trusting them.")
 @click.option("--world", "world_name", default="shift-planner", show_default=True, help="The world.")
 @click.option("--version", "world_version", default="1", show_default=True, help="The world's version.")
+@click.option("--answers", metavar="NAME@VERSION", help="Check a dataset task's frozen answer set instead.")
 @click.option("--resolve", is_flag=True, help="Also re-solve with the recorded settings; compare status and objective.")
 @click.option("--root", type=RUN_PATH, help="The references directory (default: the repository's references/).")
 @click.option("--json", "as_json", is_flag=True, help=JSON_HELP)
-def references_check(world_name: str, world_version: str, resolve: bool, root: Path | None, as_json: bool) -> None:
+def references_check(world_name: str, world_version: str, answers: str | None, resolve: bool, root: Path | None,
+                     as_json: bool) -> None:  # fmt: skip
     """Check every reference of a set: index hashes, instance and model hashes, feasibility under the
-    world's checker, the objective recomputed. Exit 1 naming the instance and field of each problem."""
+    world's checker, the objective recomputed (a ground truth: every field recomputed). Exit 1 naming
+    the instance and field of each problem. ``--answers``: a dataset task's answer set, its hashes."""
+    if answers is not None:
+        name, version = parse_set_name(answers, "--answers")
+        index = load_index(name, version, root)  # missing: exit 2
+        try:
+            found = load_answers(name, version, root)[1]
+        except BadInput as exc:
+            raise CheckFailed(f"{exc.where}: {exc.message}") from exc
+        if as_json:
+            _print_json({"references": index.record(), "answers": len(found)})
+        else:
+            click.echo(f"answers ok: {len(found)} in {index.directory}; index sha256 {index.sha256}")
+        return
     report = check_reference_set(world_name, world_version, resolve, root)
     if as_json:
         _print_json(report.as_json())

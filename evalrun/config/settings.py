@@ -310,11 +310,14 @@ class TaskConfig(Section):
     # fail_episode (recorded as a failed episode, no engine call) or truncate_left (keep its last tokens).
     on_overlong: str = "fail_episode"
     world: WorldConfig | None = None  # an agent task: episodes in a world instead of dataset items
+    # NAME@VERSION of the frozen answer set under references/ the items are scored against (None: the dataset's)
+    references: str | None = None
 
     def check(self) -> None:
         if self.world is not None:
             self.world.check()
-            given = [k for k in ("dataset", "template", "prompt_pack", "rubric") if getattr(self, k) is not None]
+            given = [k for k in ("dataset", "template", "prompt_pack", "rubric", "references")
+                     if getattr(self, k) is not None]  # fmt: skip
             if given:
                 raise BadInput(f"task.{given[0]}", "an agent task (task.world) has no dataset, template or rubric")
             if self.scorer.name != "verifier":

@@ -85,7 +85,7 @@ def scoring_context(config: EvalConfig, task: Task | AgentTask, model: ResolvedM
     """The judges' model is ``judge_model``, or the run's own model when there is none."""
     if isinstance(task, AgentTask):
         return ScoringContext(verifier=verifier_identity(task.versions, task.references))
-    return ScoringContext.of(config.task.choices, task.rubric, (judge_model or model).files)
+    return ScoringContext.of(config.task.choices, task.rubric, (judge_model or model).files, task.references)
 
 
 def agent_prompt_record(world: dict[str, Any], decoding: dict[str, Any]) -> dict[str, Any]:
@@ -140,7 +140,14 @@ def _task_identity(config: EvalConfig, task: Task | AgentTask) -> dict[str, Any]
         "rubric": task.rubric.as_record() if task.rubric is not None else None,
         "scorer": config.task.scorer.as_record(),
         "on_overlong": config.task.on_overlong,
+        **_references(task),
     }
+
+
+def _references(task: Task) -> dict[str, Any]:
+    """The frozen answer set a dataset task is scored against, when it has one (left out otherwise,
+    so the records of tasks without are as before)."""
+    return {"references": task.references} if task.references is not None else {}
 
 
 def run_identity(config: EvalConfig, task: Task | AgentTask, model: ResolvedModel, digest: Digest, episodes: int,
@@ -174,6 +181,7 @@ def _task_section(config: EvalConfig, task: Task | AgentTask) -> dict[str, Any]:
         "rubric": None if task.rubric is None else {"path": str(task.rubric.path), **task.rubric.as_record()},
         "scorer": config.task.scorer.as_record(),
         "on_overlong": config.task.on_overlong,
+        **_references(task),
     }
 
 

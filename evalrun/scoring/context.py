@@ -20,12 +20,16 @@ class ScoringContext:
     rubric: Rubric | None = None
     judge_model: str | None = None
     verifier: dict[str, Any] | None = None  # agent tasks: the world (name, version), its verifier's version, references
+    references: dict[str, str] | None = None  # a dataset task's frozen answer set (name, version, index hash)
 
     @classmethod
-    def of(cls, choices: ChoicesConfig, rubric: Rubric | None, model_files: dict[str, str]) -> ScoringContext:
-        """The context of a task's choices settings, its loaded rubric and the judges' pinned model files."""
+    def of(cls, choices: ChoicesConfig, rubric: Rubric | None, model_files: dict[str, str],
+           references: dict[str, str] | None = None) -> ScoringContext:  # fmt: skip
+        """The context of a task's choices settings, its loaded rubric, the judges' pinned model files
+        and the frozen answer set it is scored against."""
         choice = choices.scoring if choices.field is not None else ""
-        return cls(choice, rubric, canonical_hash(model_files) if rubric is not None else None)
+        judges = canonical_hash(model_files) if rubric is not None else None
+        return cls(choice, rubric, judges, references=references)
 
     @classmethod
     def recorded(cls, manifest: dict[str, Any], rubric: Rubric | None) -> ScoringContext:
@@ -35,10 +39,11 @@ class ScoringContext:
             return cls(verifier=verifier_identity(world.get("versions") or {}, world.get("references")))
         choices = manifest.get("task", {}).get("choices") or {"field": None, "scoring": ""}
         choice = choices["scoring"] if choices["field"] is not None else ""
+        answers = manifest.get("task", {}).get("references")
         if rubric is None:
-            return cls(choice)
+            return cls(choice, references=answers)
         judges = manifest.get("judge_model") or manifest["model"]  # the run's model when no judge model
-        return cls(choice, rubric, canonical_hash(judges["files"]))
+        return cls(choice, rubric, canonical_hash(judges["files"]), references=answers)
 
     def as_record(self) -> dict[str, Any]:
         record: dict[str, Any] = {
@@ -48,6 +53,8 @@ class ScoringContext:
         }
         if self.verifier is not None:  # left out otherwise: records made before agent tasks stay as they were
             record["verifier"] = self.verifier
+        if self.references is not None:  # likewise for tasks without a frozen answer set
+            record["references"] = self.references
         return record
 
 

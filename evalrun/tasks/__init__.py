@@ -17,6 +17,7 @@ from typing import Any
 
 from jinja2.exceptions import UndefinedError
 
+from evalrun import references
 from evalrun.config import ChoicesConfig, EvalConfig
 from evalrun.config.jsonl import objects
 from evalrun.errors import BadInput
@@ -43,6 +44,7 @@ class Task:
     dataset_sha256: str
     choices: ChoicesConfig
     rubric: Rubric | None = None
+    references: dict[str, str] | None = None  # the frozen answer set scored against: name, version, index hash
 
     @property
     def multiple_choice(self) -> bool:
@@ -62,6 +64,9 @@ def load_task(config: EvalConfig) -> Task:
     for _where, record in objects(config.dataset_path):
         options = tuple(record[choices_field]) if choices_field is not None else ()
         items.append(Item(str(record[spec.id_field]), record, str(record[spec.target_field]), options))
+    answers = None
+    if spec.references is not None:
+        answers, items = frozen_answers(spec.references, items)
     if config.limit is not None:
         items = items[: config.limit]
     pack = load_pack(config.prompt_path) if spec.prompt_pack is not None else template_pack(config.prompt_path)
@@ -73,7 +78,25 @@ def load_task(config: EvalConfig) -> Task:
         dataset_sha256=file_sha256(config.dataset_path),
         choices=spec.choices,
         rubric=load_rubric(config.rubric_path) if config.rubric_path is not None else None,
+        references=answers,
     )
+
+
+def frozen_answers(name_version: str, items: list[Item]) -> tuple[dict[str, str], list[Item]]:
+    """The items with their answers from the frozen set ``NAME@VERSION`` (docs/design.md "Frozen
+    references"), and the set's record. Every item must have one, equal to the dataset's own answer:
+    a dataset whose answers drifted from the frozen set is refused (BadInput naming the item)."""
+    name, version = references.parse_set_name(name_version, "task.references")
+    index, answers = references.load_answers(name, version)
+    where = str(index.path(references.ANSWERS))
+    for item in items:
+        if item.id not in answers:
+            raise BadInput(where, f"no frozen answer for item {item.id!r} (another dataset than the set's? "
+                                  "task.references=null scores against the dataset's own answers)")  # fmt: skip
+        if answers[item.id] != item.target:
+            raise BadInput(where, f"item {item.id!r}: the frozen answer is {answers[item.id]!r}, the dataset says "
+                                  f"{item.target!r}: a changed answer needs a new reference version")  # fmt: skip
+    return index.record(), items
 
 
 def render_prompt(pack: PromptPack, item_id: str, variables: Mapping[str, Any]) -> str:
@@ -86,3 +109,14 @@ def render_prompt(pack: PromptPack, item_id: str, variables: Mapping[str, Any]) 
 
 def prompt_variables(item: Item, examples: list[Mapping[str, Any]], shown: tuple[str, ...]) -> dict[str, Any]:
     return {**item.fields, "examples": examples, "choices": list(shown), "letters": list(LETTERS[: len(shown)])}
+
+
+def freeze_answers(config: EvalConfig, root: Path | None = None) -> references.ReferenceIndex:
+    """Freeze the dataset task's answers (its ``target_field``, by item id) as the set its
+    ``task.references`` names: ``evalrun references build task=NAME`` for a dataset task."""
+    spec = config.task
+    if spec.references is None:
+        raise BadInput("task.references", "name the set to freeze the answers as: task.references=NAME@VERSION")
+    name, version = references.parse_set_name(spec.references, "task.references")
+    answers = {str(r[spec.id_field]): str(r[spec.target_field]) for _where, r in objects(config.dataset_path)}
+    return references.write_answers(name, version, answers, root)

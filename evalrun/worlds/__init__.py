@@ -6,7 +6,6 @@
 - :mod:`evalrun.worlds.suite`: families, seed ranges and held-out split from config, as tasks;
 - :mod:`evalrun.worlds.invoice_desk`: the ``invoice-desk`` world, versions 1 and 2;
 - :mod:`evalrun.worlds.shift_planner`: the ``shift-planner`` world, scored against frozen references;
-- :mod:`evalrun.worlds.references`: frozen reference sets on disk (read and hash-checked, never solved);
 - :mod:`evalrun.worlds.solver`: the CP-SAT model of a shift-planner instance (imports ortools lazily);
 - :mod:`evalrun.worlds.freeze`: ``evalrun references build`` and ``check``;
 - :mod:`evalrun.worlds.scripted`: the scripted reference agent and a driver;

@@ -1,7 +1,8 @@
-"""Frozen reference sets on disk: ``references/<world>/<version>/`` (docs/design.md "Frozen references").
+"""Frozen reference sets on disk: ``references/<name>/<version>/`` (docs/design.md "Frozen references").
 
 A set is one canonical-JSON file per instance, ``<item>.json`` (the world task's item id, e.g.
-``cost-1000``), and ``index.json``, which lists every file with its sha256. The index's own sha256
+``cost-1000``; a dataset task's answer set is the one file ``answers.json``, item id -> answer),
+and ``index.json``, which lists every file with its sha256. The index's own sha256
 names the set in a run's manifest. This module only reads, checks hashes and writes bytes; it never
 solves anything (the solver lives in :mod:`evalrun.worlds.solver`, the build and the full check in
 :mod:`evalrun.worlds.freeze`), so evaluation reads references without ever importing a solver.
@@ -18,7 +19,7 @@ from typing import Any
 from evalrun.errors import BadInput
 from evalrun.records.canonical import canonical_json, sha256_hex
 
-REFERENCES_ROOT = Path(__file__).resolve().parents[2] / "references"  # the repository's references/
+REFERENCES_ROOT = Path(__file__).resolve().parents[1] / "references"  # the repository's references/
 INDEX = "index.json"
 INDEX_FORMAT = "evalrun-reference-index/1"
 REFERENCE_FORMAT = "evalrun-reference/1"
@@ -91,9 +92,8 @@ def load_index(name: str, version: str, root: Path | None = None) -> ReferenceIn
     return ReferenceIndex(name, version, directory, sha256_hex(data), files)
 
 
-def load_reference(index: ReferenceIndex, item: str, instance_sha256: str) -> dict[str, Any]:
-    """The frozen reference of ``item``, checked against the index (file hash) and against the
-    instance the world generated (``instance_sha256``); BadInput for a missing or mismatched one."""
+def load_item(index: ReferenceIndex, item: str) -> Any:
+    """The frozen file of ``item``, checked against the index; BadInput for a missing or changed one."""
     if item not in index.files:
         raise BadInput(
             str(index.directory / INDEX), f"no reference for {item}: build it with `evalrun references build`"
@@ -102,6 +102,14 @@ def load_reference(index: ReferenceIndex, item: str, instance_sha256: str) -> di
     data, record = read_json(path, f"reference of {item}")
     if sha256_hex(data) != index.files[item]:
         raise BadInput(str(path), f"sha256 {sha256_hex(data)} differs from the index's {index.files[item]}")
+    return record
+
+
+def load_reference(index: ReferenceIndex, item: str, instance_sha256: str) -> dict[str, Any]:
+    """The frozen reference of ``item``, checked against the index (file hash) and against the
+    instance the world generated (``instance_sha256``); BadInput for a missing or mismatched one."""
+    record = load_item(index, item)
+    path = index.path(item)
     if not isinstance(record, dict) or record.get("instance_sha256") != instance_sha256:
         got = record.get("instance_sha256") if isinstance(record, dict) else None
         raise BadInput(
@@ -124,3 +132,43 @@ def write_set(name: str, version: str, records: Mapping[str, Any], root: Path | 
         files[item] = sha256_hex(data)
     (directory / INDEX).write_bytes(encode(index_record(name, version, files)))
     return load_index(name, version, root)
+
+
+# --- a dataset task's answers ------------------------------------------------------------------
+
+ANSWERS = "answers"  # the one item of an answer set: answers.json
+ANSWERS_FORMAT = "evalrun-answers/1"
+
+
+def parse_set_name(text: str, where: str) -> tuple[str, str]:
+    """``NAME@VERSION`` (``task.references``) as (name, version); BadInput naming ``where`` otherwise."""
+    name, at, version = text.partition("@")
+    if not (name and at and version) or "/" in text:
+        raise BadInput(where, f"expected NAME@VERSION of a reference set under references/, got {text!r}")
+    return name, version
+
+
+def answers_record(name: str, version: str, answers: Mapping[str, str]) -> dict[str, Any]:
+    return {
+        "format": ANSWERS_FORMAT,
+        "set": {"name": name, "version": version},
+        "answers": dict(sorted(answers.items())),
+    }
+
+
+def write_answers(name: str, version: str, answers: Mapping[str, str], root: Path | None = None) -> ReferenceIndex:
+    """Freeze a dataset task's answers (item id -> answer) as the set ``name@version``."""
+    return write_set(name, version, {ANSWERS: answers_record(name, version, answers)}, root)
+
+
+def load_answers(name: str, version: str, root: Path | None = None) -> tuple[ReferenceIndex, dict[str, str]]:
+    """The frozen answers of the set ``name@version``, hash-checked; BadInput naming the file otherwise."""
+    index = load_index(name, version, root)
+    record = load_item(index, ANSWERS)
+    try:
+        if record["format"] != ANSWERS_FORMAT:
+            raise ValueError(f"format {record['format']!r}, expected {ANSWERS_FORMAT!r}")
+        answers = {str(k): str(v) for k, v in record["answers"].items()}
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise BadInput(str(index.path(ANSWERS)), f"not an answer set: {exc}") from None
+    return index, answers
