@@ -395,6 +395,12 @@ class World(ABC):
         """Called by the submit tool's handler: the episode ends."""
         self._done = True
 
+    def state_identity(self) -> dict[str, Any]:
+        """What every final state starts with: which world and version made it, for which task, and
+        the generated world's hash (so a verifier is found, and a state matched to its world)."""
+        return {"world": {"name": self.name, "version": self.version}, "task": self.task.as_json(),
+                "world_hash": self.world_hash(), "done": self.done}  # fmt: skip
+
     def world_hash(self) -> str:
         """Canonical hash of the generated world, taken right after reset."""
         if self._world_hash is None:

@@ -420,13 +420,10 @@ class InvoiceDesk(World):
 
     def final_state(self) -> dict[str, Any]:
         return {
-            "world": {"name": self.name, "version": self.version},
-            "task": self.task.as_json(),
-            "world_hash": self.world_hash(),
+            **self.state_identity(),
             "truth": [list(ref) for ref in self._truth],
             "submitted": None if self._submitted is None else [list(ref) for ref in self._submitted],
             "report_id": self._report_id,
-            "done": self.done,
         }
 
     @property

@@ -392,13 +392,10 @@ class ShiftPlanner(World):
 
     def final_state(self) -> dict[str, Any]:
         return {
-            "world": {"name": self.name, "version": self.version},
-            "task": self.task.as_json(),
-            "world_hash": self.world_hash(),
+            **self.state_identity(),
             "instance": self.instance.as_json(),
             "reference": self._reference,
             "submitted": None if self._submitted is None else [list(pair) for pair in self._submitted],
-            "done": self.done,
         }
 
     @property
