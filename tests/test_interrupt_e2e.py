@@ -24,9 +24,14 @@ def test_ctrl_c_exits_130_names_the_resume_command_and_leaves_no_ray_process(tmp
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "RAY_TMPDIR": str(ray_base)}
     command = [sys.executable, "-m", "evalrun.cli", "run", f"run.dir={run}", "seeds.repeats=20",
                "cluster.batch_size=32", "run.progress=false"]  # fmt: skip
-    # start_new_session: a child of a non-interactive shell would otherwise inherit SIGINT ignored
-    driver = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                              start_new_session=True)  # fmt: skip
+    # The driver inherits SIGINT ignored, as a background job of a non-interactive shell does (and as
+    # this process may, after an earlier test): `evalrun` must still turn Ctrl-C into exit 130.
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        driver = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                                  start_new_session=True)  # fmt: skip
+    finally:
+        signal.signal(signal.SIGINT, previous)
     try:
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline and len(list((run / "outputs").glob("part-*.parquet"))) < 2:

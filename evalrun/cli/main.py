@@ -10,6 +10,7 @@ run directory (with -m, the last lines are the run directories, one per job, in 
 from __future__ import annotations
 
 import re
+import signal
 import sys
 import traceback
 from pathlib import Path
@@ -476,6 +477,10 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_BAD_INPUT
     if args[0] == "help":  # `evalrun help [COMMAND]`
         args = [*args[1:], "--help"]
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        # Ignored SIGINT is inherited (a background job of a shell, a parent that ignores it): then
+        # Ctrl-C or `kill -INT` would do nothing and a run could not be interrupted and resumed.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         result = cli.main(args, prog_name=PROG, standalone_mode=False)
     except click.UsageError as exc:
