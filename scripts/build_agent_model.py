@@ -47,15 +47,15 @@ from tokenizers.models import BPE
 from tokenizers.trainers import BpeTrainer
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
+from evalrun.config import load
 from evalrun.config.model import hash_model_dir, write_pins
+from evalrun.pipeline.agent import planned_world_tasks
 from evalrun.worlds import effects_for, make_world
 from evalrun.worlds.actions import chat_messages
+from evalrun.worlds.base import WorldTask
 from evalrun.worlds.scripted import run_scripted
-from evalrun.worlds.suite import WorldSuite, suite_from_mapping, world_tasks
 
 REPO = Path(__file__).resolve().parents[1]
-SUITE_FILE = REPO / "conf" / "task" / "invoice_desk.yaml"  # its ``world`` section
-AGENT_SETTINGS = ("agent", "reply_tokens", "max_steps", "max_tokens")  # of the task, not of the world suite
 BOS, PAD, END = "<s>", "<pad>", "<|end|>"
 ROLES = ("system", "user", "assistant", "tool")
 ROLE_TOKENS = {role: f"<|{role}|>" for role in ROLES}
@@ -82,17 +82,19 @@ PIN_HEADER = {
 IGNORE = -100
 
 
-def load_suite(split: str) -> WorldSuite:
-    world = yaml.safe_load(SUITE_FILE.read_text(encoding="utf-8"))["world"]
-    data = {k: v for k, v in world.items() if k not in AGENT_SETTINGS}
-    return suite_from_mapping({**data, "split": split}, where=f"{SUITE_FILE}: world")
+def split_tasks(split: str) -> list[WorldTask]:
+    """The world tasks of ``task=invoice_desk``'s split, as a run plans them (the one config loader)."""
+    world = load(["task=invoice_desk", f"task.world.split={split}"]).task.world
+    assert world is not None
+    return planned_world_tasks(world)
 
 
-def scripted_episodes(suite: WorldSuite) -> list[list[dict[str, str]]]:
-    """Every scripted episode of the suite's split as chat messages, up to and including the last reply."""
+def scripted_episodes(tasks: list[WorldTask]) -> list[list[dict[str, str]]]:
+    """Every scripted episode of ``tasks`` as chat messages, up to and including the last reply."""
     episodes = []
+    families = list(dict.fromkeys(t.family for t in tasks))
     # family by family, seeds ascending: the order the shipped model was trained in
-    for task in sorted(world_tasks(suite), key=lambda t: (suite.families.index(t.family), t.seed)):
+    for task in sorted(tasks, key=lambda t: (families.index(t.family), t.seed)):
         world = make_world(task)
         transcript = run_scripted(world, task, effects_for(task))
         if transcript.scores["pass"] != 1.0:
@@ -184,7 +186,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
 
     started = time.perf_counter()
-    episodes = scripted_episodes(load_suite("train"))
+    episodes = scripted_episodes(split_tasks("train"))
     texts = [message["content"] for messages in episodes for message in messages]
     tokenizer = build_tokenizer(texts, args.vocab)
     check_template(tokenizer, episodes[0])

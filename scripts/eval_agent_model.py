@@ -21,16 +21,14 @@ from collections import Counter
 from pathlib import Path
 
 import torch
-import yaml
 from transformers import AutoTokenizer, LlamaForCausalLM
 
+from evalrun.config import load
+from evalrun.pipeline.agent import planned_world_tasks
 from evalrun.worlds import WorldTask, effects_for, make_world, network_guard
 from evalrun.worlds.actions import ParseError, Step, chat_messages, parse_reply
-from evalrun.worlds.suite import suite_from_mapping, world_tasks
 
 REPO = Path(__file__).resolve().parents[1]
-SUITE_FILE = REPO / "conf" / "task" / "invoice_desk.yaml"  # its ``world`` section
-AGENT_SETTINGS = ("agent", "reply_tokens", "max_steps", "max_tokens")
 
 
 def run_episode(
@@ -87,11 +85,11 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     model = LlamaForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
-    world = yaml.safe_load(SUITE_FILE.read_text(encoding="utf-8"))["world"]
-    data = {k: v for k, v in world.items() if k not in AGENT_SETTINGS}
-    suite = suite_from_mapping({**data, "split": args.split}, where=f"{SUITE_FILE}: world")
-    first = suite.seeds[args.split].start
-    tasks = [task for task in world_tasks(suite) if task.seed < first + args.seeds]
+    world = load(["task=invoice_desk", f"task.world.split={args.split}"]).task.world
+    assert world is not None
+    planned = planned_world_tasks(world)
+    first = min(task.seed for task in planned)
+    tasks = [task for task in planned if task.seed < first + args.seeds]
 
     started = time.perf_counter()
     totals: dict[str, Counter[str]] = {}

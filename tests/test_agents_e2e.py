@@ -58,7 +58,12 @@ def test_same_heads_on_two_workers_and_any_batch_size(agent_run: Path, two_worke
     assert load_record(open_run(other)).merkle_root == load_record(open_run(agent_run)).merkle_root
     heads = {r["episode_id"]: r["head"] for r in pq.read_table(other / "outputs").to_pylist()}
     assert heads == {r["episode_id"]: r["head"] for r in pq.read_table(agent_run / "outputs").to_pylist()}
-    assert len({r["batch_size"] for r in pq.read_table(other / "outputs").to_pylist()}) >= 1
+    rows = pq.read_table(other / "outputs").to_pylist()
+    assert (
+        max(r["batch_size"] for r in rows)
+        <= 3
+        < max(r["batch_size"] for r in pq.read_table(agent_run / "outputs").to_pylist())
+    )
 
 
 def test_a_forged_final_state_fails_verify(agent_run: Path, tmp_path: Path) -> None:

@@ -9,11 +9,11 @@ import threading
 from typing import Any
 
 import pytest
-import yaml
 from omegaconf import OmegaConf
 
-from evalrun.config import CONF_DIR
+from evalrun.config import load
 from evalrun.errors import BadInput
+from evalrun.pipeline.agent import planned_world_tasks
 from evalrun.records.canonical import canonical_hash, canonical_json
 from evalrun.worlds import (
     WORLDS,
@@ -475,10 +475,10 @@ def test_suite_gives_deterministic_tasks() -> None:
 
 
 def test_the_shipped_task_config_declares_a_suite() -> None:
-    world = yaml.safe_load((CONF_DIR / "task" / "invoice_desk.yaml").read_text())["world"]
-    agent_settings = ("agent", "reply_tokens", "max_steps", "max_tokens")
-    suite = suite_from_mapping({k: v for k, v in world.items() if k not in agent_settings})
-    assert suite.split == "test" and len(world_tasks(suite)) == 200
+    test = planned_world_tasks(load(["task=invoice_desk"]).task.world)
+    train = planned_world_tasks(load(["task=invoice_desk", "task.world.split=train"]).task.world)
+    assert len(test) == 200 and {t.split for t in test} == {"test"} and len(train) == 2000
+    assert not {t.seed for t in test} & {t.seed for t in train}
 
 
 @pytest.mark.parametrize(

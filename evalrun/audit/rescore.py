@@ -24,7 +24,6 @@ from evalrun.rundir import layout, writer
 from evalrun.rundir.reader import open_run, read_config, read_manifest, read_outputs
 from evalrun.scoring import (
     ScoringContext,
-    failed_episodes,
     make_scorer,
     score_columns,
     score_outputs,
@@ -156,7 +155,7 @@ def rescore_run(path: Path, overrides: list[str]) -> RescoreReport:
     out_dir = run.path / layout.RESCORE / scoring_hash(spec, context)[:16]
     out_dir.mkdir(parents=True, exist_ok=True)
     writer.write_atomic(out_dir / layout.SCORES, new_bytes)
-    writer.write_json(out_dir / layout.SUMMARY, summarize(new, failed=failed_episodes(outputs)))
+    writer.write_json(out_dir / layout.SUMMARY, summarize(new))
     writer.write_json(out_dir / layout.RESCORER, {**spec.as_record(), "context": context.as_record()})
     diffs = _diffs(old, new)
     report = RescoreReport(new.num_rows, scorer_changed, False, False, diffs, out_dir)

@@ -263,9 +263,6 @@ class WorldSplitsConfig(Section):
     test: tuple[int, ...] = (1000, 1100)
 
 
-AGENT_KINDS = ("model", "scripted")
-
-
 @dataclass(frozen=True)
 class WorldConfig(Section):
     """An agent task: episodes in a seeded offline world (evalrun/worlds), one per family and world

@@ -164,8 +164,8 @@ class HFEngine:
     def generate(self, requests: list[GenerationRequest]) -> list[Completion]:
         """Completions in request order; :class:`RequestRejected` when a prompt is empty or does not fit
         the context, before anything runs (the harness splits the batch to find which)."""
-        for prompt in requests:
-            check_fits(len(self.tokenizer(prompt.prompt)["input_ids"]), self.context)
+        for ids in self.tokenizer([r.prompt for r in requests])["input_ids"] if requests else []:
+            check_fits(len(ids), self.context)  # one tokenizer call for the batch
         completions: list[Completion] = []
         for start in range(0, len(requests), self.batch_size):
             completions.extend(self._generate_batch(requests[start : start + self.batch_size]))

@@ -77,8 +77,6 @@ from evalrun.worlds.base import score_final_state
 from evalrun.worlds.scripted import Policy, scripted_policy
 from evalrun.worlds.suite import suite_from_mapping, world_tasks
 
-AGENTS = ("model", "scripted")
-
 
 @dataclass(frozen=True)
 class AgentBudget:

@@ -38,7 +38,7 @@ from evalrun.records.formats import EpisodeCounts, Record, seal_of
 from evalrun.records.merkle import merkle_root
 from evalrun.rundir import layout, reader, writer
 from evalrun.rundir.attest import attest_finished_run
-from evalrun.scoring import NORMALIZERS, SCORERS, failed_episodes, make_scorer, score_columns, score_outputs
+from evalrun.scoring import NORMALIZERS, SCORERS, make_scorer, score_columns, score_outputs
 from evalrun.stats.summary import summarize
 from evalrun.tasks import Task, load_task
 
@@ -258,7 +258,7 @@ def _complete(run: layout.RunDir, prepared: Prepared, dispatcher: Dispatcher, pa
     scores = score_outputs(outputs, spec, context)
     files = {name: file_sha256(run.path / name) for name in (layout.CONFIG, layout.MANIFEST)}
     files[layout.SCORES] = writer.write_atomic(run.scores, writer.table_bytes(scores))
-    files[layout.SUMMARY] = writer.write_json(run.summary, summarize(scores, failed=failed_episodes(outputs)))
+    files[layout.SUMMARY] = writer.write_json(run.summary, summarize(scores))  # failed episodes: see `error`
     files.update(parts.file_hashes)
     failpoints.hit("before-record")
 

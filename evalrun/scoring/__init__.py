@@ -22,7 +22,6 @@ from evalrun.scoring.digest import scoring_hash, scoring_record
 from evalrun.scoring.registry import NORMALIZERS, SCORERS, Score, Scorer, normalizer, scorer
 from evalrun.scoring.table import (
     SCORES_SCHEMA,
-    failed_episodes,
     make_scorer,
     score_columns,
     score_outputs,
@@ -38,7 +37,6 @@ __all__ = [
     "Score",
     "Scorer",
     "ScoringContext",
-    "failed_episodes",
     "make_scorer",
     "normalizer",
     "score_columns",

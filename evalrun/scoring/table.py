@@ -22,14 +22,6 @@ def score_columns(spec: ScorerConfig) -> list[str]:
     return columns if "finish_reason" in columns else [*columns, "finish_reason"]
 
 
-def failed_episodes(outputs: pa.Table) -> frozenset[str]:
-    """The episodes whose output rows say they failed (docs/design.md "Failed episodes")."""
-    columns = outputs.select(["episode_id", "finish_reason"]).to_pydict()
-    return frozenset(
-        e for e, r in zip(columns["episode_id"], columns["finish_reason"], strict=True) if r == FAILED_FINISH_REASON
-    )
-
-
 def make_scorer(spec: ScorerConfig, context: ScoringContext | None = None) -> RowScorer:
     """The scorer of ``spec``: output row -> scores. A BadInput names the setting it cannot use
     (an unknown scorer or normaliser, a regex that does not compile)."""

@@ -20,7 +20,6 @@ from __future__ import annotations
 from evalrun.worlds.base import (
     WORLDS,
     Effects,
-    Observation,
     SeededEffects,
     ToolError,
     ToolResult,
@@ -45,7 +44,6 @@ __all__ = [
     "WORLDS",
     "Effects",
     "NetworkUsed",
-    "Observation",
     "SeededEffects",
     "ToolError",
     "ToolResult",

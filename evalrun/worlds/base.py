@@ -68,6 +68,9 @@ def object_schema(properties: Mapping[str, Mapping[str, Any]], required: Sequenc
     return {"type": "object", "properties": dict(properties), "required": list(required)}
 
 
+TODAY = ToolSpec("today", "Today's date.", object_schema({}))
+"""A tool every world offers, answered by :meth:`World.today`; it reads the world's clock."""
+
 _TYPES: dict[str, Callable[[Any], bool]] = {
     "string": lambda v: isinstance(v, str),
     "integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
@@ -125,9 +128,6 @@ class ToolResult:
     @classmethod
     def error(cls, message: str) -> ToolResult:
         return cls("error", message)
-
-
-Observation = ToolResult  # the agent observes a tool's result; one name for both
 
 
 class ToolError(Exception):
@@ -394,6 +394,10 @@ class World(ABC):
     def finish(self) -> None:
         """Called by the submit tool's handler: the episode ends."""
         self._done = True
+
+    def today(self) -> JSON:
+        """The ``today`` tool every world offers (:data:`TODAY`): the date of the world's clock."""
+        return {"date": format_date(self.effects.clock())}
 
     def state_identity(self) -> dict[str, Any]:
         """What every final state starts with: which world and version made it, for which task, and

@@ -34,6 +34,7 @@ from evalrun.records.canonical import canonical_hash
 from evalrun.records.seeds import derive_rng
 from evalrun.worlds.base import (
     JSON,
+    TODAY,
     Handler,
     ToolError,
     ToolSpec,
@@ -307,7 +308,7 @@ TOOLS = (
         "Ask a vendor's contact person a question (mention invoice ids or skus).",
         object_schema({"vendor": _string("vendor name"), "question": _string("your question")}, ["vendor", "question"]),
     ),
-    ToolSpec("today", "Today's date.", object_schema({})),
+    TODAY,
     ToolSpec(
         "submit_report",
         "Submit the flagged invoice lines; ends the episode.",
@@ -488,9 +489,6 @@ class InvoiceDesk(World):
             "from": f"{found.contact} ({found.name})",
             "reply": f"{greeting} {body}{CLOSINGS[(draw >> 2) % len(CLOSINGS)]}",
         }
-
-    def today(self) -> JSON:
-        return {"date": format_date(self.effects.clock())}
 
     def submit_report(self, lines: list[dict[str, Any]]) -> JSON:
         refs = sorted({(str(ref["invoice_id"]).upper(), ref["line_no"]) for ref in lines})

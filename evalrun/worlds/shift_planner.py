@@ -35,12 +35,12 @@ from evalrun.records.canonical import canonical_hash
 from evalrun.records.seeds import derive_rng
 from evalrun.worlds.base import (
     JSON,
+    TODAY,
     Handler,
     ToolError,
     ToolSpec,
     World,
     WorldTask,
-    format_date,
     object_schema,
     register_world,
 )
@@ -305,7 +305,7 @@ TOOLS = (
         "list_shifts", "All shifts: id, day, slot (early/late), hours, skill needed, workers needed.", object_schema({})
     ),
     ToolSpec("get_rules", "The rules a plan must follow and how its cost is counted.", object_schema({})),
-    ToolSpec("today", "Today's date.", object_schema({})),
+    TODAY,
     ToolSpec(
         "submit_plan",
         "Submit the plan: one entry per worker on a shift; ends the episode.",
@@ -414,9 +414,6 @@ class ShiftPlanner(World):
 
     def get_rules(self) -> JSON:
         return rules_json(self.instance.rest_rule)
-
-    def today(self) -> JSON:
-        return {"date": format_date(self.effects.clock())}
 
     def submit_plan(self, assignments: list[dict[str, Any]]) -> JSON:
         if not assignments:
