@@ -389,6 +389,9 @@ class RunConfig(Section):
     root: str = "runs"
     dir: str | None = None  # an exact run directory, instead of a new one under root
     progress: bool = True
+    # A worker whose provenance differs from the first's (docs/design.md "Worker provenance"): stop
+    # the run (fail) or record it and go on (warn); null: fail under determinism.enabled, else warn.
+    on_drift: Literal["fail", "warn"] | None = None
 
 
 @dataclass(frozen=True)

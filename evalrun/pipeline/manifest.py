@@ -22,6 +22,7 @@ from evalrun.pipeline.environment import (
     library_versions,
     python_version,
 )
+from evalrun.pipeline.provenance import drift_among, worker_record
 from evalrun.records.canonical import canonical_hash, combine
 from evalrun.records.formats import MANIFEST_FORMAT, Manifest
 from evalrun.scoring import ScoringContext, scoring_record
@@ -194,6 +195,7 @@ def build_manifest(
     episodes: int,
     judge_model: ResolvedModel | None = None,
 ) -> dict[str, Any]:
+    drift = drift_among(workers)  # the run stopped before this under run.on_drift=fail
     honoured = []
     for w in workers:
         if w["determinism"]["honoured"] not in honoured:
@@ -217,7 +219,8 @@ def build_manifest(
             "notes": sorted({n for w in workers for n in w["determinism"]["notes"]}),
         },
         "cluster": config.cluster.as_record(),
-        "workers": [{"worker": w["worker"], "hardware": w["hardware"]} for w in workers],
+        "workers": [worker_record(w) for w in workers],
+        **({"drift": [d.as_record() for d in drift]} if drift else {}),
         "generator": generator_info(),
         "libraries": library_versions(),
         "python": python_version(),

@@ -8,6 +8,7 @@ too); record.json and then the attestation are written last, and a run is comple
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -17,7 +18,7 @@ from typing import Any
 from evalrun.config import REPO_ROOT, EvalConfig, ModelConfig, load_stored, parse_overrides, to_yaml, validate
 from evalrun.config.model import ResolvedModel, resolve_model
 from evalrun.engines import ENGINES
-from evalrun.errors import BadInput, Interrupted, WriteFailed
+from evalrun.errors import BadInput, CheckFailed, Interrupted, WriteFailed
 from evalrun.pipeline import failpoints
 from evalrun.pipeline.agent import AgentEpisode, AgentTask, agent_decoding, load_agent_task, plan_agent_episodes
 from evalrun.pipeline.context import apply_context_limit
@@ -32,6 +33,7 @@ from evalrun.pipeline.manifest import (
 )
 from evalrun.pipeline.plan import Episode, build_plan
 from evalrun.pipeline.progress import RunProgress
+from evalrun.pipeline.provenance import Drift, DriftStopped, WorkerWatch
 from evalrun.pipeline.worker import WorkerSpec
 from evalrun.records.canonical import file_sha256
 from evalrun.records.formats import EpisodeCounts, Record, seal_of
@@ -159,6 +161,7 @@ def execute(prepared: Prepared, dispatcher: Dispatcher | None = None) -> Path:
     dispatcher, own = _checked_dispatcher(prepared, dispatcher)
     try:
         config, task = prepared.config, prepared.task
+        watch = _watch_workers(config, dispatcher, None)  # drift stops the run here, before anything is written
         manifest = build_manifest(
             config,
             task,
@@ -182,7 +185,7 @@ def execute(prepared: Prepared, dispatcher: Dispatcher | None = None) -> Path:
                 raise WriteFailed(exc.where, f"{exc.message}; then remove {run.path} and run again") from exc
             with _resumable(run):
                 failpoints.hit("before-first-part")
-                _complete(run, prepared, dispatcher, writer.PartWriter(run))
+                _complete(run, prepared, dispatcher, writer.PartWriter(run), watch)
         return run.path
     finally:
         if own:
@@ -194,9 +197,9 @@ def load_run_config(run: layout.RunDir, overrides: list[str]) -> EvalConfig:
     if not run.config.is_file() or not run.manifest.is_file():
         raise BadInput(str(run.path), "not an evalrun run directory (config.yaml or manifest.json is missing)")
     for override in parse_overrides(overrides, plain=True):
-        if not (override.key.startswith("cluster.") or override.key == "run.progress"):
-            raise BadInput(override.text, "resume accepts only cluster.* and run.progress overrides; the rest is "
-                                          "the run's own")  # fmt: skip
+        if not (override.key.startswith("cluster.") or override.key in ("run.progress", "run.on_drift")):
+            raise BadInput(override.text, "resume accepts only cluster.*, run.progress and run.on_drift overrides; "
+                                          "the rest is the run's own")  # fmt: skip
     return validate(load_stored(run.config, overrides))
 
 
@@ -225,14 +228,46 @@ def resume(run_path: Path, overrides: list[str] | None = None, dispatcher: Dispa
             raise BadInput(str(run.manifest), f"the run would now be made differently: {', '.join(changed)} changed")
         dispatcher, own = _checked_dispatcher(prepared, dispatcher)
         try:
-            _complete(run, prepared, dispatcher, writer.PartWriter.recover(run))
+            watch = _watch_workers(prepared.config, dispatcher, run)
+            _complete(run, prepared, dispatcher, writer.PartWriter.recover(run), watch)
         finally:
             if own:
                 dispatcher.close()
     return run.path
 
 
-def _complete(run: layout.RunDir, prepared: Prepared, dispatcher: Dispatcher, parts: writer.PartWriter) -> None:
+def drift_policy(config: EvalConfig) -> str:
+    """``run.on_drift``, or its default: fail under ``determinism.enabled`` (strict), else warn."""
+    return config.run.on_drift or ("fail" if config.determinism.enabled else "warn")
+
+
+def _warn_drift(drift: Drift) -> None:
+    print(f"evalrun: warning: {drift.message()} (run.on_drift=warn: recorded)", file=sys.stderr)
+
+
+def _watch_workers(config: EvalConfig, dispatcher: Dispatcher, run: layout.RunDir | None) -> WorkerWatch:
+    """The dispatcher's workers checked for drift (docs/design.md "Worker provenance"); a CheckFailed
+    names the first worker and field that differ under ``run.on_drift=fail``."""
+    watch = WorkerWatch(drift_policy(config), _warn_drift)
+    for info in dispatcher.workers():
+        _see(watch, info, run)
+    return watch
+
+
+def _see(watch: WorkerWatch, info: dict[str, Any], run: layout.RunDir | None) -> None:
+    try:
+        watch.see(info)
+    except DriftStopped as exc:
+        where = (
+            "nothing was written" if run is None
+            else f"the run is incomplete: `evalrun resume {run.path} run.on_drift=warn` completes it"
+        )  # fmt: skip
+        raise CheckFailed(f"{exc} (run.on_drift=fail; {where})") from exc
+
+
+def _complete(
+    run: layout.RunDir, prepared: Prepared, dispatcher: Dispatcher, parts: writer.PartWriter, watch: WorkerWatch
+) -> None:
     """Run every planned episode the part writer does not have yet, then score, summarise and record."""
     config = prepared.config
     remaining = [e for e in prepared.episodes if e.episode_id not in parts.heads]
@@ -244,6 +279,10 @@ def _complete(run: layout.RunDir, prepared: Prepared, dispatcher: Dispatcher, pa
     )  # fmt: skip
     with progress:
         for outcome in dispatcher.map(batches, generator):
+            if outcome.worker not in watch.workers:  # a replacement worker: checked before its results count
+                for info in dispatcher.workers():
+                    if info["worker"] == outcome.worker:
+                        _see(watch, info, run)
             if parts.write(outcome.part):
                 failpoints.hit(f"after-part-{parts.next_index - 1}")
                 progress.advance(outcome.episodes, outcome.part.output_tokens)
@@ -270,7 +309,12 @@ def _complete(run: layout.RunDir, prepared: Prepared, dispatcher: Dispatcher, pa
         digest=prepared.digest.digest,
         manifest_sha256=files[layout.MANIFEST],
         files=dict(sorted(files.items())),
-        dispatch={**dispatcher.stats.as_record(), "resumed": parts.kept_parts > 0, "kept_parts": parts.kept_parts},
+        dispatch={
+            **dispatcher.stats.as_record(),
+            **watch.as_record(),
+            "resumed": parts.kept_parts > 0,
+            "kept_parts": parts.kept_parts,
+        },
         ended_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
     )
     record = record.model_copy(update={"seal": seal_of(record)})

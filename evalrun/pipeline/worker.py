@@ -25,7 +25,7 @@ from evalrun.pipeline.agent import (
     run_agent_episodes,
 )
 from evalrun.pipeline.encode import Provenance, encode_agent_part, encode_part
-from evalrun.pipeline.environment import hardware_fingerprint
+from evalrun.pipeline.environment import hardware_fingerprint, library_versions, python_version
 from evalrun.pipeline.harness import run_episodes
 from evalrun.pipeline.plan import Episode
 from evalrun.records.canonical import canonical_json
@@ -90,6 +90,8 @@ class EngineWorker:
             "pid": os.getpid(),
             "host": socket.gethostname(),
             "hardware": self.hardware,
+            "libraries": library_versions(),
+            "python": python_version(),
             "determinism": self.determinism,
             "engine": self.engine.describe(),
             "judge_engine": self.judge_engine.describe() if self.judge_engine is not self.engine else None,

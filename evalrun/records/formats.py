@@ -248,7 +248,8 @@ class Manifest(OptionalFields):
     seeds: dict[str, Any]
     determinism: dict[str, Any]
     cluster: dict[str, Any]
-    workers: list[dict[str, Any]]
+    workers: list[dict[str, Any]]  # every worker at the start: name, hardware, fingerprint
+    drift: list[dict[str, Any]] | None = None  # workers that differ from the first (run.on_drift=warn)
     generator: Generator
     libraries: dict[str, Any]
     python: str
