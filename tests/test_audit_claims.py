@@ -119,6 +119,20 @@ def test_golden_seed_set_part_edited_and_rehashed_fails_naming_it(tmp_path: Path
         verify_run(run, jobs=1)
 
 
+def test_a_fewshot_seed_counts_in_the_seed_set_part_only_when_it_differs_from_the_master(tmp_path: Path) -> None:
+    """Manifests without ``seeds.fewshot`` verify as before; one equal to the master seed leaves the digest
+    alone (same prompts); another one added without re-running changes what the seed set hashes."""
+    run = golden_copy(tmp_path, "addition-v1")
+    manifest = read_manifest(run)
+    manifest["seeds"]["fewshot"] = manifest["seeds"]["master"]
+    rewrite(run, manifest)
+    assert verify_run(run, jobs=1).digest_parts["seed_set"] == FROM_MANIFEST
+    manifest["seeds"]["fewshot"] = 99
+    rewrite(run, manifest)
+    with pytest.raises(CheckFailed, match=r"manifest\.json: digest\.seed_set does not match seeds"):
+        verify_run(run, jobs=1)
+
+
 def test_golden_scoring_part_cannot_be_checked_and_the_report_says_so(tmp_path: Path) -> None:
     """A format-1 manifest without digest_inputs records no preimage of its scoring part: an edit
     passes, and verify's report says that part was not recomputed (it claims nothing about it)."""
@@ -192,6 +206,7 @@ TAMPERING = {
                       r"digest_inputs\.scoring\.python differs from python"),
     "inputs seeds": ("addition-v1", _with_inputs_rehashed(_set("digest_inputs.seed_set.master", 1)),
                      r"digest_inputs\.seed_set\.master differs from seeds"),
+    "fewshot seed": ("addition-v1", _set("seeds.fewshot", 99), r"digest_inputs\.seed_set\.fewshot differs from seeds"),
     "inputs extra field": ("addition-v1", _with_inputs_rehashed(_set("digest_inputs.scoring.note", "x")),
                            r"digest_inputs\.scoring has an unknown field 'note'"),
 }  # fmt: skip

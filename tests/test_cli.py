@@ -19,6 +19,7 @@ from evalrun.analysis.gate import digest_record
 from evalrun.analysis.runs import load_run
 from evalrun.cli import cli, main
 from evalrun.cli.render import render_summary, stdout_console
+from evalrun.config import load as load_config
 from evalrun.pipeline import dispatch, runner
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
@@ -224,7 +225,7 @@ def fake_runs(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[Path]:
         made.append(Path(shutil.copytree(ADDITION if len(made) % 2 == 0 else MC, tmp_path / f"run-{len(made)}")))
         return made[-1]
 
-    monkeypatch.setattr(config, "load", lambda overrides: overrides)
+    monkeypatch.setattr(config, "load", lambda overrides: SimpleNamespace(seeds=config.SeedsConfig()))
     monkeypatch.setattr(runner, "prepare", lambda loaded: job)
     monkeypatch.setattr(runner, "open_for", lambda prepared: dispatcher)
     monkeypatch.setattr(runner, "execute", execute)
@@ -248,6 +249,33 @@ def test_a_multirun_ends_with_one_run_directory_per_job(fake_runs: list[Path], c
     assert code == 0 and len(fake_runs) == 2 and lines[-2:] == [str(p) for p in fake_runs]
     assert [line for line in lines if line.startswith("results: ")] == [f"results: {p}" for p in fake_runs]
     assert any(line.split()[:2] == ["addition_mc", "choice_letter"] for line in lines)
+
+
+def test_run_with_master_auto_prints_the_generated_seed_once_per_job(fake_runs: list[Path], monkeypatch,
+                                                                       capsys) -> None:  # fmt: skip
+    loaded: list[config.EvalConfig] = []
+    monkeypatch.setattr(config, "load", lambda overrides: loaded.append(load_config(overrides)) or loaded[-1])
+    code, out, err = evalrun(capsys, "run", "seeds.master=auto", "limit=2")
+    assert code == 0 and out.splitlines()[-1] == str(fake_runs[0])
+    (seeds,) = [c.seeds for c in loaded]
+    assert seeds.master_generated and 0 <= seeds.master < 2**53
+    assert err.splitlines() == [f"evalrun run: seeds.master=auto: generated master seed {seeds.master}"]
+    loaded.clear()
+    code, _, err = evalrun(capsys, "run", "-m", "seeds.master=auto", "limit=2,3")
+    masters = [c.seeds.master for c in loaded]
+    assert code == 0 and len(set(masters)) == 2  # each job its own seed
+    assert err.splitlines() == [f"evalrun run: seeds.master=auto: generated master seed {m} (job seeds.master=auto "
+                                f"limit={n})" for m, n in zip(masters, (2, 3), strict=True)]  # fmt: skip
+    loaded.clear()
+    code, _, err = evalrun(capsys, "run", "seeds.master=7", "limit=2")
+    assert code == 0 and err == "" and not loaded[0].seeds.master_generated
+
+
+@pytest.mark.parametrize("value", ["banana", "-1", "1.5", str(2**53)])
+def test_run_refuses_a_bad_master_seed_naming_the_field(value: str, capsys) -> None:
+    code, _, err = evalrun(capsys, "run", f"seeds.master={value}")
+    line = one_error_line(err, "evalrun run: error: seeds.master: ")
+    assert code == 2 and "expected a non-negative integer or auto" in line
 
 
 def test_the_results_table_adds_overall_rows_when_there_are_several_tasks(capsys) -> None:

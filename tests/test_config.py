@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -9,11 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from evalrun.config import BUILTIN_TASKS, REPO_ROOT, load
+from evalrun.config import BUILTIN_TASKS, REPO_ROOT, load, load_stored, to_yaml, validate
 from evalrun.errors import BadInput
+from evalrun.pipeline.manifest import seed_set_record, seeds_identity, seeds_section
 from evalrun.pipeline.runner import prepare
 
 MODEL_DIR = REPO_ROOT / "models" / "tiny-adder"
+GOLDEN = Path(__file__).resolve().parent / "golden"
 
 
 def evalrun(tmp_path: Path, *overrides: str) -> subprocess.CompletedProcess[str]:
@@ -101,6 +104,35 @@ def test_digest_parts_move_independently(tmp_path: Path) -> None:
     rescored = prepare(load(["limit=3", "task.scorer.name=number"])).digest
     assert rescored.scoring != base.scoring
     assert (rescored.prompt_pack, rescored.seed_set) == (base.prompt_pack, base.seed_set)
+
+
+def test_master_auto_generates_a_seed_that_config_yaml_holds_and_the_manifest_marks(tmp_path: Path) -> None:
+    first, second = load(["seeds.master=auto"]), load(["seeds.master=auto"])
+    assert first.seeds.master_generated and second.seeds.master_generated
+    assert first.seeds.master != second.seeds.master and all(0 <= c.seeds.master < 2**53 for c in (first, second))
+    stored = tmp_path / "config.yaml"
+    stored.write_text(to_yaml(first), encoding="utf-8")
+    assert f"master: {first.seeds.master}\n" in stored.read_text(encoding="utf-8")
+    reloaded = validate(load_stored(stored, []))  # as resume, replay and check reload a run
+    assert reloaded.seeds.master == first.seeds.master and not reloaded.seeds.master_generated
+    marked = {"master": first.seeds.master, "set": [0], "repeats": 1, "master_generated": True}
+    assert seeds_section(first.seeds) == marked and seeds_section(reloaded.seeds) == _without(marked)
+    assert seeds_identity(first.seeds) == seeds_identity(reloaded.seeds) == _without(marked)  # resume: same identity
+    assert first.seeds.fewshot_seed == first.seeds.master
+
+
+def _without(record: dict[str, object], key: str = "master_generated") -> dict[str, object]:
+    return {k: v for k, v in record.items() if k != key}
+
+
+def test_seeds_records_of_a_default_run_are_those_of_runs_made_before_the_fewshot_seed() -> None:
+    golden = json.loads((GOLDEN / "addition-v1" / "manifest.json").read_text(encoding="utf-8"))
+    default = load([]).seeds
+    assert seeds_section(default) == seeds_identity(default) == golden["seeds"] == golden["identity"]["seeds"]
+    assert seed_set_record(default.as_record()) == golden["seeds"]
+    given = load(["task=addition_fewshot", "seeds.fewshot=1234"]).seeds  # given, recorded, same digest
+    assert seeds_section(given) == {**golden["seeds"], "fewshot": 1234}
+    assert seed_set_record(given.as_record()) == golden["seeds"]
 
 
 def test_plan_is_items_times_seed_set_times_repeats() -> None:

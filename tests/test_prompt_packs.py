@@ -45,6 +45,45 @@ def test_same_seed_same_prompts_fewshot_and_orders_different_master_different() 
     assert any(len({jc.order for jc in e.judge_calls if jc.criterion == "terse"}) > 1 for e in judged[0])
 
 
+def test_a_fewshot_seed_draws_the_examples_and_nothing_else() -> None:
+    """seeds.fewshot decides the few-shot examples, exactly as select_fewshot with that seed; the sampling
+    seeds and episode ids stay the master's; equal to the master seed it changes nothing, digest included."""
+    config = load(["task=addition_fewshot", "limit=20", "seeds.set=[0,1]"])
+    default = prepare(config)
+    pool = default.task.pack.fewshot
+    assert pool is not None
+    same = prepare(load(["task=addition_fewshot", "limit=20", "seeds.set=[0,1]", "seeds.fewshot=1234"]))
+    assert same.episodes == default.episodes and same.digest == default.digest
+    other = prepare(load(["task=addition_fewshot", "limit=20", "seeds.set=[0,1]", "seeds.fewshot=99"]))
+    assert [e.episode_id for e in other.episodes] == [e.episode_id for e in default.episodes]
+    assert [e.sampling for e in other.episodes] == [e.sampling for e in default.episodes]
+    for e in other.episodes:
+        chosen = select_fewshot(pool.ids, pool.examples, pool.k, pool.stratify, 99, "addition_fewshot", e.item_id)
+        assert e.fewshot_ids == tuple(pool.ids[i] for i in chosen)
+    pairs = list(zip(other.episodes, default.episodes, strict=True))
+    changed = [(e, d) for e, d in pairs if e.fewshot_ids != d.fewshot_ids]
+    assert len(changed) > len(pairs) / 2 and all(e.prompt != d.prompt for e, d in changed)  # other examples shown
+    # the digest's seed-set part names it; the prompt pack and scoring parts are the same
+    assert other.digest.seed_set != default.digest.seed_set and other.digest.digest != default.digest.digest
+    assert (other.digest.prompt_pack, other.digest.scoring) == (default.digest.prompt_pack, default.digest.scoring)
+    assert other.digest.inputs is not None and other.digest.inputs["seed_set"] == {
+        "master": 1234, "set": [0, 1], "repeats": 1, "fewshot": 99}  # fmt: skip
+    # another master with the master's old value as few-shot seed: the same examples, other sampling seeds
+    moved = plan("task=addition_fewshot", "limit=20", "seeds.set=[0,1]", "seeds.master=99", "seeds.fewshot=1234")
+    assert [e.fewshot_ids for e in moved] == [e.fewshot_ids for e in default.episodes]
+    assert [e.prompt for e in moved] == [e.prompt for e in default.episodes]
+    assert all(m.sampling.seed != d.sampling.seed for m, d in zip(moved, default.episodes, strict=True))
+
+
+def test_a_fewshot_seed_without_a_fewshot_pool_is_refused() -> None:
+    with pytest.raises(BadInput, match="task addition's prompt pack has no few-shot pool") as info:
+        plan("task=addition", "seeds.fewshot=5")
+    assert info.value.where == "seeds.fewshot"
+    with pytest.raises(BadInput, match="an agent task") as info:
+        load(["task=invoice_desk", "seeds.fewshot=5"])
+    assert info.value.where == "seeds.fewshot"
+
+
 def test_fewshot_and_orders_do_not_depend_on_repeats_or_seed_set_members() -> None:
     episodes = plan("task=addition_mc", "limit=5", "seeds.set=[0,1]", "seeds.repeats=2")
     by_item: dict[str, set] = {}

@@ -148,7 +148,12 @@ def run(multirun: bool, overrides: tuple[str, ...]) -> None:
     prepared = []
     for job in jobs:
         try:
-            prepared.append(runner.prepare(config.load(job)))
+            loaded = config.load(job)
+            if loaded.seeds.master_generated:  # seeds.master=auto: which seed, before anything runs
+                where = f" (job {' '.join(job)})" if multirun else ""
+                click.echo(f"evalrun run: seeds.master=auto: generated master seed {loaded.seeds.master}{where}",
+                           err=True)  # fmt: skip
+            prepared.append(runner.prepare(loaded))
         except BadInput as exc:
             if multirun:
                 raise BadInput(exc.where, f"{exc.message} (in job {' '.join(job) or '<defaults>'})") from exc

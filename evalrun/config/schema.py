@@ -3,7 +3,8 @@
 Hydra's ConfigStore and OmegaConf's merging need mutable dataclasses with types OmegaConf knows
 (lists, dicts, no ``Literal``), so each frozen section of :mod:`evalrun.config.settings` gets a
 mutable twin generated from it: the same fields, defaults and scalar types, a tuple as a list, a
-literal as its value type. ``conf/config.yaml`` lists ``evalrun_schema`` first in its defaults, so
+literal as its value type, a setting that may be ``auto`` (``seeds.master``) as ``Any``, checked
+by validation. ``conf/config.yaml`` lists ``evalrun_schema`` first in its defaults, so
 every group file and command-line override is merged into typed nodes: an unknown key or a value
 of the wrong type fails at composition.
 """
@@ -56,7 +57,8 @@ def _default(f: dataclasses.Field[Any]) -> Any:
 def mutable_schema(section: type[Section]) -> type:
     """The mutable dataclass Hydra composes for ``section``: its settings, their defaults."""
     hints = get_type_hints(section)
-    specs = [(f.name, _omegaconf_type(hints[f.name]), _default(f)) for f in settings_fields(section)]
+    specs = [(f.name, Any if f.metadata.get("or_auto") else _omegaconf_type(hints[f.name]), _default(f))
+             for f in settings_fields(section)]  # fmt: skip
     name = section.__name__.removesuffix("Config") + "Schema"
     schema = dataclasses.make_dataclass(name, specs)
     schema.__module__ = __name__

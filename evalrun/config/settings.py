@@ -23,10 +23,14 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal, TypeVar, Union, get_args, get_origin, get_type_hints
 
 from evalrun.errors import BadInput
+from evalrun.records.seeds import MASTER_SEED_LIMIT
 
 MISSING = "???"  # Hydra's marker of a value the config must supply
 MAX_TEMPERATURE = 2.0  # vLLM's limit
 NOT_A_SETTING = {"setting": False}  # field metadata: resolved by validation, not composed or recorded
+OR_AUTO = {"or_auto": True}  # field metadata: may be composed as "auto", which validation resolves to a value
+AUTO = "auto"
+MASTER_SEED_EXPECTED = "a non-negative integer or auto (integers below 2**53)"
 
 Dtype = Literal["float32", "bfloat16", "float16", "auto"]
 ChoiceScoring = Literal["letter", "loglikelihood", "both"]
@@ -211,24 +215,43 @@ class DecodingConfig(Section):
             raise _fail("decoding.stop", "non-empty stop strings", list(self.stop))
 
 
+def check_master_seed(value: Any) -> None:
+    """A master seed as given (``auto`` resolved by then): an integer in ``[0, 2**53)``, as records hold it."""
+    if type(value) is not int or not 0 <= value < MASTER_SEED_LIMIT:
+        raise _fail("seeds.master", MASTER_SEED_EXPECTED, value)
+
+
 @dataclass(frozen=True)
 class SeedsConfig(Section):
+    """docs/design.md "Seeds": the master seed, the seed set and repeats, and the few-shot seed."""
+
     where: ClassVar[str] = "seeds"
 
-    master: int = 1234
+    master: int = field(default=1234, metadata=OR_AUTO)  # auto: evalrun generates one (recorded)
     set: tuple[int, ...] = (0,)
     repeats: int = 1
+    fewshot: int | None = None  # the seed few-shot examples are drawn from; None: the master seed
+    # True when evalrun generated ``master`` (seeds.master=auto); config.yaml holds the number
+    master_generated: bool = field(default=False, kw_only=True, metadata=NOT_A_SETTING)
+
+    @property
+    def fewshot_seed(self) -> int:
+        """The seed few-shot selection draws from: ``fewshot`` when given, else the master seed."""
+        return self.master if self.fewshot is None else self.fewshot
 
     def check(self) -> None:
+        check_master_seed(self.master)
         if not self.set:
             raise _fail("seeds.set", "at least one seed", list(self.set))
         duplicates = sorted({s for s in self.set if self.set.count(s) > 1})
         if duplicates:
             raise BadInput("seeds.set", f"expected distinct seeds, {duplicates} appear more than once")
-        if any(s < 0 for s in self.set) or self.master < 0:
-            raise _fail("seeds", "non-negative seeds", {"master": self.master, "set": list(self.set)})
+        if any(s < 0 for s in self.set):
+            raise _fail("seeds.set", "non-negative seeds", list(self.set))
         if self.repeats < 1:
             raise _fail("seeds.repeats", "an integer >= 1", self.repeats)
+        if self.fewshot is not None and not 0 <= self.fewshot < MASTER_SEED_LIMIT:
+            raise _fail("seeds.fewshot", "null (the master seed) or a non-negative integer below 2**53", self.fewshot)
 
 
 @dataclass(frozen=True)
@@ -424,6 +447,8 @@ class EvalConfig(Section):
         self.engine.check()
         self.cluster.check()
         self.task.check()
+        if self.seeds.fewshot is not None and self.task.world is not None:
+            raise BadInput("seeds.fewshot", "an agent task (task.world) has no few-shot examples: expected null")
         if self.judge_model is not None and self.task.rubric is None:
             raise BadInput("judge_model", "a judge model grades a rubric: the task has no task.rubric")
 

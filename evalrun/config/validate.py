@@ -10,8 +10,9 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from evalrun.config.jsonl import objects
-from evalrun.config.settings import EvalConfig
+from evalrun.config.settings import AUTO, EvalConfig, check_master_seed
 from evalrun.errors import BadInput
+from evalrun.records.seeds import generate_master_seed
 
 
 def _resolve_path(value: str, field_name: str, *, must_be: str = "file") -> Path:
@@ -60,6 +61,19 @@ def _check_choices(item: dict[str, Any], where: str, choices_field: str, target_
                        f"expected the index of the right option (0 to {len(options) - 1}), got {answer!r}")  # fmt: skip
 
 
+def _with_master_seed(raw: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+    """``seeds.master=auto`` replaced by a generated master seed (and True: generated); any other
+    master seed checked as given (docs/design.md "Seeds"). Each call generates anew: every job of a
+    multirun gets its own."""
+    seeds = raw.get("seeds")
+    if not isinstance(seeds, dict) or "master" not in seeds:
+        return raw, False  # from_record names what is missing
+    if seeds["master"] != AUTO:
+        check_master_seed(seeds["master"])
+        return raw, False
+    return {**raw, "seeds": {**seeds, "master": generate_master_seed()}}, True
+
+
 def validate(cfg: DictConfig) -> EvalConfig:
     """Resolve, type, check values and files; raise :class:`BadInput` naming the first problem."""
     try:
@@ -68,7 +82,10 @@ def validate(cfg: DictConfig) -> EvalConfig:
         key = getattr(exc, "full_key", None) or "config"
         raise BadInput(key, f"missing or unresolvable value ({exc.msg if hasattr(exc, 'msg') else exc})") from exc
     assert isinstance(raw, dict)
+    raw, generated = _with_master_seed(raw)
     settings = EvalConfig.from_record(raw)
+    if generated:
+        settings = replace(settings, seeds=replace(settings.seeds, master_generated=True))
     settings.check()
     task = settings.task
     for name, model in (("model", settings.model), ("judge_model", settings.judge_model)):

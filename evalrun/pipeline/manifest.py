@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-from evalrun.config import TRUNCATE_LEFT, EvalConfig
+from evalrun.config import TRUNCATE_LEFT, EvalConfig, SeedsConfig
 from evalrun.config.model import ResolvedModel
 from evalrun.pipeline.agent import AgentTask
 from evalrun.pipeline.environment import (
@@ -73,8 +73,29 @@ def prompt_pack_record(pack: dict[str, Any], choices: dict[str, Any], on_overlon
 
 
 def seed_set_record(seeds: dict[str, Any]) -> dict[str, Any]:
-    """What ``digest.seed_set`` hashes."""
-    return {"master": seeds["master"], "set": list(seeds["set"]), "repeats": seeds["repeats"]}
+    """What ``digest.seed_set`` hashes: ``master``, ``set``, ``repeats``, and ``fewshot`` only when it
+    differs from the master seed (then the prompts differ; otherwise the digest is the one of a run
+    without it). ``seeds`` is the config's seeds record or a manifest's ``seeds``."""
+    record = {"master": seeds["master"], "set": list(seeds["set"]), "repeats": seeds["repeats"]}
+    if seeds.get("fewshot") is not None and seeds["fewshot"] != seeds["master"]:
+        record["fewshot"] = seeds["fewshot"]
+    return record
+
+
+def seeds_identity(seeds: SeedsConfig) -> dict[str, Any]:
+    """The seeds as the manifest's ``identity`` records them: ``fewshot`` only when given, so the
+    records of runs without it are as before."""
+    record = seeds.as_record()
+    if seeds.fewshot is None:
+        del record["fewshot"]
+    return record
+
+
+def seeds_section(seeds: SeedsConfig) -> dict[str, Any]:
+    """The manifest's ``seeds``: the identity's, and ``master_generated: true`` when evalrun generated
+    the master seed (``seeds.master=auto``). Not part of the identity: config.yaml holds the number,
+    and ``resume`` reloads it as a given seed."""
+    return {**seeds_identity(seeds), **({"master_generated": True} if seeds.master_generated else {})}
 
 
 def seed_set_hash(seeds: dict[str, Any]) -> str:
@@ -164,7 +185,7 @@ def run_identity(config: EvalConfig, task: Task | AgentTask, model: ResolvedMode
         "judge_model": _model_identity(judge_model),
         "engine": config.engine.as_record(),
         "decoding": config.decoding.as_record(),
-        "seeds": config.seeds.as_record(),
+        "seeds": seeds_identity(config.seeds),
         "determinism": config.determinism.as_record(),
         "generator": generator_info(),
     }
@@ -212,7 +233,7 @@ def build_manifest(
         "judge_model": judge_model.as_record() if judge_model is not None else None,
         "engine": workers[0]["engine"],
         "decoding": config.decoding.as_record(),
-        "seeds": config.seeds.as_record(),
+        "seeds": seeds_section(config.seeds),
         "determinism": {
             "asked": workers[0]["determinism"]["asked"],
             "honoured": honoured,

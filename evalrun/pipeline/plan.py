@@ -2,8 +2,10 @@
 
 Episodes = task items x seed set x repeats. An episode's id and seeds, its prompt, few-shot
 examples, option order and judge calls are pure functions of the config, so the same config gives
-the same episodes on any machine, in any order. Few-shot examples and option orders are drawn
-once per item (per criterion and judge for judges), so repeats differ only in sampling.
+the same episodes on any machine, in any order. Few-shot examples draw from the few-shot seed
+(``seeds.fewshot``, by default the master seed), everything else from the master seed. Few-shot
+examples and option orders are drawn once per item (per criterion and judge for judges), so
+repeats differ only in sampling.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Any
 
 from evalrun.config import DecodingConfig, SeedsConfig
 from evalrun.engines import SamplingSpec
+from evalrun.errors import BadInput
 from evalrun.records.canonical import canonical_hash, sha256_hex
 from evalrun.records.seeds import derive_seed
 from evalrun.tasks import Task, prompt_variables, render_prompt
@@ -87,8 +90,12 @@ def sampling_spec(decoding: DecodingConfig, seed: int) -> SamplingSpec:
 
 
 def build_plan(task: Task, decoding: DecodingConfig, seeds: SeedsConfig) -> list[Episode]:
-    master = seeds.master
+    """Few-shot examples draw from ``seeds.fewshot_seed``; option orders, sampling and judge seeds from
+    the master seed (docs/design.md "Seeds")."""
+    master, fewshot_seed = seeds.master, seeds.fewshot_seed
     pool = task.pack.fewshot
+    if pool is None and seeds.fewshot is not None:
+        raise BadInput("seeds.fewshot", f"task {task.name}'s prompt pack has no few-shot pool: expected null")
     scoring = task.choices.scoring if task.multiple_choice else ""
     rubric = task.rubric
     criteria, judges = (rubric.criteria, rubric.judges) if rubric is not None else ((), ())
@@ -96,7 +103,7 @@ def build_plan(task: Task, decoding: DecodingConfig, seeds: SeedsConfig) -> list
     for item in task.items:
         fewshot: tuple[int, ...] = ()
         if pool is not None:
-            fewshot = select_fewshot(pool.ids, pool.examples, pool.k, pool.stratify, master, task.name, item.id)
+            fewshot = select_fewshot(pool.ids, pool.examples, pool.k, pool.stratify, fewshot_seed, task.name, item.id)
         options = task.options(item) if task.multiple_choice else ()
         order = tuple(range(len(options)))
         if options and task.choices.shuffle:

@@ -3,16 +3,21 @@
 ``derive_seed(master, purpose, *keys)`` is the first 8 bytes, big-endian, of
 ``sha256(canonical([master, purpose, *keys]))``. It depends only on its arguments, never on
 dispatch order, batch composition, worker or thread.
+
+A master seed the user leaves to evalrun (``seeds.master=auto``) is drawn once, at validation, by
+:func:`generate_master_seed`, and recorded like any other (docs/design.md "Seeds").
 """
 
 from __future__ import annotations
 
 import hashlib
 import random
+import secrets
 
 from evalrun.records.canonical import canonical_json
 
 SeedKey = str | int
+MASTER_SEED_LIMIT = 2**53  # master seeds are recorded as JSON numbers: integers in [0, 2**53)
 
 
 def derive_seed(master: int, purpose: str, *keys: SeedKey) -> int:
@@ -24,3 +29,8 @@ def derive_seed(master: int, purpose: str, *keys: SeedKey) -> int:
 def derive_rng(master: int, purpose: str, *keys: SeedKey) -> random.Random:
     """A fresh ``random.Random`` seeded by :func:`derive_seed`."""
     return random.Random(derive_seed(master, purpose, *keys))
+
+
+def generate_master_seed() -> int:
+    """A fresh master seed from the operating system's randomness, in ``[0, MASTER_SEED_LIMIT)``."""
+    return secrets.randbelow(MASTER_SEED_LIMIT)
