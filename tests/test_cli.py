@@ -24,8 +24,8 @@ from evalrun.pipeline import dispatch, runner
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
 ADDITION, MC = GOLDEN / "addition-v1", GOLDEN / "mc-v1"
-COMMANDS = {"run", "resume", "verify", "rescore", "replay", "prove", "verify-proof", "attest", "compare", "digest",
-            "gate", "nondet", "references"}  # fmt: skip
+COMMANDS = {"run", "resume", "verify", "rescore", "replay", "prove", "verify-proof", "attest", "anchor", "rebaseline",
+            "compare", "digest", "gate", "nondet", "references"}  # fmt: skip
 
 
 def evalrun(capsys: pytest.CaptureFixture[str], *args: str | Path) -> tuple[int, str, str]:
@@ -84,6 +84,9 @@ def test_no_arguments_print_the_usage_and_exit_2(capsys: pytest.CaptureFixture[s
         (["gate", "--rule", "vibes", "a", "b"], "--rule"),
         (["compare", "--interval", "wide", "a", "b"], "--interval"),
         (["verify-proof", "proof.json"], "--root"),
+        (["verify", str(ADDITION), "--ledger-head", "xyz"], "--ledger-head"),
+        (["rebaseline", str(ADDITION), str(MC)], "--reason"),
+        (["anchor", str(ADDITION)], "LEDGER"),
         (["nondet"], "RUNS"),
         (["verify"], "RUN_DIR"),
         (["run", "--no-such-flag"], "--no-such-flag"),

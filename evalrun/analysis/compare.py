@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from evalrun.analysis.runs import OVERALL, Run, load_run
+from evalrun.records.fields import differing_fields
 from evalrun.records.formats import COMPARE_FORMAT
 from evalrun.records.seeds import derive_seed
 from evalrun.stats.estimates import PairedEstimate, item_means, paired
@@ -72,20 +73,6 @@ class FieldDiff:
     b: Any
 
 
-def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(value, dict):
-        flat: dict[str, Any] = {}
-        for key, sub in value.items():
-            flat.update(_flatten(sub, f"{prefix}{key}."))
-        return flat or {prefix.rstrip("."): {}}
-    if isinstance(value, list) and any(isinstance(v, dict) for v in value):
-        flat = {}
-        for index, sub in enumerate(value):
-            flat.update(_flatten(sub, f"{prefix}{index}."))
-        return flat
-    return {prefix.rstrip("."): value}
-
-
 def _category(field: str) -> str:
     for prefix, category in CATEGORIES:
         if field == prefix.rstrip(".") or field.startswith(prefix):
@@ -95,13 +82,7 @@ def _category(field: str) -> str:
 
 def manifest_diff(a: dict[str, Any], b: dict[str, Any]) -> tuple[FieldDiff, ...]:
     """Every compared manifest field whose value differs (a missing field reads as None)."""
-    fa, fb = _flatten(a), _flatten(b)
-    diffs = []
-    for field in sorted(set(fa) | set(fb)):
-        category = _category(field)
-        if category and fa.get(field) != fb.get(field):
-            diffs.append(FieldDiff(category, field, fa.get(field), fb.get(field)))
-    return tuple(diffs)
+    return tuple(FieldDiff(_category(f), f, va, vb) for f, va, vb in differing_fields(a, b) if _category(f))
 
 
 def changed_things(diffs: tuple[FieldDiff, ...]) -> list[str]:

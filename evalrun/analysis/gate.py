@@ -10,6 +10,10 @@ exceeds the baseline's by more than the margin. Margin rules:
   range is max - min over both runs' deviations. It needs at least two trials per run.
 - ``paired``: the distance from the paired difference to the lower end of its 95% interval
   (clustered over items, or the item bootstrap); passing means that lower end is above 0.
+
+A baseline re-run under a new digest carries rebaseline.json (``evalrun rebaseline``): the decision
+cites it (both digests, the reason, what changed). Blocked on differing digests, the reason says
+how to re-baseline, or that the candidate was run under the digest the baseline replaced.
 """
 
 from __future__ import annotations
@@ -20,7 +24,11 @@ from pathlib import Path
 from typing import Any
 
 from evalrun.analysis.runs import OVERALL, Run, load_run, model_hash, pick_metric
+from evalrun.errors import CheckFailed
+from evalrun.records.formats import Rebaseline
 from evalrun.records.seeds import derive_seed
+from evalrun.rundir import layout
+from evalrun.rundir.reader import read_rebaseline
 from evalrun.stats.estimates import PairedEstimate, item_means, paired, trial_means
 
 RULES = ("range", "paired")
@@ -54,6 +62,7 @@ class GateDecision:
     candidate: dict[str, str]
     baseline: dict[str, str]
     paired: PairedEstimate | None
+    rebaseline: dict[str, Any] | None = None  # the baseline's rebaseline.json, when it has one
 
     def as_record(self) -> dict[str, Any]:
         return {"format": "evalrun.gate/1", **asdict(self)}
@@ -80,14 +89,18 @@ def gate(
     else:
         margin_rule = f"paired: margin = distance from delta to the lower end of its paired 95% CI ({interval})"
 
+    rebaseline = baseline_rebaseline(base)
+
     def decide(passed: bool, reason: str, margin: float | None, est: PairedEstimate | None = None) -> GateDecision:
         mean_c, mean_b = (est.mean_b, est.mean_a) if est else (_mean(means_c), _mean(means_b))
         delta = est.diff if est else mean_c - mean_b
-        return GateDecision(passed, reason, rule, margin_rule, metric, mean_c, mean_b, delta, margin, rec_c, rec_b, est)
+        cited = rebaseline.as_record() if rebaseline is not None else None
+        return GateDecision(passed, reason, rule, margin_rule, metric, mean_c, mean_b, delta, margin, rec_c, rec_b, est,
+                            cited)  # fmt: skip
 
     differing = [p for p in DIGEST_PARTS if rec_c[p] != rec_b[p]]
     if rec_c["digest"] != rec_b["digest"]:
-        return decide(False, f"digests differ ({', '.join(differing) or 'digest'}): the runs are not comparable", None)
+        return decide(False, _digests_differ(differing, rec_c["digest"], rebaseline), None)
     if set(means_c) != set(means_b):
         only_c, only_b = len(set(means_c) - set(means_b)), len(set(means_b) - set(means_c))
         return decide(False, f"the runs scored different items ({only_c} only in candidate, {only_b} only in "
@@ -112,6 +125,27 @@ def gate(
         return decide(True, f"candidate exceeds baseline by {est.diff:+.4f} > margin {margin:.4f}", margin, est)
     reason = f"candidate exceeds baseline by {est.diff:+.4f}, not more than the margin {margin:.4f}"
     return decide(False, reason, margin, est)
+
+
+def baseline_rebaseline(base: Run) -> Rebaseline | None:
+    """The baseline's rebaseline.json, when it has one whose new side is the baseline (CheckFailed otherwise:
+    a record of another run's re-baseline is not cited; ``evalrun verify`` names what differs)."""
+    recorded = read_rebaseline(layout.RunDir(base.path))
+    if recorded is not None and recorded.new.digest.digest != base.digest["digest"]:
+        raise CheckFailed(f"{base.path / layout.REBASELINE}: re-baselines to digest {recorded.new.digest.digest}, "
+                          f"the baseline's digest is {base.digest['digest']}")  # fmt: skip
+    return recorded
+
+
+def _digests_differ(differing: list[str], candidate_digest: str, rebaseline: Rebaseline | None) -> str:
+    parts = ", ".join(differing) or "digest"
+    if rebaseline is not None and candidate_digest == rebaseline.old.digest.digest:
+        return (f"digests differ ({parts}): the candidate was run under the digest the baseline replaced (the "
+                f"baseline re-baselined {rebaseline.old.run}: {rebaseline.reason}); run the candidate under the "
+                "baseline's prompt pack, seed set and scorer")  # fmt: skip
+    return (f"digests differ ({parts}): the runs are not comparable; if the prompt pack, seed set or scorer changed "
+            "on purpose, re-run the baseline under the candidate's, record it with `evalrun rebaseline OLD_BASELINE "
+            "NEW_BASELINE --reason TEXT` and gate against the new baseline")  # fmt: skip
 
 
 def _mean(means: dict[Any, float]) -> float:

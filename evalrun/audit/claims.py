@@ -1,5 +1,6 @@
-"""Checks of what a run claims beyond its chains: the seal, every score value, and the manifest's
-sampling settings and seeds against what the chains and rows recorded (docs/design.md "Audit")."""
+"""Checks of what a run claims beyond its chains: the seal, every score value, the manifest's
+sampling settings and seeds against what the chains and rows recorded, and a re-baseline record
+(docs/design.md "Audit")."""
 
 from __future__ import annotations
 
@@ -11,11 +12,13 @@ import pyarrow.compute as pc
 
 from evalrun.audit.rescore import recorded_context, recorded_scorer
 from evalrun.errors import BadInput, CheckFailed
+from evalrun.pipeline.manifest import DIGEST_PARTS
+from evalrun.records.canonical import combine
 from evalrun.records.formats import Record, seal_of
 from evalrun.records.outputs import with_error_column
 from evalrun.records.seeds import derive_seed
 from evalrun.rundir import layout
-from evalrun.rundir.reader import read_outputs, read_scores
+from evalrun.rundir.reader import read_outputs, read_rebaseline, read_scores
 from evalrun.scoring import score_columns, score_outputs, scorer_version
 
 SAMPLING_SETTINGS = ("temperature", "top_p", "top_k", "max_tokens", "stop", "logprobs")
@@ -121,3 +124,31 @@ def _first_difference(stored: Any, fresh: Any) -> None:
 def _keyed(table: Any, key: list[str]) -> Iterable[tuple[tuple[Any, ...], dict[str, Any]]]:
     for row in table.to_pylist():
         yield tuple(row[k] for k in key), row
+
+
+def check_rebaseline(run: layout.RunDir, manifest: dict[str, Any], root: str, seal: str) -> str:
+    """rebaseline.json, when present: well-formed, its ``new`` side this run (digest and its parts, Merkle
+    root, seal: each verified by then), the old digest from its parts, and ``changed_parts`` the parts
+    in which the two digests differ. Returns how it went ("absent", or what it records)."""
+    recorded = read_rebaseline(run)
+    if recorded is None:
+        return "absent"
+    old, new = recorded.old, recorded.new
+    where = layout.REBASELINE
+    if new.digest.as_record() != manifest["digest"]:
+        raise _fail(where, f"new.digest {new.digest.digest} (and its parts) is not this run's digest "
+                           f"{manifest['digest']['digest']}: the record re-baselines another run")  # fmt: skip
+    if new.merkle_root != root:
+        raise _fail(where, f"new.merkle_root {new.merkle_root} is not this run's root {root}")
+    if new.seal != seal:
+        raise _fail(where, f"new.seal {new.seal} is not this run's seal {seal}")
+    old_parts = [getattr(old.digest, part) for part in DIGEST_PARTS]
+    if combine(old_parts) != old.digest.digest:
+        raise _fail(where, "old.digest.digest is not sha256(prompt_pack + seed_set + scoring) of its parts")
+    differing = [part for part in DIGEST_PARTS if getattr(old.digest, part) != getattr(new.digest, part)]
+    if not differing:
+        raise _fail(where, "old and new have the same digest: nothing was re-baselined")
+    if recorded.changed_parts != differing:
+        raise _fail(where, f"changed_parts is {recorded.changed_parts}, the digests differ in {differing}")
+    return (f"checked: re-baselined from {old.run} (digest {old.digest.digest}; {', '.join(differing)} changed): "
+            f"{recorded.reason}")  # fmt: skip

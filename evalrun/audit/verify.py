@@ -14,8 +14,11 @@ Order of checks (the first failure is reported, naming file, line, episode and s
    such as two whole chains swapped).
 4. Counts, the Merkle root (and ``--expect-root``), the manifest digest from its parts and each
    part from what the manifest records (:mod:`evalrun.audit.digest_check`), scores against
-   outputs, summary.json from scores.parquet (in the summary format it declares).
+   outputs, summary.json from scores.parquet (in the summary format it declares), and
+   rebaseline.json when present (:func:`evalrun.audit.claims.check_rebaseline`).
 5. attestation.intoto.json if present (and its Ed25519 signature when a public key is given).
+
+``evalrun verify --ledger`` then checks the run against an anchor ledger (:mod:`evalrun.audit.ledger`).
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from evalrun.audit.claims import check_sampling, check_score_values, check_seal, check_seeds
+from evalrun.audit.claims import check_rebaseline, check_sampling, check_score_values, check_seal, check_seeds
 from evalrun.audit.digest_check import check_digest
 from evalrun.errors import CheckFailed
 from evalrun.records.canonical import MAX_SAFE_INTEGER, canonical_json, file_sha256, sha256_hex
@@ -101,7 +104,10 @@ class VerifyReport:
     # not recomputable: no recorded inputs (evalrun.audit.digest_check)
     digest_parts: dict[str, str] = field(default_factory=dict)
     seal: str | None = None  # the run's seal, recomputed (the value to keep elsewhere: --expect-seal)
+    digest: str | None = None  # the run's digest, checked against its parts
     scores: str = "not present"  # recomputed | not recomputed: why
+    rebaseline: str = "absent"  # rebaseline.json: absent | checked: ... (evalrun.audit.claims.check_rebaseline)
+    ledger: str = "not given"  # verify --ledger: where the run is anchored (evalrun.audit.ledger)
 
 
 def _fail(where: str, message: str) -> CheckFailed:
@@ -452,7 +458,8 @@ def _summary_matches(run_path: str) -> bool | None:
 _RESCORE_FOLDER = rf"{layout.RESCORE}/[0-9a-f]{{16}}"
 _RESCORED_NAMES = "|".join(map(re.escape, (layout.SCORES, layout.SUMMARY, layout.RESCORER)))
 _RESCORED = re.compile(rf"{_RESCORE_FOLDER}/({_RESCORED_NAMES})")
-_TOP_LEVEL = {layout.MANIFEST, layout.CONFIG, layout.SCORES, layout.SUMMARY, layout.RECORD, layout.ATTESTATION}
+_TOP_LEVEL = {layout.MANIFEST, layout.CONFIG, layout.SCORES, layout.SUMMARY, layout.RECORD, layout.ATTESTATION,
+              layout.REBASELINE}  # fmt: skip
 
 
 def check_complete(run: layout.RunDir) -> None:
@@ -601,6 +608,7 @@ def _verify_run(
         raise _fail(layout.MANIFEST, f"plans {manifest['episodes']} episodes, the run holds {written}")
     check_sampling(manifest, frozenset().union(*(p.samplings for p in results)))
     check_seeds(run, manifest)
+    rebaseline = check_rebaseline(run, manifest, root, seal)
     scores = "not present"
     if layout.SCORES in record.files:
         failed = frozenset().union(*(p.failed for p in results))
@@ -610,5 +618,6 @@ def _verify_run(
     status = attest.check_attestation(run, record, public_key)
     return VerifyReport(
         run=run.path, episodes=len(heads), log_entries=sum(p.entries for p in results), parts=len(pairs),
-        merkle_root=root, attestation=status, digest_parts=digest_parts, seal=seal, scores=scores,
+        merkle_root=root, attestation=status, digest_parts=digest_parts, seal=seal, digest=record.digest, scores=scores,
+        rebaseline=rebaseline,
     )  # fmt: skip

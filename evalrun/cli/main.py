@@ -23,7 +23,9 @@ from evalrun.analysis.compare import compare_paths
 from evalrun.analysis.gate import RULES, digest_record, gate_paths
 from evalrun.analysis.nondet import nondet_paths
 from evalrun.analysis.runs import load_run
+from evalrun.audit.ledger import anchor_run, verify_anchored
 from evalrun.audit.proofs import check_proof, load_proof, prove
+from evalrun.audit.rebaseline import rebaseline_runs
 from evalrun.audit.replay import replay_run
 from evalrun.audit.rescore import rescore_run
 from evalrun.audit.verify import verify_run
@@ -210,25 +212,64 @@ def resume(run_dir: Path, overrides: tuple[str, ...]) -> None:
     help="A seal kept elsewhere (record.json's seal when the run ended): "
     "the run's recomputed seal must equal it, so that no claimed figure changed.",
 )
+@click.option("--ledger", type=RUN_PATH, metavar="LEDGER",
+              help="An anchor ledger (`evalrun anchor`): its chain must hold, and the run must be anchored there "
+                   "with its seal, digest and Merkle root.")  # fmt: skip
+@click.option("--ledger-head", metavar="HEX",
+              help="A head of LEDGER published after the run was anchored: the ledger's chain must pass through "
+                   "it at or after the run's line.")  # fmt: skip
 @click.option("--public-key", type=RUN_PATH, metavar="PEM",
               help="Ed25519 public key (PEM): the attestation must carry a valid signature by it.")  # fmt: skip
 @click.option("--jobs", type=click.IntRange(min=0), default=0, show_default=True, metavar="N",
               help="Processes checking the parts in parallel (0: one per CPU).")  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help=JSON_HELP)
-def verify(run_dir: Path, expect_root: str | None, expect_seal: str | None, public_key: Path | None, jobs: int,
-           as_json: bool) -> None:  # fmt: skip
+def verify(run_dir: Path, expect_root: str | None, expect_seal: str | None, ledger: Path | None,
+           ledger_head: str | None, public_key: Path | None, jobs: int, as_json: bool) -> None:  # fmt: skip
     """Recompute everything in RUN_DIR that can be recomputed; exit 1 naming the first thing that differs.
 
     Chains, heads and output rows of every part, file hashes, counts, the Merkle root, the manifest
-    digest, scores and summary, and the attestation (docs/design.md lists each check).
+    digest, scores and summary, a re-baseline record, and the attestation (docs/design.md lists each
+    check); with --ledger, the run against its anchored seal, digest and root.
     """
     _hex64("--expect-root", expect_root)
     _hex64("--expect-seal", expect_seal)
-    report = verify_run(run_dir, expect_root=expect_root, public_key=public_key, jobs=jobs, expect_seal=expect_seal)
+    _hex64("--ledger-head", ledger_head)
+    if ledger_head is not None and ledger is None:
+        raise BadInput("--ledger-head", "needs --ledger LEDGER, the ledger whose head it is")
+    checks: dict[str, Any] = {"expect_root": expect_root, "public_key": public_key, "jobs": jobs,
+                              "expect_seal": expect_seal}  # fmt: skip
+    if ledger is not None:
+        report = verify_anchored(run_dir, ledger, ledger_head, **checks)
+    else:
+        report = verify_run(run_dir, **checks)
     if as_json:
         _print_json(render.verify_record(report))
     else:
         render.render_verify(render.stdout_console(), report)
+
+
+@cli.command(short_help="Verify a run and append its seal, digest and root to a ledger.")
+@click.argument("run_dir", type=RUN_PATH)
+@click.argument("ledger", type=RUN_PATH)
+@click.option("--jobs", type=click.IntRange(min=0), default=0, show_default=True, metavar="N",
+              help="Processes verifying the parts in parallel (0: one per CPU).")  # fmt: skip
+def anchor(run_dir: Path, ledger: Path, jobs: int) -> None:
+    """Verify RUN_DIR, then append its name, seal, digest and Merkle root to LEDGER (created when absent).
+
+    LEDGER is append-only and itself a hash chain (docs/design.md "Ledger"). Anchoring the same run
+    again changes nothing; a run of the same name with another seal is refused (exit 1). Prints the
+    entry and the ledger's new head: publish the head, and `evalrun verify RUN_DIR --ledger LEDGER
+    --ledger-head HEX` catches a run directory rewritten after it was anchored.
+    """
+    result = anchor_run(run_dir, ledger, jobs)
+    line = result.line
+    if result.appended:
+        click.echo(f"ok: anchored run {line.entry.run} at {ledger} line {line.number}")
+    else:
+        click.echo(f"ok: run {line.entry.run} is anchored at {ledger} line {line.number} already, with this seal; "
+                   "nothing appended")  # fmt: skip
+    click.echo(f"entry: {line.text}")
+    click.echo(f"ledger head: {result.head}")
 
 
 @cli.command(short_help="Score the stored outputs again, with no engine.")
@@ -305,6 +346,21 @@ def attest(run_dir: Path, key: Path | None) -> None:
     """(Re)write RUN_DIR/attestation.intoto.json from record.json; prints its path."""
     opened = open_run(run_dir)
     click.echo(str(write_attestation(opened, load_record(opened), key)))
+
+
+@cli.command(short_help="Record that a baseline was re-run under a new digest.")
+@click.argument("old_baseline", type=RUN_PATH)
+@click.argument("new_baseline", type=RUN_PATH)
+@click.option("--reason", required=True, metavar="TEXT", help="Why the baseline was re-run (recorded, cited by gate).")
+@click.option("--jobs", type=click.IntRange(min=0), default=0, show_default=True, metavar="N",
+              help="Processes verifying the parts in parallel (0: one per CPU).")  # fmt: skip
+def rebaseline(old_baseline: Path, new_baseline: Path, reason: str, jobs: int) -> None:
+    """Record in NEW_BASELINE/rebaseline.json that it re-runs OLD_BASELINE under a new digest (docs/design.md
+    "Re-baseline"): both runs verify, are runs of the same model and differ in digest. The record holds both
+    digests, roots and seals, REASON and what changed; `evalrun gate` cites it, `evalrun verify` checks it."""
+    record, path = rebaseline_runs(old_baseline, new_baseline, reason, jobs)
+    render.render_rebaseline(render.stdout_console(), record.as_record())
+    click.echo(f"ok: wrote {path}")
 
 
 # --- analysis --------------------------------------------------------------------------------------

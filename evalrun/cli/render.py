@@ -29,6 +29,7 @@ from evalrun.records.formats import REPLAY_FORMAT, RESCORE_FORMAT, VERIFY_FORMAT
 OFF_TERMINAL_WIDTH = 200
 MAX_DIVERGENCES = 10
 MAX_UNSTABLE_ITEMS = 10
+MAX_CHANGES = 20
 
 
 def stdout_console() -> Console:
@@ -139,9 +140,10 @@ def render_verify(console: Console, report: VerifyReport) -> None:
         else:
             table.add_row(label, str(value))
     _emit(console, table)
+    anchored = f"; {report.ledger}" if report.ledger != "not given" else ""
     _line(console, f"ok: {report.episodes} episodes, {report.log_entries} log entries, {report.parts} parts; "
                    f"merkle root {report.merkle_root}; seal {report.seal}; "
-                   f"attestation {report.attestation}")  # fmt: skip
+                   f"attestation {report.attestation}{anchored}")  # fmt: skip
 
 
 def replay_record(report: ReplayReport) -> dict[str, Any]:
@@ -239,7 +241,31 @@ def render_gate(console: Console, d: GateDecision) -> None:
     decision.add_row("margin", _num(d.margin))
     decision.add_row("rule", d.margin_rule)
     _emit(console, decision)
+    if d.rebaseline is not None:
+        render_rebaseline(console, d.rebaseline)
     _line(console, f"{'PASS' if d.passed else 'BLOCKED'}: {d.reason}")
+
+
+def render_rebaseline(console: Console, record: Mapping[str, Any]) -> None:
+    """A rebaseline.json (evalrun.rebaseline/1): both runs, the reason, what changed."""
+    old, new = record["old"], record["new"]
+    _line(console, f"re-baseline: the baseline re-ran {old['run']} under a new digest ({record['created_at']}): "
+                   f"{record['reason']}")  # fmt: skip
+    runs = _table("", "old", "new")
+    runs.add_row("run", old["run"], new["run"])
+    for part in ("digest", "prompt_pack", "seed_set", "scoring"):
+        runs.add_row(part, old["digest"][part], new["digest"][part])
+    runs.add_row("merkle root", old["merkle_root"], new["merkle_root"])
+    runs.add_row("seal", old["seal"], new["seal"])
+    _emit(console, runs)
+    changes = record["changes"]
+    _line(console, f"changed digest parts: {', '.join(record['changed_parts'])}; {len(changes)} recorded fields differ")
+    if changes:
+        title = f"fields that differ (first {MAX_CHANGES} of {len(changes)})" if len(changes) > MAX_CHANGES else None
+        table = _table("field", "old", "new", title=title)
+        for change in changes[:MAX_CHANGES]:
+            table.add_row(change["field"], _short(change["old"], 50), _short(change["new"], 50))
+        _emit(console, table)
 
 
 def render_nondet(console: Console, r: NondetReport) -> None:

@@ -48,6 +48,8 @@ NONDET_FORMAT = "evalrun.nondet/1"  # evalrun nondet --json
 VERIFY_FORMAT = "evalrun.verify/1"  # evalrun verify --json
 RESCORE_FORMAT = "evalrun.rescore/1"  # evalrun rescore --json
 REPLAY_FORMAT = "evalrun.replay/1"  # evalrun replay --json
+LEDGER_FORMAT = "evalrun.ledger/1"  # one line of an anchor ledger (evalrun anchor)
+REBASELINE_FORMAT = "evalrun.rebaseline/1"  # RUN_DIR/rebaseline.json (evalrun rebaseline)
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"  # attestation.intoto.json
 PREDICATE_TYPE = "https://evalrun.dev/attestation/run/v1"
 PAYLOAD_TYPE = "application/vnd.in-toto+json"  # DSSE payload type of a signed attestation
@@ -62,6 +64,9 @@ JsonInt = Annotated[int, Field(ge=-MAX_SAFE_INTEGER, le=MAX_SAFE_INTEGER)]
 """An integer canonical JSON can hold exactly (RFC 8785 numbers are IEEE doubles)."""
 
 Count = Annotated[int, Field(ge=0, le=MAX_SAFE_INTEGER)]
+
+Text = Annotated[str, StringConstraints(min_length=1)]
+"""A string that says something: not empty."""
 
 
 def _read_as_jcs(value: Any) -> Any:
@@ -316,3 +321,59 @@ class Proof(RecordModel):
     path: list[Hex64]  # RFC 6962 audit path, leaf to root
     root: Hex64
     lines: list[str] = []  # the episode's chain lines
+
+
+# --- anchor ledgers (evalrun anchor) -----------------------------------------------------------
+
+
+class LedgerEntry(RecordModel):
+    """One line of an anchor ledger: an append-only file of canonical JSON lines that is itself a hash
+    chain (``hash_0 = "0" * 64``, ``hash_i = sha256(hash_{i-1} + line_i)``; ``prev`` is the hash
+    before the line, ``seq`` its index). See docs/design.md "Ledger"."""
+
+    format: Literal["evalrun.ledger/1"] = LEDGER_FORMAT
+    seq: Count
+    prev: Hex64
+    run: Text  # the run directory's name: a ledger anchors a name once
+    seal: Hex64
+    digest: Hex64
+    merkle_root: Hex64
+    anchored_at: str  # ISO 8601, UTC (provenance: when the line was appended)
+
+
+# --- rebaseline.json (evalrun rebaseline) ------------------------------------------------------
+
+DigestPart = Literal["prompt_pack", "seed_set", "scoring"]
+
+
+class BaselineRun(RecordModel):
+    """One side of a re-baseline: a run as verify found it."""
+
+    run: Text  # the run directory's name when it was re-baselined
+    digest: DigestRecord
+    merkle_root: Hex64
+    seal: Hex64
+
+
+class FieldChange(RecordModel):
+    """A recorded field that differs between the old and the new baseline (null: absent on that side)."""
+
+    field: Text  # dotted path: digest_inputs.seed_set.master, decoding.temperature, ...
+    old: Json
+    new: Json
+
+
+class Rebaseline(RecordModel):
+    """RUN_DIR/rebaseline.json: this run is the baseline ``old`` re-run under a new digest, and why.
+
+    Written after the run was sealed (record.json does not list it); ``evalrun verify`` checks that
+    ``new`` is this run and that ``changed_parts`` are the parts in which the two digests differ.
+    """
+
+    format: Literal["evalrun.rebaseline/1"] = REBASELINE_FORMAT
+    old: BaselineRun
+    new: BaselineRun
+    reason: Text
+    changed_parts: list[DigestPart]  # the digest parts that differ, in digest order
+    changes: list[FieldChange]  # what the two manifests record differently (see evalrun.audit.rebaseline)
+    created_at: str  # ISO 8601, UTC (provenance)

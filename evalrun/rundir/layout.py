@@ -19,6 +19,7 @@ SCORES = "scores.parquet"
 SUMMARY = "summary.json"
 RECORD = "record.json"
 ATTESTATION = "attestation.intoto.json"
+REBASELINE = "rebaseline.json"  # written by `evalrun rebaseline` into a sealed run: not in record.json
 LOCK = ".lock"  # present only while a driver holds it
 # evalrun rescore writes RESCORE/<16 hex digits of the scoring hash>/{SCORES, SUMMARY, RESCORER}
 RESCORE = "rescore"
@@ -39,6 +40,7 @@ class RunDir:
     scores = property(lambda self: self.path / SCORES)
     summary = property(lambda self: self.path / SUMMARY)
     record = property(lambda self: self.path / RECORD)
+    rebaseline = property(lambda self: self.path / REBASELINE)
 
     def output_part(self, index: int) -> Path:
         return self.outputs / f"part-{index:05d}.parquet"

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -31,7 +31,17 @@ from evalrun.records.entries import (
     parse_entry,
     request_hash,
 )
-from evalrun.records.formats import RECORD_FORMAT, SCHEDULE_FORMAT, Manifest, Record, Summary, first_error
+from evalrun.records.formats import (
+    REBASELINE_FORMAT,
+    RECORD_FORMAT,
+    SCHEDULE_FORMAT,
+    Manifest,
+    Rebaseline,
+    Record,
+    RecordModel,
+    Summary,
+    first_error,
+)
 from evalrun.records.outputs import (
     CHAIN_COLUMNS,
     CHAIN_SCHEMA,
@@ -41,6 +51,8 @@ from evalrun.records.outputs import (
     with_error_column,
 )
 from evalrun.rundir import layout
+
+RecordT = TypeVar("RecordT", bound=RecordModel)
 
 
 def _fail(where: str, message: str) -> CheckFailed:
@@ -133,21 +145,35 @@ def load_record(run: layout.RunDir) -> Record:
     if not run.record.is_file():
         raise _fail(layout.RECORD, f"missing: the run is incomplete (interrupted before its end, or the file was "
                                    f"removed); `evalrun resume {run.path}` completes an interrupted run")  # fmt: skip
-    text = run.record.read_text(encoding="utf-8", errors="replace")
+    return _canonical_record(run, layout.RECORD, "record", RECORD_FORMAT, Record)
+
+
+def read_rebaseline(run: layout.RunDir) -> Rebaseline | None:
+    """rebaseline.json, typed, or None when the run has none (docs/design.md "Re-baseline"); what it
+    claims of the run (its ``new`` side) is checked by ``evalrun verify``."""
+    if not run.rebaseline.is_file():
+        return None
+    return _canonical_record(run, layout.REBASELINE, "re-baseline", REBASELINE_FORMAT, Rebaseline)
+
+
+def _canonical_record(run: layout.RunDir, name: str, kind: str, expected: str, model: type[RecordT]) -> RecordT:
+    """A file holding one canonical JSON record of format ``expected``, typed by ``model``: CheckFailed
+    naming the field for anything the model does not allow, BadInput for a format this code does not know."""
+    text = (run.path / name).read_text(encoding="utf-8", errors="replace")
     try:
-        record = json.loads(text)
+        value = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise _fail(layout.RECORD, f"not valid JSON ({exc.msg}, line {exc.lineno})") from exc
-    if not isinstance(record, dict) or text != canonical_json(record) + "\n":
-        raise _fail(layout.RECORD, "not a canonical JSON object")
-    if record.get("format") != RECORD_FORMAT:
-        raise BadInput(layout.RECORD, f"unknown record format {record.get('format')!r}; expected {RECORD_FORMAT!r}")
+        raise _fail(name, f"not valid JSON ({exc.msg}, line {exc.lineno})") from exc
+    if not isinstance(value, dict) or text != canonical_json(value) + "\n":
+        raise _fail(name, "not a canonical JSON object")
+    if value.get("format") != expected:
+        raise BadInput(name, f"unknown {kind} format {value.get('format')!r}; expected {expected!r}")
     try:
-        return Record.model_validate(record)
+        return model.model_validate(value)
     except ValidationError as exc:
         field, message = first_error(exc)
         problem = f"missing field {field!r}" if message == "missing" else f"field {field!r}: {message}"
-        raise _fail(layout.RECORD, problem) from None
+        raise _fail(name, problem) from None
 
 
 def part_pairs(run: layout.RunDir, record: Record) -> list[tuple[str, str]]:

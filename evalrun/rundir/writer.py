@@ -9,10 +9,10 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -21,6 +21,8 @@ from evalrun.errors import BadInput, write_failed
 from evalrun.records.canonical import canonical_json, file_sha256, sha256_hex
 from evalrun.records.formats import RecordModel
 from evalrun.rundir.layout import ATTESTATION, LOCK, LOG, OUTPUTS, PART_PATTERN, RECORD, SCORES, SUMMARY, RunDir
+
+T = TypeVar("T")
 
 
 def _fsync_dir(path: Path) -> None:
@@ -181,3 +183,36 @@ def write_json(path: Path, value: RecordModel | Any) -> str:
     """Write a record (or any JSON value) as canonical JSON and a newline; returns its sha256."""
     data = value.as_record() if isinstance(value, RecordModel) else value
     return write_atomic(path, (canonical_json(data) + "\n").encode("utf-8"))
+
+
+def append_locked(path: Path, decide: Callable[[bytes], tuple[T, bytes | None]]) -> T:
+    """Append to an append-only file (a ledger): under an exclusive ``flock``, ``decide`` reads the
+    whole file and returns (its result, the bytes to append or None); they are appended in one write
+    and fsynced. Creates the file when absent; never rewrites what is there. A failed write
+    (WriteFailed, naming ``path``) is cut off again, so the file keeps only whole lines.
+    """
+    created = not path.exists()
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
+    except OSError as exc:
+        raise write_failed(path, exc) from exc
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # waits for another appender; released when fd closes
+        with open(fd, "rb", closefd=False) as fh:
+            existing = fh.read()
+        result, data = decide(existing)
+        if data is not None:
+            try:
+                written = os.write(fd, data)
+                if written != len(data):
+                    raise OSError(0, f"wrote {written} of {len(data)} bytes")
+                os.fsync(fd)
+            except OSError as exc:
+                with contextlib.suppress(OSError):
+                    os.ftruncate(fd, len(existing))
+                raise write_failed(path, exc) from exc
+        if created:
+            _fsync_dir(path.parent)
+        return result
+    finally:
+        os.close(fd)
