@@ -236,6 +236,7 @@ def test_the_default_config_records_what_the_golden_run_recorded() -> None:
     assert written["task"].pop("world") is None  # added with agent tasks: none for a dataset task
     assert written["task"].pop("references") is None  # added with frozen answer sets
     assert written["seeds"].pop("fewshot") is None  # added with the few-shot seed: the master seed
+    assert written["run"].pop("on_drift") is None  # added with worker provenance: the profile's default
     assert written == recorded
 
 
