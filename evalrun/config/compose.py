@@ -12,7 +12,7 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from evalrun.config.overrides import apply_overrides, parse_overrides
+from evalrun.config.overrides import Override, apply_overrides, parse_overrides
 from evalrun.config.paths import CONF_DIR
 from evalrun.config.schema import Schema
 from evalrun.config.settings import EvalConfig
@@ -44,9 +44,11 @@ def compose_config(overrides: list[str], config_dir: Path = CONF_DIR) -> DictCon
         GlobalHydra.instance().clear()
 
 
-def load_stored(path: Path, overrides: list[str]) -> DictConfig:
+def load_stored(path: Path, overrides: list[str], config_dir: Path = CONF_DIR) -> DictConfig:
     """A run's resolved ``config.yaml`` over the current schema, then ``KEY=VALUE`` overrides.
 
+    An override that names a config group (``cluster=inline``) replaces that section with the group's
+    file, as composing a run would; as in Hydra, group choices are applied before the other overrides.
     Not yet validated: callers adjust it (replay drops the model path) and then call :func:`validate`.
     """
     parsed = parse_overrides(overrides, plain=True)
@@ -55,8 +57,31 @@ def load_stored(path: Path, overrides: list[str]) -> DictConfig:
     except (OSError, ValueError, OmegaConfBaseException) as exc:
         raise BadInput(str(path), f"expected a resolved evalrun config ({str(exc).splitlines()[0]})") from exc
     assert isinstance(cfg, DictConfig)
-    apply_overrides(cfg, parsed)
+    choices = [o for o in parsed if _is_group(o.key, config_dir)]
+    for choice in choices:
+        cfg[choice.key] = _group_section(choice, config_dir)
+    apply_overrides(cfg, [o for o in parsed if not _is_group(o.key, config_dir)])
     return cfg
+
+
+def _is_group(key: str, config_dir: Path) -> bool:
+    return "." not in key and (config_dir / key).is_dir()
+
+
+def _group_section(choice: Override, config_dir: Path) -> DictConfig:
+    """The section a group choice (``GROUP=NAME``) selects: ``config_dir/GROUP/NAME.yaml`` over the schema's."""
+    group = config_dir / choice.key
+    options = sorted(p.stem for p in group.glob("*.yaml"))
+    if not isinstance(choice.value, str) or choice.value not in options:
+        raise BadInput(choice.text, f"expected {choice.key}=NAME with NAME one of {options}")
+    try:
+        section = OmegaConf.merge(
+            OmegaConf.structured(Schema)[choice.key], OmegaConf.load(group / f"{choice.value}.yaml")
+        )
+    except (OSError, ValueError, OmegaConfBaseException) as exc:
+        raise BadInput(choice.text, str(exc).strip().splitlines()[0]) from exc
+    assert isinstance(section, DictConfig)
+    return section
 
 
 def load(overrides: list[str]) -> EvalConfig:

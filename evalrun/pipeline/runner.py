@@ -190,13 +190,14 @@ def execute(prepared: Prepared, dispatcher: Dispatcher | None = None) -> Path:
 
 
 def load_run_config(run: layout.RunDir, overrides: list[str]) -> EvalConfig:
-    """The config a run was made with (its config.yaml), with ``cluster.*``/``run.progress`` overrides."""
+    """The config a run was made with (its config.yaml), with ``cluster=NAME``, ``cluster.*`` and
+    ``run.progress`` overrides: how it runs, never what it computes."""
     if not run.config.is_file() or not run.manifest.is_file():
         raise BadInput(str(run.path), "not an evalrun run directory (config.yaml or manifest.json is missing)")
     for override in parse_overrides(overrides, plain=True):
-        if not (override.key.startswith("cluster.") or override.key == "run.progress"):
-            raise BadInput(override.text, "resume accepts only cluster.* and run.progress overrides; the rest is "
-                                          "the run's own")  # fmt: skip
+        if not (override.key in ("cluster", "run.progress") or override.key.startswith("cluster.")):
+            raise BadInput(override.text, "only cluster=NAME, cluster.* and run.progress overrides are accepted; "
+                                          "the rest is the run's own")  # fmt: skip
     return validate(load_stored(run.config, overrides))
 
 
