@@ -182,7 +182,7 @@ def run(multirun: bool, overrides: tuple[str, ...]) -> None:
 def resume(run_dir: Path, overrides: tuple[str, ...]) -> None:
     """Finish the interrupted run in RUN_DIR, keeping its complete parts.
 
-    OVERRIDES may change only how it runs: cluster.KEY=VALUE and run.progress=BOOL. Prints the results
+    OVERRIDES may change only how it runs: cluster=NAME, cluster.KEY=VALUE and run.progress=BOOL. Prints the results
     table, then the run directory as the last line of stdout.
     """
     if "=" in str(run_dir):

@@ -186,6 +186,8 @@ def render_check(console: Console, report: CheckReport) -> None:
     for v in report.verdicts:
         verdicts.add_row(v.check, "PASS" if v.passed else "FAIL", v.summary, v.first_divergence or "-")
     _emit(console, verdicts)
+    if report.replay is not None:
+        _line(console, f"replay: {report.replay.verdict}")
     r = report.repeat
     if r is not None:
         _line(console, f"repeated items ({len(r.items)} of {r.items_in_run}, drawn by {r.seed['purpose']} from master "
