@@ -395,7 +395,7 @@ def replay_verdict(path: Path) -> tuple[Verdict, ReplayReport | None]:
         outcome = f"every head as recorded; the root {'matches' if report.root_matches else 'differs'}, the scores "
         outcome += "are identical" if report.scores_identical else "differ"
         first = "the scores" if report.root_matches else "the Merkle root"
-    code = "the recording code" if report.same_code else "other code than the recording's: not a reproduction"
+    code = "the recording code" if report.same_code else "replayed with other code than the recording's"
     return Verdict("replay", report.matches, f"{outcome} ({code})", first), report
 
 
@@ -462,12 +462,17 @@ def check_run(
         raise BadInput("--keep", f"{keep} is inside the run checked; a run directory holds nothing else")
     scratch = Path(tempfile.mkdtemp(prefix="evalrun-check-")) if keep is None else None
     try:
-        plan = plan_repeat(run, repeat_items, overrides, keep if keep is not None else scratch / "repeat")
+        plan = plan_repeat(run, repeat_items, overrides, keep or Path(str(scratch)) / "repeat")
         replay, replayed = replay_verdict(path)
         rescore, rescored = rescore_verdict(path)
         repeat_dir = execute(plan.prepared, dispatcher)
-        repeated = repeat_report(run, plan, repeat_dir, kept=keep is not None)
+        repeated: RepeatReport | None = None
+        try:
+            repeated = repeat_report(run, plan, repeat_dir, kept=keep is not None)
+            repeat = repeat_verdict(repeated)
+        except CheckFailed as exc:  # the original's chains or rows cannot be read (verify names the damage)
+            repeat = Verdict("repeat", False, f"could not compare: {exc}", None)
     finally:
         if scratch is not None:
             shutil.rmtree(scratch, ignore_errors=True)
-    return CheckReport(str(path), (replay, rescore, repeat_verdict(repeated)), replayed, rescored, repeated)
+    return CheckReport(str(path), (replay, rescore, repeat), replayed, rescored, repeated)

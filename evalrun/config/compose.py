@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from pathlib import Path
 
 import yaml
@@ -44,10 +45,10 @@ def compose_config(overrides: list[str], config_dir: Path = CONF_DIR) -> DictCon
         GlobalHydra.instance().clear()
 
 
-def load_stored(path: Path, overrides: list[str], config_dir: Path = CONF_DIR) -> DictConfig:
+def load_stored(path: Path, overrides: list[str], groups: Collection[str] = ()) -> DictConfig:
     """A run's resolved ``config.yaml`` over the current schema, then ``KEY=VALUE`` overrides.
 
-    An override that names a config group (``cluster=inline``) replaces that section with the group's
+    ``GROUP=NAME`` for a group in ``groups`` (``cluster=inline``) replaces that section with the group's
     file, as composing a run would; as in Hydra, group choices are applied before the other overrides.
     Not yet validated: callers adjust it (replay drops the model path) and then call :func:`validate`.
     """
@@ -57,20 +58,15 @@ def load_stored(path: Path, overrides: list[str], config_dir: Path = CONF_DIR) -
     except (OSError, ValueError, OmegaConfBaseException) as exc:
         raise BadInput(str(path), f"expected a resolved evalrun config ({str(exc).splitlines()[0]})") from exc
     assert isinstance(cfg, DictConfig)
-    choices = [o for o in parsed if _is_group(o.key, config_dir)]
-    for choice in choices:
-        cfg[choice.key] = _group_section(choice, config_dir)
-    apply_overrides(cfg, [o for o in parsed if not _is_group(o.key, config_dir)])
+    for choice in (o for o in parsed if o.key in groups):
+        cfg[choice.key] = _group_section(choice)
+    apply_overrides(cfg, [o for o in parsed if o.key not in groups])
     return cfg
 
 
-def _is_group(key: str, config_dir: Path) -> bool:
-    return "." not in key and (config_dir / key).is_dir()
-
-
-def _group_section(choice: Override, config_dir: Path) -> DictConfig:
-    """The section a group choice (``GROUP=NAME``) selects: ``config_dir/GROUP/NAME.yaml`` over the schema's."""
-    group = config_dir / choice.key
+def _group_section(choice: Override) -> DictConfig:
+    """The section a group choice (``GROUP=NAME``) selects: ``conf/GROUP/NAME.yaml`` over the schema's."""
+    group = CONF_DIR / choice.key
     options = sorted(p.stem for p in group.glob("*.yaml"))
     if not isinstance(choice.value, str) or choice.value not in options:
         raise BadInput(choice.text, f"expected {choice.key}=NAME with NAME one of {options}")

@@ -198,7 +198,7 @@ def load_run_config(run: layout.RunDir, overrides: list[str]) -> EvalConfig:
         if not (override.key in ("cluster", "run.progress") or override.key.startswith("cluster.")):
             raise BadInput(override.text, "only cluster=NAME, cluster.* and run.progress overrides are accepted; "
                                           "the rest is the run's own")  # fmt: skip
-    return validate(load_stored(run.config, overrides))
+    return validate(load_stored(run.config, overrides, groups=("cluster",)))
 
 
 def resume(run_path: Path, overrides: list[str] | None = None, dispatcher: Dispatcher | None = None) -> Path:
