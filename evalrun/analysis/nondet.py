@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections import Counter, defaultdict
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -105,26 +106,46 @@ class NondetReport:
         return {"format": NONDET_FORMAT, **asdict(self)}
 
 
-def episode_nondet(e: EpisodeOutputs) -> EpisodeNondet:
-    seqs = e.token_ids
-    shortest = min(len(s) for s in seqs)
-    first = next((j for j in range(shortest) if len({s[j] for s in seqs}) > 1), None)
-    if first is None and len({len(s) for s in seqs}) > 1:
+@dataclass(frozen=True)
+class TokenAgreement:
+    first_divergence: int | None  # None: all N token sequences equal
+    max_abs_logprob_diff: float | None  # None: no position before it with a logprob from every run
+
+
+def token_agreement(
+    token_ids: Sequence[Sequence[int]], logprobs: Sequence[Sequence[float | None]]
+) -> TokenAgreement:  # fmt: skip
+    """N token sequences of one generation (one per run) and their logprobs: the first position where
+    they are not all equal (the shorter length when one is a prefix of another) and the largest
+    |logprob difference| over the positions before it where every run has a logprob."""
+    shortest = min(len(s) for s in token_ids)
+    first = next((j for j in range(shortest) if len({s[j] for s in token_ids}) > 1), None)
+    if first is None and len({len(s) for s in token_ids}) > 1:
         first = shortest
     agree = shortest if first is None else first
     worst: float | None = None
     for j in range(agree):
-        column = [lp[j] for lp in e.logprobs if j < len(lp)]
-        if len(column) == len(e.logprobs) and all(v is not None for v in column):
+        column = [lp[j] for lp in logprobs if j < len(lp)]
+        if len(column) == len(logprobs) and all(v is not None for v in column):
             finite = [float(v) for v in column if v is not None]
             gap = max(finite) - min(finite)
             worst = gap if worst is None else max(worst, gap)
+    return TokenAgreement(first, worst)
+
+
+def agreement_rate(identical_by_item: Mapping[Any, Sequence[bool]]) -> float:
+    """TAR: the share of items all of whose episodes are identical over the N runs."""
+    return sum(all(flags) for flags in identical_by_item.values()) / len(identical_by_item)
+
+
+def episode_nondet(e: EpisodeOutputs) -> EpisodeNondet:
+    tokens = token_agreement(e.token_ids, e.logprobs)
     return EpisodeNondet(
         identical_raw=len(set(e.outputs)) == 1,
         identical_answer=len(set(e.answers)) == 1,
         distinct=len(set(e.outputs)),
-        first_divergence=first,
-        max_abs_logprob_diff=worst,
+        first_divergence=tokens.first_divergence,
+        max_abs_logprob_diff=tokens.max_abs_logprob_diff,
     )
 
 
@@ -181,8 +202,8 @@ def analyse(
         items=len(items),
         episodes=len(episodes),
         unmatched_episodes=unmatched,
-        tarr=sum(i.identical_raw for i in items) / len(items),
-        tara=sum(i.identical_answer for i in items) / len(items),
+        tarr=agreement_rate({k: [nd.identical_raw for nd in v] for k, v in by_item.items()}),
+        tara=agreement_rate({k: [nd.identical_answer for nd in v] for k, v in by_item.items()}),
         distinct_mean=math.fsum(nd.distinct for nd in nds) / len(nds),
         distinct_max=max(nd.distinct for nd in nds),
         distinct_histogram={str(k): v for k, v in sorted(Counter(nd.distinct for nd in nds).items())},

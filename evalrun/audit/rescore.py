@@ -44,6 +44,16 @@ class TaskDiff:
 
 
 @dataclass(frozen=True)
+class ScoreDifference:
+    """The first score row (in scores.parquet's order) whose rescored value or extracted answer differs."""
+
+    episode_id: str
+    metric: str
+    recorded: float | None
+    rescored: float | None
+
+
+@dataclass(frozen=True)
 class RescoreReport:
     rows: int
     scorer_changed: bool
@@ -51,6 +61,7 @@ class RescoreReport:
     bytes_identical: bool  # and its Parquet bytes equal the file's
     diffs: tuple[TaskDiff, ...]
     written: Path | None
+    first_difference: ScoreDifference | None = None
 
 
 def recorded_scorer(run: layout.RunDir) -> ScorerConfig:
@@ -135,8 +146,32 @@ def recorded_context(run: layout.RunDir, rubric_path: Path | None) -> tuple[Scor
     return ScoringContext.recorded(manifest, rubric), rubric.as_record() != recorded_record
 
 
-def rescore_run(path: Path, overrides: list[str]) -> RescoreReport:
-    run = open_run(path)
+def first_difference(old: pa.Table, new: pa.Table) -> ScoreDifference | None:
+    """The first row of ``old`` whose value or extracted answer ``new`` does not have for its episode and metric
+    (a row ``new`` lacks: rescored None)."""
+    key = ["episode_id", "metric"]
+    rescored = {(e, m): (v, x) for e, m, v, x in zip(*(new.column(c).to_pylist() for c in [*key, "value", "extracted"]),
+                                                      strict=True)}  # fmt: skip
+    for e, m, v, x in zip(*(old.column(c).to_pylist() for c in [*key, "value", "extracted"]), strict=True):
+        got = rescored.pop((e, m), None)
+        if got is None or got != (v, x):
+            return ScoreDifference(e, m, v, None if got is None else got[0])
+    return next((ScoreDifference(e, m, None, v) for (e, m), (v, _x) in rescored.items()), None)
+
+
+@dataclass(frozen=True)
+class _Rescored:
+    spec: ScorerConfig
+    context: ScoringContext
+    scorer_changed: bool
+    old: pa.Table
+    new: pa.Table
+    identical: bool
+    bytes_identical: bool
+    new_bytes: bytes
+
+
+def _rescore(run: layout.RunDir, overrides: list[str]) -> _Rescored:
     recorded = recorded_scorer(run)
     settings, rubric_path = split_overrides(overrides)
     context, rubric_changed = recorded_context(run, rubric_path)
@@ -150,20 +185,41 @@ def rescore_run(path: Path, overrides: list[str]) -> RescoreReport:
     scorer_changed = spec != recorded or rubric_changed or old_versions - {scorer_version(spec)} != set()
     identical = same_scores(old, new)
     new_bytes = writer.table_bytes(new)
-    if identical:
-        return RescoreReport(new.num_rows, scorer_changed, True, new_bytes == old_bytes, (), None)
+    return _Rescored(
+        spec, context, scorer_changed, old, new, identical, identical and new_bytes == old_bytes, new_bytes
+    )
+
+
+def rescore_recorded(path: Path) -> RescoreReport:
+    """The stored outputs rescored with the run's own scorer and compared with scores.parquet; nothing
+    is written and a difference is reported, not raised (``evalrun check``)."""
+    r = _rescore(open_run(path), [])
+    if r.identical:
+        return RescoreReport(r.new.num_rows, r.scorer_changed, True, r.bytes_identical, (), None)
+    return RescoreReport(r.new.num_rows, r.scorer_changed, False, False, _diffs(r.old, r.new), None,
+                         first_difference(r.old, r.new))  # fmt: skip
+
+
+def rescore_run(path: Path, overrides: list[str]) -> RescoreReport:
+    run = open_run(path)
+    r = _rescore(run, overrides)
+    spec, context, scorer_changed, new = r.spec, r.context, r.scorer_changed, r.new
+    if r.identical:
+        return RescoreReport(new.num_rows, scorer_changed, True, r.bytes_identical, (), None)
     out_dir = run.path / layout.RESCORE / scoring_hash(spec, context)[:16]
     out_dir.mkdir(parents=True, exist_ok=True)
-    writer.write_atomic(out_dir / layout.SCORES, new_bytes)
+    writer.write_atomic(out_dir / layout.SCORES, r.new_bytes)
     writer.write_json(out_dir / layout.SUMMARY, summarize(new))
     writer.write_json(out_dir / layout.RESCORER, {**spec.as_record(), "context": context.as_record()})
-    diffs = _diffs(old, new)
-    report = RescoreReport(new.num_rows, scorer_changed, False, False, diffs, out_dir)
+    diffs = _diffs(r.old, new)
+    report = RescoreReport(new.num_rows, scorer_changed, False, False, diffs, out_dir, first_difference(r.old, new))
     if not scorer_changed:
         changed = sum(d.changed_episodes for d in diffs)
+        first = report.first_difference
+        where = f"; first: episode {first.episode_id} metric {first.metric}" if first is not None else ""
         raise CheckFailed(
             f"{layout.SCORES}: rescoring with the recorded scorer {spec.name} version "
-            f"{scorer_version(spec)} gives different scores ({changed} rows differ; new scores in "
+            f"{scorer_version(spec)} gives different scores ({changed} rows differ{where}; new scores in "
             f"{out_dir}): the scorer code changed without a version bump, or the outputs changed"
         )
     return report

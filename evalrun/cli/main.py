@@ -29,6 +29,7 @@ from evalrun.audit.rebaseline import rebaseline_runs
 from evalrun.audit.replay import replay_run
 from evalrun.audit.rescore import rescore_run
 from evalrun.audit.verify import verify_run
+from evalrun.check import DEFAULT_REPEAT_ITEMS, check_run
 from evalrun.cli import render
 from evalrun.errors import (
     EXIT_BAD_INPUT,
@@ -188,7 +189,7 @@ def run(multirun: bool, overrides: tuple[str, ...]) -> None:
 def resume(run_dir: Path, overrides: tuple[str, ...]) -> None:
     """Finish the interrupted run in RUN_DIR, keeping its complete parts.
 
-    OVERRIDES may change only how it runs: cluster.KEY=VALUE and run.progress=BOOL. Prints the results
+    OVERRIDES may change only how it runs: cluster=NAME, cluster.KEY=VALUE and run.progress=BOOL. Prints the results
     table, then the run directory as the last line of stdout.
     """
     if "=" in str(run_dir):
@@ -312,6 +313,35 @@ def replay(run_dir: Path, overrides: tuple[str, ...], as_json: bool) -> None:
                           f"episode {first.episode} seq {first.seq}")  # fmt: skip
     if not report.matches:
         raise CheckFailed(report.verdict)
+
+
+@cli.command(short_help="Is this run reproducible here? Replay, rescore and a live repeat.")
+@click.argument("run_dir", type=RUN_PATH)
+@click.argument("overrides", nargs=-1)
+@click.option("--repeat-items", type=click.IntRange(min=1), default=DEFAULT_REPEAT_ITEMS, show_default=True,
+              metavar="N", help="Items to run again live (all their episodes; all items if fewer).")  # fmt: skip
+@click.option("--keep", type=RUN_PATH, metavar="DIR",
+              help="Keep the repeat's run directory at DIR (default: a temporary directory, removed).")  # fmt: skip
+@click.option("--json", "as_json", is_flag=True, help=JSON_HELP)
+def check(run_dir: Path, overrides: tuple[str, ...], repeat_items: int, keep: Path | None, as_json: bool) -> None:
+    """The three reproducibility checks of RUN_DIR, one verdict each; exit 1 if any fails.
+
+    replay: the recorded model replies and tool results against a fresh harness and fresh worlds (every
+    line, head, the root, the scores). rescore: the stored outputs scored again (bit-identical values).
+    repeat: N items drawn from the master seed run again live with the recorded config; per episode the
+    first divergent token and max |logprob difference|, TARr/TARa, the mean against the original's 95%
+    interval, and the settings that differ. OVERRIDES change only how the repeat runs: cluster=NAME,
+    cluster.KEY=VALUE, run.progress=BOOL.
+    """
+    if "=" in str(run_dir):
+        raise BadInput("RUN_DIR", "usage: evalrun check RUN_DIR [--repeat-items N] [cluster.KEY=VALUE ...]")
+    report = check_run(run_dir, repeat_items, list(overrides), keep)
+    if as_json:
+        _print_json(report.as_record())
+    else:
+        render.render_check(render.stdout_console(), report)
+    if not report.passed:
+        raise CheckFailed(report.failure())
 
 
 @cli.command("prove", short_help="Inclusion proof of one episode under the Merkle root.")

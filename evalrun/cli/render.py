@@ -24,6 +24,7 @@ from evalrun.analysis.runs import OVERALL
 from evalrun.audit.replay import ReplayReport
 from evalrun.audit.rescore import RescoreReport
 from evalrun.audit.verify import VerifyReport
+from evalrun.check import CheckReport
 from evalrun.records.formats import REPLAY_FORMAT, RESCORE_FORMAT, VERIFY_FORMAT
 
 OFF_TERMINAL_WIDTH = 200
@@ -179,6 +180,40 @@ def render_rescore(console: Console, report: RescoreReport) -> None:
         before, after = _num(d.old_mean), _num(d.new_mean)
         table.add_row(d.task, d.metric, before, after, _num(delta, "+.4f"), str(d.changed_episodes))
     _emit(console, table)
+
+
+def render_check(console: Console, report: CheckReport) -> None:
+    """The verdict table (one row per check), the repeat's agreement, means and settings, then "ok:" on a pass."""
+    verdicts = _table("check", "result", "what", "first divergence", title=f"check: {report.run}")
+    for v in report.verdicts:
+        verdicts.add_row(v.check, "PASS" if v.passed else "FAIL", v.summary, v.first_divergence or "-")
+    _emit(console, verdicts)
+    if report.replay is not None:
+        _line(console, f"replay: {report.replay.verdict}")
+    r = report.repeat
+    if r is not None:
+        _line(console, f"repeated items ({len(r.items)} of {r.items_in_run}, drawn by {r.seed['purpose']} from master "
+                       f"seed {r.seed['master']}): {' '.join(r.items)}")  # fmt: skip
+        drift = _num(r.max_abs_logprob_diff, ".3e")
+        _line(console, f"repeat: {r.identical_tokens} of {r.episodes} episodes identical in tokens, {r.same_heads} "
+                       f"with identical chains; TARr {r.tarr:.4f}, TARa {r.tara:.4f}; max |logprob diff| before "
+                       f"divergence {drift}; first divergence: {r.first_divergence or 'none'}")  # fmt: skip
+        means = _table("task", "metric", "items>", "original>", "original 95% interval>", "repeat>", "inside",
+                       title="repeat mean against the original's 95% interval over the same items")  # fmt: skip
+        for m in r.means:
+            means.add_row(m.task, m.metric, str(m.items), _num(m.original_mean), _interval(m.original_ci95, ".4f"),
+                          _num(m.repeat_mean), "yes" if m.inside else "NO")  # fmt: skip
+        _emit(console, means)
+        if r.settings:
+            settings = _table("thing", "field", "original", "repeat", title="settings that differ from the original")
+            for d in r.settings:
+                settings.add_row(d.category, d.field, *(_short(v, 50) for v in d.values))
+            _emit(console, settings)
+        else:
+            _line(console, "settings that differ from the original: none recorded")
+        _line(console, f"repeat run directory: {r.run_dir or 'removed (--keep DIR keeps it)'}")
+    if report.passed:
+        _line(console, "ok: replay, rescore and repeat reproduced the run on this machine")
 
 
 # --- analysis --------------------------------------------------------------------------------------

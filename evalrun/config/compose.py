@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from pathlib import Path
 
 import yaml
@@ -12,7 +13,7 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from evalrun.config.overrides import apply_overrides, parse_overrides
+from evalrun.config.overrides import Override, apply_overrides, parse_overrides
 from evalrun.config.paths import CONF_DIR
 from evalrun.config.schema import Schema
 from evalrun.config.settings import EvalConfig
@@ -44,9 +45,11 @@ def compose_config(overrides: list[str], config_dir: Path = CONF_DIR) -> DictCon
         GlobalHydra.instance().clear()
 
 
-def load_stored(path: Path, overrides: list[str]) -> DictConfig:
+def load_stored(path: Path, overrides: list[str], groups: Collection[str] = ()) -> DictConfig:
     """A run's resolved ``config.yaml`` over the current schema, then ``KEY=VALUE`` overrides.
 
+    ``GROUP=NAME`` for a group in ``groups`` (``cluster=inline``) replaces that section with the group's
+    file, as composing a run would; as in Hydra, group choices are applied before the other overrides.
     Not yet validated: callers adjust it (replay drops the model path) and then call :func:`validate`.
     """
     parsed = parse_overrides(overrides, plain=True)
@@ -55,8 +58,26 @@ def load_stored(path: Path, overrides: list[str]) -> DictConfig:
     except (OSError, ValueError, OmegaConfBaseException) as exc:
         raise BadInput(str(path), f"expected a resolved evalrun config ({str(exc).splitlines()[0]})") from exc
     assert isinstance(cfg, DictConfig)
-    apply_overrides(cfg, parsed)
+    for choice in (o for o in parsed if o.key in groups):
+        cfg[choice.key] = _group_section(choice)
+    apply_overrides(cfg, [o for o in parsed if o.key not in groups])
     return cfg
+
+
+def _group_section(choice: Override) -> DictConfig:
+    """The section a group choice (``GROUP=NAME``) selects: ``conf/GROUP/NAME.yaml`` over the schema's."""
+    group = CONF_DIR / choice.key
+    options = sorted(p.stem for p in group.glob("*.yaml"))
+    if not isinstance(choice.value, str) or choice.value not in options:
+        raise BadInput(choice.text, f"expected {choice.key}=NAME with NAME one of {options}")
+    try:
+        section = OmegaConf.merge(
+            OmegaConf.structured(Schema)[choice.key], OmegaConf.load(group / f"{choice.value}.yaml")
+        )
+    except (OSError, ValueError, OmegaConfBaseException) as exc:
+        raise BadInput(choice.text, str(exc).strip().splitlines()[0]) from exc
+    assert isinstance(section, DictConfig)
+    return section
 
 
 def load(overrides: list[str]) -> EvalConfig:

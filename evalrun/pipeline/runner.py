@@ -193,14 +193,15 @@ def execute(prepared: Prepared, dispatcher: Dispatcher | None = None) -> Path:
 
 
 def load_run_config(run: layout.RunDir, overrides: list[str]) -> EvalConfig:
-    """The config a run was made with (its config.yaml), with ``cluster.*``/``run.progress`` overrides."""
+    """The config a run was made with (its config.yaml), with ``cluster=NAME``, ``cluster.*`` and
+    ``run.progress`` overrides: how it runs, never what it computes."""
     if not run.config.is_file() or not run.manifest.is_file():
         raise BadInput(str(run.path), "not an evalrun run directory (config.yaml or manifest.json is missing)")
     for override in parse_overrides(overrides, plain=True):
-        if not (override.key.startswith("cluster.") or override.key in ("run.progress", "run.on_drift")):
-            raise BadInput(override.text, "resume accepts only cluster.*, run.progress and run.on_drift overrides; "
-                                          "the rest is the run's own")  # fmt: skip
-    return validate(load_stored(run.config, overrides))
+        if not (override.key in ("cluster", "run.progress", "run.on_drift") or override.key.startswith("cluster.")):
+            raise BadInput(override.text, "only cluster=NAME, cluster.*, run.progress and run.on_drift overrides are "
+                                          "accepted; the rest is the run's own")  # fmt: skip
+    return validate(load_stored(run.config, overrides, groups=("cluster",)))
 
 
 def resume(run_path: Path, overrides: list[str] | None = None, dispatcher: Dispatcher | None = None) -> Path:
