@@ -33,20 +33,7 @@ if [ "$lock" != none ]; then
 fi
 
 # The stamp: what this call installs. Equal to the one in .venv means there is nothing to do.
-want="$("$python" - "$extra" "$lock" <<'EOF'
-import hashlib, json, sys
-from pathlib import Path
-
-extra, lock = sys.argv[1:]
-def sha256(path): return hashlib.sha256(Path(path).read_bytes()).hexdigest()
-record = {
-    "extra": extra,
-    "lock": None if lock == "none" else {"path": lock, "sha256": sha256(lock)},
-    "pyproject_sha256": sha256("pyproject.toml"),
-}
-print(json.dumps(record, sort_keys=True))
-EOF
-)"
+want="$("$python" scripts/install_record.py "$extra" "$lock")"
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   exit 0
 fi
