@@ -22,6 +22,7 @@ from evalrun.pipeline import failpoints
 from evalrun.pipeline.agent import AgentEpisode, AgentTask, agent_decoding, load_agent_task, plan_agent_episodes
 from evalrun.pipeline.context import apply_context_limit
 from evalrun.pipeline.dispatch import DISPATCHERS, Dispatcher, dispatcher_key, open_dispatcher
+from evalrun.pipeline.environment import install_provenance
 from evalrun.pipeline.manifest import (
     Digest,
     build_manifest,
@@ -156,6 +157,7 @@ def _checked_dispatcher(prepared: Prepared, dispatcher: Dispatcher | None) -> tu
 def execute(prepared: Prepared, dispatcher: Dispatcher | None = None) -> Path:
     """Run a prepared plan in a new run directory and return it. A given dispatcher is reused, not closed."""
     check_destination(prepared.config)
+    install_provenance()  # a bad EVALRUN_IMAGE or install record stops the run here, before any engine loads
     dispatcher, own = _checked_dispatcher(prepared, dispatcher)
     try:
         config, task = prepared.config, prepared.task
