@@ -125,6 +125,13 @@ def check_destination(config: EvalConfig) -> None:
         layout.check_destination("run.root", Path(config.run.root), exact=False)
 
 
+def check_before_engine(config: EvalConfig) -> None:
+    """What a new run checks before any engine loads, beyond its config: the destination, and the
+    install record and container image the manifest will record (a BadInput names the field)."""
+    check_destination(config)
+    install_provenance()
+
+
 @contextlib.contextmanager
 def _resumable(run: layout.RunDir) -> Iterator[None]:
     """A run that stops on a failed write or Ctrl-C says how to finish it: ``evalrun resume RUN_DIR``."""
@@ -156,8 +163,7 @@ def _checked_dispatcher(prepared: Prepared, dispatcher: Dispatcher | None) -> tu
 
 def execute(prepared: Prepared, dispatcher: Dispatcher | None = None) -> Path:
     """Run a prepared plan in a new run directory and return it. A given dispatcher is reused, not closed."""
-    check_destination(prepared.config)
-    install_provenance()  # a bad EVALRUN_IMAGE or install record stops the run here, before any engine loads
+    check_before_engine(prepared.config)
     dispatcher, own = _checked_dispatcher(prepared, dispatcher)
     try:
         config, task = prepared.config, prepared.task
