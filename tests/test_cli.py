@@ -246,6 +246,14 @@ def test_run_prints_the_results_table_then_the_run_directory_last(fake_runs: lis
     assert lines[3].split() == ["addition", "exact_match", "1.0000", "[1.0000,", "1.0000]", "4", "1", "0.0000"]
 
 
+def test_an_image_not_pinned_by_digest_stops_run_before_any_engine_loads(fake_runs: list[Path], monkeypatch,
+                                                                          capsys) -> None:  # fmt: skip
+    monkeypatch.setenv("EVALRUN_IMAGE", "registry.example.org/evalrun:latest")
+    monkeypatch.setattr(runner, "open_for", lambda prepared: pytest.fail("an engine was started"))
+    code, _, err = evalrun(capsys, "run", "limit=4")
+    assert code == 2 and "EVALRUN_IMAGE='registry.example.org/evalrun:latest'" in err and not fake_runs
+
+
 def test_a_multirun_ends_with_one_run_directory_per_job(fake_runs: list[Path], capsys) -> None:
     code, out, _ = evalrun(capsys, "run", "-m", "seeds.master=1,2")
     lines = out.splitlines()

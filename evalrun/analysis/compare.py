@@ -59,6 +59,7 @@ CATEGORIES: tuple[tuple[str, str], ...] = (
     ("python", "software"),
     ("generator.", "software"),
     ("git.", "software"),
+    ("install.", "software"),
     ("cluster.batch_size", "dispatch"),
 )
 # Dispatch settings are listed but do not count as a change: results must not depend on them.

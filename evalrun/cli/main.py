@@ -162,7 +162,7 @@ def run(multirun: bool, overrides: tuple[str, ...]) -> None:
                 raise BadInput(exc.where, f"{exc.message} (in job {' '.join(job) or '<defaults>'})") from exc
             raise
     for job in prepared:  # before any engine loads
-        runner.check_destination(job.config)
+        runner.check_before_engine(job.config)
     console = render.stdout_console()
     run_dirs: list[Path] = []
     # Consecutive jobs with the same model, engine and workers share one dispatcher.

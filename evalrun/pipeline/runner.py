@@ -23,6 +23,7 @@ from evalrun.pipeline import failpoints
 from evalrun.pipeline.agent import AgentEpisode, AgentTask, agent_decoding, load_agent_task, plan_agent_episodes
 from evalrun.pipeline.context import apply_context_limit
 from evalrun.pipeline.dispatch import DISPATCHERS, Dispatcher, dispatcher_key, open_dispatcher
+from evalrun.pipeline.environment import install_provenance
 from evalrun.pipeline.manifest import (
     Digest,
     build_manifest,
@@ -126,6 +127,13 @@ def check_destination(config: EvalConfig) -> None:
         layout.check_destination("run.root", Path(config.run.root), exact=False)
 
 
+def check_before_engine(config: EvalConfig) -> None:
+    """What a new run checks before any engine loads, beyond its config: the destination, and the
+    install record and container image the manifest will record (a BadInput names the field)."""
+    check_destination(config)
+    install_provenance()
+
+
 @contextlib.contextmanager
 def _resumable(run: layout.RunDir) -> Iterator[None]:
     """A run that stops on a failed write or Ctrl-C says how to finish it: ``evalrun resume RUN_DIR``."""
@@ -157,7 +165,7 @@ def _checked_dispatcher(prepared: Prepared, dispatcher: Dispatcher | None) -> tu
 
 def execute(prepared: Prepared, dispatcher: Dispatcher | None = None) -> Path:
     """Run a prepared plan in a new run directory and return it. A given dispatcher is reused, not closed."""
-    check_destination(prepared.config)
+    check_before_engine(prepared.config)
     dispatcher, own = _checked_dispatcher(prepared, dispatcher)
     try:
         config, task = prepared.config, prepared.task

@@ -68,6 +68,9 @@ Count = Annotated[int, Field(ge=0, le=MAX_SAFE_INTEGER)]
 
 Text = Annotated[str, StringConstraints(min_length=1)]
 """A string that says something: not empty."""
+PINNED_IMAGE_PATTERN = r"^[^\s@]+@sha256:[0-9a-f]{64}$"
+PinnedImage = Annotated[str, StringConstraints(pattern=PINNED_IMAGE_PATTERN)]
+"""A container image reference pinned by digest: ``NAME@sha256:<64 hex digits>``."""
 
 
 def _read_as_jcs(value: Any) -> Any:
@@ -237,6 +240,21 @@ class DigestRecord(RecordModel):
     digest: Hex64  # sha256(prompt_pack + seed_set + scoring)
 
 
+class InstalledLock(RecordModel):
+    """The lock file scripts/setup.sh installed the environment from (docs/design.md "Locked installs")."""
+
+    extra: str  # cpu or gpu
+    path: str  # as setup.sh was given it, relative to the checkout: requirements/cpu.lock
+    sha256: Hex64  # of the lock file when it was installed
+
+
+class Install(RecordModel):
+    """How the run's software was installed: provenance, outside ``identity`` and the digest."""
+
+    lock: InstalledLock | None  # null: not installed from a lock (EVALRUN_LOCK=none, or not by setup.sh)
+    image: PinnedImage | None  # the container image from EVALRUN_IMAGE; null outside one
+
+
 class Manifest(OptionalFields):
     """manifest.json: how a run was made. The top level is typed; config sections stay JSON objects."""
 
@@ -262,6 +280,7 @@ class Manifest(OptionalFields):
     git: dict[str, Any]
     hardware: dict[str, Any]
     started_at: str  # ISO 8601, UTC
+    install: Install | None = None  # absent in manifests written before locked installs
 
 
 # --- attestation.intoto.json -------------------------------------------------------------------
