@@ -35,7 +35,7 @@ import io
 import json
 import zipfile
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -136,7 +136,10 @@ def export_inspect(run_dir: Path, output: Path, verify: bool = True) -> ExportRe
         except CheckFailed as exc:
             raise CheckFailed(f"{exc} (export refuses a run that fails verify; --no-verify exports it anyway)") from exc
     contents = read_run(run_dir)
-    header, samples, summaries = inspect_log(contents, verified=verify)
+    try:
+        header, samples, summaries = inspect_log(contents, verified=verify)
+    except (KeyError, TypeError, ValueError) as exc:  # an unverified run whose manifest lacks what a run records
+        raise BadInput(str(run_dir), f"cannot be exported ({type(exc).__name__}: {exc})") from exc
     digest = write_atomic(output, eval_file(header, samples, summaries))
     return ExportReport(run=run_dir, output=output, samples=len(samples), verified=verify, sha256=digest)
 
@@ -163,9 +166,8 @@ def check_complete(run_dir: Path) -> None:
         if not (run.path / name).is_file():
             raise BadInput(
                 str(run.path / name),
-                f"missing: the run is incomplete, and only a finished run is "
-                f"exported; `evalrun resume {run_dir}` completes an "
-                f"interrupted run",
+                f"missing: the run is incomplete, and only a finished run is exported; "
+                f"`evalrun resume {run_dir}` completes an interrupted run",
             )
 
 
@@ -216,9 +218,8 @@ def _trial_numbers(manifest: dict[str, Any]) -> Callable[[dict[str, Any]], int]:
         if row["seed"] not in seed_set or not 0 <= row["repeat"] < repeats:
             raise BadInput(
                 layout.OUTPUTS,
-                f"episode {row['episode_id']}: seed {row['seed']} repeat {row['repeat']} "
-                f"is not a trial of the manifest's seed set {seed_set} x {repeats} "
-                f"repeats",
+                f"episode {row['episode_id']}: seed {row['seed']} repeat {row['repeat']} is not a trial of the "
+                f"manifest's seed set {seed_set} x {repeats} repeats",
             )
         return 1 + seed_set.index(row["seed"]) * repeats + row["repeat"]
 
@@ -367,19 +368,15 @@ def _sample(row: dict[str, Any], epoch: int, run: RunContents, model: str) -> Ev
         messages, reads = _single_turn_messages(row, entries, model, ids), []
         prompt = row["prompt"]
     replies = [m for m in messages if isinstance(m, AssistantMessage)]
-    output_metadata = (
-        {"token_ids": row["token_ids"], "token_logprobs": row["token_logprobs"]} if row["token_ids"] else None
-    )
+    stop_reason = _STOP_REASONS.get(row["finish_reason"], "unknown")
+    usage = _usage(row["prompt_tokens"], row["output_tokens"])
+    tokens = {"token_ids": row["token_ids"], "token_logprobs": row["token_logprobs"]}
     output = ModelOutput(
         model=model,
-        choices=[
-            ChatCompletionChoice(message=replies[-1], stop_reason=_STOP_REASONS.get(row["finish_reason"], "unknown"))
-        ]
-        if replies
-        else [],
+        choices=[ChatCompletionChoice(message=replies[-1], stop_reason=stop_reason)] if replies else [],
         completion=replies[-1].content if replies else "",
-        usage=_usage(row["prompt_tokens"], row["output_tokens"]),
-        metadata=output_metadata,
+        usage=usage,
+        metadata=tokens if row["token_ids"] else None,
         error=error,
     )
     return EvalSample(
@@ -391,7 +388,7 @@ def _sample(row: dict[str, Any], epoch: int, run: RunContents, model: str) -> Ev
         output=output,
         scores={s["metric"]: _score(s) for s in run.scores.get(episode, [])},
         metadata=_sample_metadata(row, header, end, reads),
-        model_usage={model: output.usage} if output.usage else {},
+        model_usage={model: usage},
         uuid=uuid,
         error=EvalError(message=error, traceback="", traceback_ansi="") if error else None,
     )
@@ -439,7 +436,9 @@ def _sample_metadata(
     return {k: v for k, v in metadata.items() if v is not None}
 
 
-def _single_turn_messages(row: dict[str, Any], entries: list[Entry], model: str, ids: Any) -> list[ChatMessage]:
+def _single_turn_messages(
+    row: dict[str, Any], entries: list[Entry], model: str, ids: Iterator[str]
+) -> list[ChatMessage]:
     """The prompt as the user's message and, when the policy generated, its reply."""
     messages: list[ChatMessage] = [UserMessage(id=next(ids), content=row["prompt"], source="input")]
     if any(isinstance(e, ModelEntry) for e in entries):
@@ -464,7 +463,9 @@ def _read_record(entry: ClockEntry | RandomEntry | UuidEntry | EnvEntry) -> dict
     }
 
 
-def _agent_messages(entries: Sequence[Entry], model: str, ids: Any) -> tuple[list[ChatMessage], list[dict[str, Any]]]:
+def _agent_messages(
+    entries: Sequence[Entry], model: str, ids: Iterator[str]
+) -> tuple[list[ChatMessage], list[dict[str, Any]]]:
     """An agent episode's chain as chat messages: the task (user), then per turn the reply (assistant,
     with its tool calls; a scripted agent's turn has no text) and one tool message per result in
     the order the chain recorded them, each holding the reads its call made. Also the reads made
