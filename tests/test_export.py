@@ -14,7 +14,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from evalrun.cli import main
+from evalrun.config import BUILTIN_TASKS, load
+from evalrun.engines import ENGINES, Completion, GenerationRequest, RequestRejected, engine
 from evalrun.export.inspect_log import export_inspect
+from evalrun.pipeline.dispatch import DISPATCHERS
+from evalrun.pipeline.runner import execute, prepare
 from evalrun.records.entries import ToolEntry, parse_line
 from evalrun.records.formats import Record, seal_of
 
@@ -205,3 +209,66 @@ def test_an_agent_run_exports_its_tool_calls_as_messages(run_eval: Callable[...,
             "precision": 1.0, "recall": 1.0, "f1": 1.0, "pass": 1.0,
         }  # fmt: skip
     assert {s.name for s in log.results.scores} == {"precision", "recall", "f1", "pass"}
+
+
+# --- engine-free: failed episodes and several trials per item, with a stub engine ----------------
+
+REFUSED_ITEM = "add-001"
+
+
+@pytest.fixture
+def stub_run(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """A finished run on a stub engine that refuses one item's prompt (its episodes fail), with two
+    seeds and two repeats per item."""
+    for registry in (ENGINES, DISPATCHERS):
+        monkeypatch.setattr(registry, "_plugins", dict(registry._plugins))
+    refused = next(
+        json.loads(line)["question"]
+        for line in (BUILTIN_TASKS / "addition" / "test.jsonl").read_text().splitlines()
+        if json.loads(line)["id"] == REFUSED_ITEM
+    )
+
+    @engine("refusing-export")
+    class RefusingEngine:
+        def __init__(self, model_path: Path, model_dtype: str, settings: dict[str, Any]) -> None:
+            self.settings = settings
+
+        def generate(self, requests: list[GenerationRequest]) -> list[Completion]:
+            if any(refused in r.prompt for r in requests):
+                raise RequestRejected("The decoder prompt is too long")
+            return [Completion(" 7", (7, 2), (-0.5, -0.25), "stop", 2) for _ in requests]
+
+        def loglikelihood(self, requests: list[Any]) -> list[Any]:
+            raise NotImplementedError
+
+        def describe(self) -> dict[str, Any]:
+            return {"name": "refusing-export", "version": "0", "settings": self.settings}
+
+    overrides = ["engine.name=refusing-export", "cluster=inline", "limit=3", "determinism=off", "seeds.set=[0,1]",
+                 "seeds.repeats=2", f"run.root={tmp_path / 'runs'}", "run.progress=false"]  # fmt: skip
+    return execute(prepare(load(overrides)))
+
+
+def test_failed_episodes_and_trials_map_to_errors_and_epochs(stub_run: Path, tmp_path: Path) -> None:
+    out = tmp_path / "stub.eval"
+    assert _export(stub_run, out) == 0
+    log = inspect_log.read_eval_log(str(out))
+    assert log.eval.config.epochs == 4 and len(log.samples) == 12
+    trials = {(s.metadata["seed"], s.metadata["repeat"]): s.epoch for s in log.samples}
+    assert trials == {(0, 0): 1, (0, 1): 2, (1, 0): 3, (1, 1): 4}
+    assert sorted((s.id, s.epoch) for s in log.samples) == [
+        (item, epoch) for item in ("add-000", "add-001", "add-002") for epoch in (1, 2, 3, 4)
+    ]
+    for sample in log.samples:
+        (score,) = sample.scores.values()
+        if sample.id == REFUSED_ITEM:
+            assert "too long" in sample.error.message and "too long" in sample.output.error
+            assert sample.output.choices == [] and [m.role for m in sample.messages] == ["user"]
+            assert score.value == 0 and "too long" in score.explanation
+        else:
+            assert sample.error is None and score.explanation is None
+            assert sample.output.completion == " 7" and sample.output.metadata["token_logprobs"] == [-0.5, -0.25]
+    (exact_match,) = log.results.scores
+    summary = json.loads((stub_run / "summary.json").read_text())["tasks"]["addition"]["exact_match"]
+    assert exact_match.metrics["mean"].value == summary["mean"]
+    assert exact_match.metadata["estimate"]["errors"] == summary["errors"] == 4

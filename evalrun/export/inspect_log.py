@@ -386,7 +386,7 @@ def _sample(row: dict[str, Any], epoch: int, run: RunContents, model: str) -> Ev
         target=row["target"],
         messages=messages,
         output=output,
-        scores={s["metric"]: _score(s) for s in run.scores.get(episode, [])},
+        scores={s["metric"]: _score(s, error) for s in run.scores.get(episode, [])},
         metadata=_sample_metadata(row, header, end, reads),
         model_usage={model: usage},
         uuid=uuid,
@@ -394,11 +394,13 @@ def _sample(row: dict[str, Any], epoch: int, run: RunContents, model: str) -> Ev
     )
 
 
-def _score(row: dict[str, Any]) -> Score:
+def _score(row: dict[str, Any], failure: str | None) -> Score:
+    """A metric's score; ``explanation`` why it is 0 unread: the episode's failure (its chain's reason), or
+    the scorer's error."""
     return Score(
         value=row["value"],
         answer=row["extracted"],
-        explanation=row.get("error"),
+        explanation=f"episode failed: {failure}" if failure and row.get("error") else row.get("error"),
         metadata={"scorer": row["scorer"], "scorer_version": row["scorer_version"]},
     )
 
