@@ -41,6 +41,7 @@ from evalrun.errors import (
     Interrupted,
     write_failed,
 )
+from evalrun.export.inspect_log import FORMATS, export_inspect
 from evalrun.pipeline import dispatch, runner
 from evalrun.pipeline.agent import planned_world_tasks
 from evalrun.records.canonical import canonical_json
@@ -471,6 +472,27 @@ def nondet(runs: tuple[Path, ...], metric: str | None, as_json: bool) -> None:
         _print_json(report.as_record())
     else:
         render.render_nondet(render.stdout_console(), report)
+
+
+# --- export --------------------------------------------------------------------------------------
+
+
+@cli.command("export", short_help="Write a run as an Inspect AI eval log (inspect view).")
+@click.argument("run_dir", type=RUN_PATH)
+@click.option("--format", "format_", type=click.Choice(FORMATS), default="inspect", show_default=True,
+              help="inspect: Inspect AI's .eval log, for `inspect view` and Inspect's log dataframes.")  # fmt: skip
+@click.option("-o", "--output", type=RUN_PATH, required=True, metavar="FILE.eval", help="The file to write.")
+@click.option("--no-verify", is_flag=True,
+              help="Export without verifying the run first (the log's metadata says verified: false).")  # fmt: skip
+def export(run_dir: Path, format_: str, output: Path, no_verify: bool) -> None:
+    """Write the finished run in RUN_DIR to FILE.eval as an Inspect AI eval log: one sample per episode
+    (input, messages, output, scores, evalrun's ids and heads in its metadata), the metrics of
+    summary.json as its results. The run is verified first (exit 1 if it fails); an incomplete run is
+    exit 2. Open the file with `inspect view --log-dir DIR` (DIR: the folder that holds it).
+    """
+    report = export_inspect(run_dir, output, verify=not no_verify)
+    status = "verified" if report.verified else "not verified (--no-verify)"
+    click.echo(f"exported {report.samples} samples of {run_dir} ({status}) to {output}")
 
 
 # --- entry point -----------------------------------------------------------------------------------
