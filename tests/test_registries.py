@@ -223,6 +223,7 @@ def test_the_default_config_records_what_the_golden_run_recorded() -> None:
     assert config.task.scorer.as_record() == manifest["task"]["scorer"]
     assert config.task.choices.as_record() == manifest["task"]["choices"]
     asked = {k: v for k, v in config.determinism.as_record().items() if k != "name"}
+    assert asked.pop("canary") is True  # added with the batch-invariance canary, at its default
     assert asked == manifest["determinism"]["asked"]
     assert {k: v for k, v in config.engine.as_record().items() if k != "dtype"} == {
         k: v for k, v in manifest["engine"]["settings"].items() if k != "dtype"
@@ -234,6 +235,7 @@ def test_the_default_config_records_what_the_golden_run_recorded() -> None:
     assert written["task"].pop("on_overlong") == "fail_episode"  # a setting added after the golden run, at its default
     assert written["task"].pop("world") is None  # added with agent tasks: none for a dataset task
     assert written["task"].pop("references") is None  # added with frozen answer sets
+    assert written["determinism"].pop("canary") is True  # added with the batch-invariance canary
     assert written == recorded
 
 

@@ -164,7 +164,8 @@ def run_identity(config: EvalConfig, task: Task | AgentTask, model: ResolvedMode
         "engine": config.engine.as_record(),
         "decoding": config.decoding.as_record(),
         "seeds": config.seeds.as_record(),
-        "determinism": config.determinism.as_record(),
+        # the canary checks the engine and changes nothing the run computes (runs made before it resume)
+        "determinism": {k: v for k, v in config.determinism.as_record().items() if k != "canary"},
         "generator": generator_info(),
     }
 
@@ -217,7 +218,7 @@ def build_manifest(
             "notes": sorted({n for w in workers for n in w["determinism"]["notes"]}),
         },
         "cluster": config.cluster.as_record(),
-        "workers": [{"worker": w["worker"], "hardware": w["hardware"]} for w in workers],
+        "workers": [{"worker": w["worker"], "hardware": w["hardware"], "canary": w.get("canary")} for w in workers],
         "generator": generator_info(),
         "libraries": library_versions(),
         "python": python_version(),

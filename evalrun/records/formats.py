@@ -48,6 +48,7 @@ NONDET_FORMAT = "evalrun.nondet/1"  # evalrun nondet --json
 VERIFY_FORMAT = "evalrun.verify/1"  # evalrun verify --json
 RESCORE_FORMAT = "evalrun.rescore/1"  # evalrun rescore --json
 REPLAY_FORMAT = "evalrun.replay/1"  # evalrun replay --json
+CANARY_FORMAT = "evalrun.canary/1"  # a worker's batch-invariance canary (manifest workers[].canary, evalrun canary)
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"  # attestation.intoto.json
 PREDICATE_TYPE = "https://evalrun.dev/attestation/run/v1"
 PAYLOAD_TYPE = "application/vnd.in-toto+json"  # DSSE payload type of a signed attestation
