@@ -1,14 +1,15 @@
 """The batch-invariance canary (docs/nondeterminism.md "Canary", docs/design.md "Determinism layer").
 
 A fixed needle prompt is generated alone, then inside batches of other fixed prompts (sizes
-:data:`BATCH_SIZES`, the needle first, last or in between), greedy and seeded-sampled (temperature 1.0, a fixed
-seed per request); each time its token ids and chosen-token logprobs must equal, bit for bit, those
-it got alone. An engine whose kernels depend on the batch (GPU matmul and attention kernels that
-split work by batch shape, left padding) fails it; the record says where first.
+:data:`BATCH_SIZES`, the needle first, last or in between), greedy and seeded-sampled (temperature
+1.0, a fixed seed per request); each time its token ids and chosen-token logprobs must equal, bit
+for bit, those it got alone. An engine whose kernels depend on the batch fails it (on the CPU
+machine: vLLM's split-KV attention, torch's one-row matmul under the hf engine; on GPUs, kernels
+that split work by batch shape), and the record says where first.
 
 It runs in each engine worker right after its engine is built (``determinism.canary``, default
 true) and on demand (``evalrun canary``). The prompts are plain ASCII text that any tokenizer
-handles, short enough (under 80 characters) for small contexts; 10 engine calls of 8 tokens in all.
+handles, short enough (at most 72 characters) for small contexts; 10 engine calls of 8 tokens.
 """
 
 from __future__ import annotations
