@@ -24,7 +24,7 @@ from evalrun.pipeline import dispatch, runner
 GOLDEN = Path(__file__).resolve().parent / "golden"
 ADDITION, MC = GOLDEN / "addition-v1", GOLDEN / "mc-v1"
 COMMANDS = {"run", "resume", "verify", "rescore", "replay", "prove", "verify-proof", "attest", "compare", "digest",
-            "gate", "nondet", "references"}  # fmt: skip
+            "gate", "nondet", "canary", "references"}  # fmt: skip
 
 
 def evalrun(capsys: pytest.CaptureFixture[str], *args: str | Path) -> tuple[int, str, str]:
