@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The prepared GPU check (issue 5, item 6): the same run with engine=hf on CUDA at batch sizes 1, 8
-# and 64, with and without the deterministic flags, one CPU run, then `evalrun nondet` over them.
+# and 64, with and without the deterministic flags, one CPU run, then `evalrun nondet` over them;
+# and the batch-invariance canary (issue 14, item 3) with engine=hf on CUDA (strict, off) and on CPU.
+# Every run's workers also run the canary at start: `nondet` lists them per run.
 #
 # The GPU machine has PyTorch (CUDA), transformers, pyarrow and numpy but no vLLM, no Ray and no
 # network. Prepare here first (copies the pure-Python packages evalrun needs beyond those into
@@ -65,5 +67,15 @@ report gpu-vs-cpu-64-greedy "$(pick strict 5)" "$(pick cpu 1)"
 report gpu-vs-cpu-64-sample "$(pick strict 6)" "$(pick cpu 2)"
 report all-greedy "$(pick strict 1)" "$(pick strict 3)" "$(pick strict 5)" "$(pick off 1)" "$(pick off 3)" \
     "$(pick off 5)" "$(pick cpu 1)"
+# the canary on demand, engine=hf (vLLM is not on the GPU machine): a table each (exit 1: not invariant)
+canary() {  # name, overrides...
+    local name=$1; shift
+    { echo "== canary $name"; evalrun canary engine=hf "$@" || true; } | tee -a "$OUT/canary.txt"
+    evalrun canary engine=hf "$@" --json > "$OUT/canary-$name.json" || true
+}
+: > "$OUT/canary.txt"
+canary gpu-strict "engine.device=$DEVICE" determinism=strict
+canary gpu-off "engine.device=$DEVICE" determinism=off
+canary cpu-strict engine.device=cpu determinism=strict
 tar -C "$ROOT" -czf "$OUT/runs.tar.gz" .
 echo "device check done: $OUT"

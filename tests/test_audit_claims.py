@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -409,7 +410,8 @@ def torch_state(monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def
     """The environment and torch flags apply() sets, restored afterwards."""
     import torch
 
-    for name in ("VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_BATCH_INVARIANT", "CUBLAS_WORKSPACE_CONFIG"):
+    for name in ("VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_BATCH_INVARIANT", "CUBLAS_WORKSPACE_CONFIG",
+                 "VLLM_CPU_ATTN_SPLIT_KV"):  # fmt: skip
         monkeypatch.delenv(name, raising=False)
     before = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
               torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark)  # fmt: skip
@@ -439,12 +441,25 @@ def test_strict_on_cpu_records_what_was_not_honoured_and_why(torch_state: Any) -
     assert len(report["notes"]) == 2  # one reason per setting asked and not honoured
 
 
+@pytest.mark.skipif("__import__('torch').cuda.is_available()", reason="the CPU record")
+def test_strict_turns_off_vllms_split_kv_attention_on_cpu_and_records_it(torch_state: Any) -> None:
+    """The batch-dependent kernel the canary found on this CPU (docs/nondeterminism.md "Canary")."""
+    report = determinism.apply(STRICT, seed=0, engine="vllm")
+    assert os.environ["VLLM_CPU_ATTN_SPLIT_KV"] == "0" and report["honoured"]["cpu_attn_split_kv"] is False
+    assert any("VLLM_CPU_ATTN_SPLIT_KV=0" in n for n in report["notes"])
+    assert determinism.apply(STRICT, seed=0, engine="hf")["honoured"]["cpu_attn_split_kv"] is None  # not vLLM
+    os.environ.pop("VLLM_CPU_ATTN_SPLIT_KV")
+    assert determinism.apply(OFF, seed=0, engine="vllm")["honoured"]["cpu_attn_split_kv"] is True  # vLLM's default
+    assert "VLLM_CPU_ATTN_SPLIT_KV" not in os.environ  # off sets nothing
+
+
 def test_batch_invariance_is_honoured_only_by_vllm_on_a_capable_gpu(
     torch_state: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(determinism, "_cuda_capability", lambda: (9, 0))
     report = determinism.apply(STRICT, seed=0, engine="vllm")
     assert report["honoured"]["batch_invariant"] is True and report["notes"] == []
+    assert report["honoured"]["cpu_attn_split_kv"] is None  # a GPU: vLLM's CPU attention is not used
     assert report["honoured"]["cublas_workspace_config"] == ":4096:8"
     report = determinism.apply(STRICT, seed=0, engine="hf")
     assert report["honoured"]["batch_invariant"] is False

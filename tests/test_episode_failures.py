@@ -28,7 +28,7 @@ from evalrun.scoring import SCORERS, Score, scorer
 
 ROOT = Path(__file__).resolve().parents[1]
 REFUSED_ITEMS = ("add-002", "add-005")
-CALLS: list[int] = []  # batch sizes the stub engine was asked to run
+CALLS: list[int] = []  # batch sizes the stub engine was asked to run (the runs skip the canary: episodes' calls only)
 
 
 @pytest.fixture
@@ -70,7 +70,7 @@ def test_a_refused_request_fails_its_episode_and_the_run_completes(refusing_engi
     questions = _questions()
     ENGINES.get("refusing").refused_questions = tuple(questions[i] for i in REFUSED_ITEMS)
     overrides = ["engine.name=refusing", "cluster=inline", "cluster.batch_size=4", "limit=8", "determinism=off",
-                 f"run.root={tmp_path}", "run.progress=false"]  # fmt: skip
+                 "determinism.canary=false", f"run.root={tmp_path}", "run.progress=false"]  # fmt: skip
     run = execute(prepare(load(overrides)))
 
     # Split in halves, not retried: items 0-3 refused (4), 0-1 run (2), 2-3 refused (2), 2 refused (1), 3 runs (1);
@@ -163,7 +163,7 @@ def _overlong_run(tmp_path: Path, mode: str) -> list[str]:
     dataset = _long_dataset(tmp_path, 6, {1, 4})
     ENGINES.get("refusing").refused_questions = ("1+" * 150 + "1",)  # the engine would refuse the long ones
     return ["engine.name=refusing", "cluster=inline", f"task.dataset={dataset}", "task.references=null",
-            f"task.on_overlong={mode}", "determinism=off", f"run.root={tmp_path / 'runs'}",
+            f"task.on_overlong={mode}", "determinism=off", "determinism.canary=false", f"run.root={tmp_path / 'runs'}",
             "run.progress=false"]  # fmt: skip
 
 

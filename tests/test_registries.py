@@ -224,6 +224,7 @@ def test_the_default_config_records_what_the_golden_run_recorded() -> None:
     assert config.task.scorer.as_record() == manifest["task"]["scorer"]
     assert config.task.choices.as_record() == manifest["task"]["choices"]
     asked = {k: v for k, v in config.determinism.as_record().items() if k != "name"}
+    assert asked.pop("canary") is True  # added with the batch-invariance canary, at its default
     assert asked == manifest["determinism"]["asked"]
     assert {k: v for k, v in config.engine.as_record().items() if k != "dtype"} == {
         k: v for k, v in manifest["engine"]["settings"].items() if k != "dtype"
@@ -237,6 +238,7 @@ def test_the_default_config_records_what_the_golden_run_recorded() -> None:
     assert written["task"].pop("references") is None  # added with frozen answer sets
     assert written["seeds"].pop("fewshot") is None  # added with the few-shot seed: the master seed
     assert written["run"].pop("on_drift") is None  # added with worker provenance: the profile's default
+    assert written["determinism"].pop("canary") is True  # added with the batch-invariance canary
     assert written == recorded
 
 

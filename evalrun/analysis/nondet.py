@@ -12,6 +12,9 @@ Stability: A detailed analysis with some surprises", 2024), over N runs:
 - max |logprob difference| before divergence: over positions where all N chose the same token;
 - accuracy per run (mean of per-item means); best/worst = max/min over runs, spread = best - worst;
   best/worst possible: an episode counts its best (any run right) / worst (all runs right) value.
+
+Beside them, per run, each worker's batch-invariance canary as its manifest records it
+(docs/nondeterminism.md "Canary"): whether the engine was batch-invariant when the worker started.
 """
 
 from __future__ import annotations
@@ -75,6 +78,37 @@ class SettingDiff:
 
 
 @dataclass(frozen=True)
+class WorkerCanary:
+    """One worker's canary as a run's manifest records it."""
+
+    run: int  # index in the report's runs
+    worker: str
+    status: str  # "invariant", "not invariant", "not run" (disabled or not possible: see the run's
+    # determinism notes) or "not recorded" (a run made before the canary existed)
+    max_abs_logprob_diff: float | None
+    batch_sizes: tuple[int, ...]
+    first_mismatch: dict[str, Any] | None
+
+
+def worker_canaries(index: int, manifest: dict[str, Any]) -> tuple[WorkerCanary, ...]:
+    """The canaries of one run's workers (its manifest's ``workers[].canary``)."""
+    found = []
+    for w in manifest.get("workers") or []:
+        name = str(w.get("worker"))
+        if "canary" not in w:
+            found.append(WorkerCanary(index, name, "not recorded", None, (), None))
+            continue
+        c = w["canary"]
+        if c is None:
+            found.append(WorkerCanary(index, name, "not run", None, (), None))
+            continue
+        status = "invariant" if c["invariant"] else "not invariant"
+        found.append(WorkerCanary(index, name, status, c["max_abs_logprob_diff"], tuple(c["batch_sizes"]),
+                                  c["first_mismatch"]))  # fmt: skip
+    return tuple(found)
+
+
+@dataclass(frozen=True)
 class NondetReport:
     runs: tuple[str, ...]
     metric: str
@@ -101,6 +135,7 @@ class NondetReport:
     batch_sizes: tuple[tuple[int, ...], ...]  # per run: the dispatch batch sizes its rows came in
     settings: tuple[SettingDiff, ...]
     per_item: tuple[ItemNondet, ...]
+    canaries: tuple[WorkerCanary, ...] = ()  # every worker of every run, in run order
 
     def as_record(self) -> dict[str, Any]:
         return {"format": NONDET_FORMAT, **asdict(self)}
@@ -169,6 +204,7 @@ def _item_mean_accuracy(episodes: list[EpisodeOutputs], pick: Any) -> float:
 def analyse(
     episodes: list[EpisodeOutputs], runs: tuple[str, ...], metric: str, unmatched: int = 0,
     settings: tuple[SettingDiff, ...] = (), batch_sizes: tuple[tuple[int, ...], ...] = (),
+    canaries: tuple[WorkerCanary, ...] = (),
 ) -> NondetReport:  # fmt: skip
     """The report over episodes matched across N runs (pure: no files)."""
     if not episodes:
@@ -221,6 +257,7 @@ def analyse(
         batch_sizes=batch_sizes,
         settings=settings,
         per_item=items,
+        canaries=canaries,
     )
 
 
@@ -289,6 +326,7 @@ def nondet_runs(runs: list[Run], metric: str | None = None) -> NondetReport:
     return analyse(
         episodes, tuple(str(r.path) for r in runs), metric, unmatched=len(everywhere - common),
         settings=setting_diffs(runs), batch_sizes=tuple(b for _, b in tables),
+        canaries=tuple(c for k, run in enumerate(runs) for c in worker_canaries(k, run.manifest)),
     )  # fmt: skip
 
 

@@ -44,6 +44,8 @@ from evalrun.errors import (
 from evalrun.export.inspect_log import FORMATS, export_inspect
 from evalrun.pipeline import dispatch, runner
 from evalrun.pipeline.agent import planned_world_tasks
+from evalrun.pipeline.canary import describe as describe_canary
+from evalrun.pipeline.worker import canary_on_demand
 from evalrun.records.canonical import canonical_json
 from evalrun.references import load_answers, load_index, parse_set_name
 from evalrun.rundir import layout
@@ -493,6 +495,34 @@ def export(run_dir: Path, format_: str, output: Path, no_verify: bool) -> None:
     report = export_inspect(run_dir, output, verify=not no_verify)
     status = "verified" if report.verified else "not verified (--no-verify)"
     click.echo(f"exported {report.samples} samples of {run_dir} ({status}) to {output}")
+
+
+@cli.command(
+    context_settings={"ignore_unknown_options": True},
+    short_help="Batch-invariance canary: the engine's outputs alone vs in batches, bitwise.",
+)
+@click.argument("overrides", nargs=-1, type=click.UNPROCESSED)
+@click.option("--json", "as_json", is_flag=True, help=JSON_HELP)
+def canary(overrides: tuple[str, ...], as_json: bool) -> None:
+    """Build one engine worker here (inline, no Ray) from the Hydra OVERRIDES of `evalrun run` (model, engine,
+    determinism, ...), run the batch-invariance canary on it, and print one row per check and the verdict.
+
+    A fixed needle prompt runs alone and inside batches of 2, 4, 8 and 16 other prompts, greedy and sampled
+    with fixed seeds; its token ids and logprobs must equal those it got alone, bit for bit. Exit 0 when
+    they do, 1 when not (the first mismatch is named), 2 on bad input.
+    """
+    flags = [o for o in overrides if o.startswith("-")]
+    if flags:
+        raise BadInput(flags[0], "unknown option (overrides are KEY=VALUE; --json for JSON)")
+    prepared = runner.prepare(config.load(list(overrides)))
+    result, worker = canary_on_demand(prepared.worker_spec)
+    if as_json:
+        keys = ("worker", "hardware", "engine", "determinism")
+        _print_json({**result.as_record(), "worker": {k: worker[k] for k in keys}})
+    else:
+        render.render_canary(render.stdout_console(), result, worker)
+    if not result.invariant:
+        raise CheckFailed(describe_canary(result))
 
 
 # --- entry point -----------------------------------------------------------------------------------

@@ -25,6 +25,7 @@ from evalrun.audit.replay import ReplayReport
 from evalrun.audit.rescore import RescoreReport
 from evalrun.audit.verify import VerifyReport
 from evalrun.check import CheckReport
+from evalrun.pipeline.canary import CanaryResult, describe
 from evalrun.records.formats import REPLAY_FORMAT, RESCORE_FORMAT, VERIFY_FORMAT
 
 OFF_TERMINAL_WIDTH = 200
@@ -339,6 +340,16 @@ def render_nondet(console: Console, r: NondetReport) -> None:
     for row in rows:
         measures.add_row(*row)
     _emit(console, measures)
+    if r.canaries:
+        title = "batch-invariance canary per worker (at worker start)"
+        canaries = _table("#>", "worker", "canary", "max |dlogprob|>", "batch sizes", "first mismatch", title=title)
+        for c in r.canaries:
+            m = c.first_mismatch
+            where = "-" if m is None else (f"{m['mode']}, batch {m['batch_size']}, needle at {m['position']}, "
+                                           f"token {m['token_index']} ({m['differs_in']})")  # fmt: skip
+            canaries.add_row(str(c.run), c.worker, c.status, _num(c.max_abs_logprob_diff, ".3e"),
+                             ",".join(map(str, c.batch_sizes)) or "-", where)  # fmt: skip
+        _emit(console, canaries)
     unstable = [i for i in r.per_item if not i.identical_raw]
     if unstable:
         title = f"items whose outputs differ (first {min(MAX_UNSTABLE_ITEMS, len(unstable))} of {len(unstable)})"
@@ -347,3 +358,25 @@ def render_nondet(console: Console, r: NondetReport) -> None:
             items.add_row(i.task, i.item_id, str(i.distinct), _num(i.first_divergence, "d"),
                           _num(i.max_abs_logprob_diff, ".2e"), str(i.identical_answer))  # fmt: skip
         _emit(console, items)
+
+
+# --- canary ----------------------------------------------------------------------------------------
+
+
+def render_canary(console: Console, result: CanaryResult, worker: Mapping[str, Any]) -> None:
+    """Which engine on which hardware, one row per check (the needle in a batch against the needle alone),
+    then the verdict line ("ok: ..." or "NOT batch-invariant: ...")."""
+    engine = worker.get("engine") or {}
+    honoured = (worker.get("determinism") or {}).get("honoured", {})
+    _line(console, f"engine {engine.get('name')} {engine.get('version')}; hardware {worker.get('hardware')}")
+    _line(console, f"determinism honoured: {honoured}")
+    table = _table("mode", "batch size>", "needle at>", "tokens and logprobs", "first difference", "max |dlogprob|>")
+    for c in result.checks:
+        where = "-" if c.first_difference is None else f"token {c.first_difference} ({c.differs_in})"
+        table.add_row(c.mode, str(c.batch_size), str(c.position), "bitwise equal" if c.equal else "DIFFER", where,
+                      _num(c.max_abs_logprob_diff, ".3e"))  # fmt: skip
+    _emit(console, table)
+    tokens = ", ".join(f"{mode} {n}" for mode, n in result.needle_tokens.items())
+    _line(console, f"needle tokens compared per check: {tokens} (max_tokens {result.max_tokens}); "
+                   f"{result.engine_calls} engine calls, {result.seconds:.2f} s")  # fmt: skip
+    _line(console, f"{'ok: ' if result.invariant else ''}{describe(result)}")

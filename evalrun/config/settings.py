@@ -403,6 +403,7 @@ class DeterminismConfig(Section):
     batch_invariant: bool = True
     cublas_workspace_config: str = ":4096:8"
     disable_v1_multiprocessing: bool = True
+    canary: bool = True  # the batch-invariance canary at worker start (evalrun.pipeline.canary)
 
 
 @dataclass(frozen=True)

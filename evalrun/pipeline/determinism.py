@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import random
+import sys
 from typing import Any
 
 MIN_BATCH_INVARIANT_CAPABILITY = (8, 0)
@@ -25,6 +26,14 @@ def _cuda_capability() -> tuple[int, int] | None:
     if not torch.cuda.is_available():
         return None
     return tuple(torch.cuda.get_device_capability(0))  # type: ignore[return-value]
+
+
+def _reset_vllm_env_cache() -> None:
+    """vLLM caches its environment variables once an engine core has started
+    (``vllm.envs.enable_envs_cache``): an engine built later in this process must see what is set here."""
+    envs = sys.modules.get("vllm.envs")
+    if envs is not None and hasattr(envs, "disable_envs_cache"):
+        envs.disable_envs_cache()
 
 
 def apply(settings: dict[str, Any], seed: int, engine: str | None = None) -> dict[str, Any]:
@@ -44,19 +53,29 @@ def apply(settings: dict[str, Any], seed: int, engine: str | None = None) -> dic
     honoured["disable_v1_multiprocessing"] = in_process
 
     capability = _cuda_capability()
+    vllm_on_cpu = engine in (None, "vllm") and capability is None
     honoured["batch_invariant"] = False
     os.environ.pop("VLLM_BATCH_INVARIANT", None)
     if enabled and settings["batch_invariant"]:
         if engine is not None and engine != "vllm":
             notes.append(f"VLLM_BATCH_INVARIANT acts on vLLM only; this worker's engine is {engine}")
         elif capability is None or capability < MIN_BATCH_INVARIANT_CAPABILITY:
+            instead = " (on CPU, vLLM's attention runs without split-KV instead: VLLM_CPU_ATTN_SPLIT_KV=0)"
             notes.append(
                 "VLLM_BATCH_INVARIANT needs an NVIDIA GPU of compute capability >= 8.0; "
                 f"this platform has {'no GPU' if capability is None else f'capability {capability}'}"
+                f"{instead if vllm_on_cpu else ''}"
             )
         else:
             os.environ["VLLM_BATCH_INVARIANT"] = "1"
             honoured["batch_invariant"] = True
+    # vLLM's CPU attention splits a sequence's keys and values over threads when the batch leaves threads
+    # idle (VLLM_CPU_ATTN_SPLIT_KV, on by default), so how a sum is ordered depends on the batch: the
+    # canary found it (docs/nondeterminism.md "Canary"). Off under strict; recorded (None: not vLLM on CPU).
+    if enabled and settings["batch_invariant"] and vllm_on_cpu:
+        os.environ["VLLM_CPU_ATTN_SPLIT_KV"] = "0"
+    honoured["cpu_attn_split_kv"] = os.environ.get("VLLM_CPU_ATTN_SPLIT_KV", "1") != "0" if vllm_on_cpu else None
+    _reset_vllm_env_cache()
 
     if enabled and settings["cublas_workspace_config"]:
         os.environ["CUBLAS_WORKSPACE_CONFIG"] = settings["cublas_workspace_config"]

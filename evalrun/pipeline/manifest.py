@@ -187,7 +187,8 @@ def run_identity(config: EvalConfig, task: Task | AgentTask, model: ResolvedMode
         "engine": config.engine.as_record(),
         "decoding": config.decoding.as_record(),
         "seeds": seeds_identity(config.seeds),
-        "determinism": config.determinism.as_record(),
+        # the canary checks the engine and changes nothing the run computes (runs made before it resume)
+        "determinism": {k: v for k, v in config.determinism.as_record().items() if k != "canary"},
         "generator": generator_info(),
     }
 

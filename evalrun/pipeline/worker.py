@@ -15,6 +15,7 @@ from typing import Any
 
 from evalrun.config import DeterminismConfig, EngineConfig
 from evalrun.engines import build_engine
+from evalrun.errors import BadInput
 from evalrun.pipeline import determinism
 from evalrun.pipeline.agent import (
     Agent,
@@ -24,6 +25,7 @@ from evalrun.pipeline.agent import (
     chat_template_renderer,
     run_agent_episodes,
 )
+from evalrun.pipeline.canary import CanaryResult, canary_at_start
 from evalrun.pipeline.encode import Provenance, encode_agent_part, encode_part
 from evalrun.pipeline.environment import hardware_fingerprint, library_versions, python_version
 from evalrun.pipeline.harness import run_episodes
@@ -75,6 +77,10 @@ class EngineWorker:
         self.determinism = determinism.apply(settings, seed=spec.engine.seed, engine=spec.engine.name)
         self.hardware = canonical_json(hardware_fingerprint())
         self.engine = _build_engine(spec)
+        # before the judge engine and any episode: the canary is about this engine as the run finds it
+        self.canary, not_run = canary_at_start(self.engine, spec.determinism.canary, spec.engine_factory is not None)
+        if not_run is not None:
+            self.determinism["notes"].append(not_run)
         self.model_path = spec.model_path
         self._model_agent: ModelAgent | None = None
         self.judge_engine = self.engine
@@ -95,6 +101,7 @@ class EngineWorker:
             "determinism": self.determinism,
             "engine": self.engine.describe(),
             "judge_engine": self.judge_engine.describe() if self.judge_engine is not self.engine else None,
+            "canary": None if self.canary is None else self.canary.as_record(),  # None: not run (see notes)
         }
 
     def run(self, episodes: list[Episode] | list[AgentEpisode], generator: dict[str, Any]) -> BatchOutcome:
@@ -117,6 +124,18 @@ class EngineWorker:
         if self._model_agent is None:
             self._model_agent = ModelAgent(self.engine, chat_template_renderer(self.model_path))
         return self._model_agent
+
+
+def canary_on_demand(spec: WorkerSpec) -> tuple[CanaryResult, dict[str, Any]]:
+    """``evalrun canary``: one worker built in this process for ``spec`` (its judge engine left out), the
+    canary run whatever ``determinism.canary`` says; the result and the worker's info. A canary that
+    could not run is a BadInput naming why (the engine refused its prompts, or does not generate)."""
+    spec = replace(spec, determinism=replace(spec.determinism, canary=True), judge_model_path=None)
+    worker = EngineWorker(spec, "canary-0")
+    if worker.canary is None:
+        notes = [n for n in worker.determinism["notes"] if n.startswith("determinism.canary")]
+        raise BadInput("canary", "; ".join(notes))
+    return worker.canary, worker.info()
 
 
 def _build_engine(spec: WorkerSpec) -> Any:

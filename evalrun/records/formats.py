@@ -51,6 +51,7 @@ REPLAY_FORMAT = "evalrun.replay/1"  # evalrun replay --json
 LEDGER_FORMAT = "evalrun.ledger/1"  # one line of an anchor ledger (evalrun anchor)
 REBASELINE_FORMAT = "evalrun.rebaseline/1"  # RUN_DIR/rebaseline.json (evalrun rebaseline)
 CHECK_FORMAT = "evalrun.check/1"  # evalrun check --json
+CANARY_FORMAT = "evalrun.canary/1"  # a worker's batch-invariance canary (manifest workers[].canary, evalrun canary)
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"  # attestation.intoto.json
 PREDICATE_TYPE = "https://evalrun.dev/attestation/run/v1"
 PAYLOAD_TYPE = "application/vnd.in-toto+json"  # DSSE payload type of a signed attestation

@@ -1,0 +1,280 @@
+"""The batch-invariance canary without a real engine: the comparison, the verdict and the first mismatch
+on engines whose one defect is known; the worker, the manifest, `evalrun canary` and nondet around it."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from evalrun.analysis.nondet import nondet_paths, worker_canaries
+from evalrun.cli.main import main
+from evalrun.config import DeterminismConfig, EngineConfig, load
+from evalrun.engines import ENGINES, Completion, GenerationRequest, RequestRejected, engine
+from evalrun.pipeline import canary
+from evalrun.pipeline.runner import execute, prepare
+from evalrun.pipeline.worker import EngineWorker, WorkerSpec
+from evalrun.records.canonical import canonical_json
+from evalrun.records.formats import CANARY_FORMAT
+
+GOLDEN = Path(__file__).resolve().parent / "golden"
+Skew = Callable[[GenerationRequest, int, int], float]  # request, its index, batch size -> added to its logprobs
+Flip = Callable[[GenerationRequest, int, int], bool]  # request, its index, batch size -> its first token changes
+
+
+class FakeEngine:
+    """Tokens and logprobs are a function of the request alone (prompt, seed, temperature), except for the one
+    defect a test gives it: ``skew`` added to every logprob, ``flip`` changing the first token."""
+
+    def __init__(self, skew: Skew | None = None, flip: Flip | None = None) -> None:
+        self.skew, self.flip = skew, flip
+        self.batches: list[int] = []
+
+    def generate(self, requests: list[GenerationRequest]) -> list[Completion]:
+        self.batches.append(len(requests))
+        completions = []
+        for index, r in enumerate(requests):
+            key = f"{r.prompt}|{r.sampling.seed}|{r.sampling.temperature}".encode()
+            base = int.from_bytes(hashlib.sha256(key).digest()[:4], "big")
+            ids = [(base + j) % 97 for j in range(r.sampling.max_tokens)]
+            if self.flip is not None and self.flip(r, index, len(requests)):
+                ids[0] = (ids[0] + 1) % 97
+            shift = self.skew(r, index, len(requests)) if self.skew is not None else 0.0
+            logprobs = tuple(-0.25 * (j + 1) + shift for j in range(len(ids)))
+            completions.append(Completion("", tuple(ids), logprobs, "length", len(r.prompt)))
+        return completions
+
+    def loglikelihood(self, requests: list[Any]) -> list[Any]:
+        raise NotImplementedError
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": "fake", "version": "0", "settings": {}}
+
+
+EPSILON = 2.0**-20
+
+
+def batch_dependent_logprobs(request: GenerationRequest, index: int, size: int) -> float:
+    """What a batch-variant kernel does: the numbers move with the batch's size, never the tokens."""
+    return EPSILON * (size - 1)
+
+
+def test_an_engine_whose_logprobs_depend_on_the_batch_is_not_invariant_and_the_first_mismatch_is_named() -> None:
+    result = canary.run_canary(FakeEngine(skew=batch_dependent_logprobs))
+    assert result.invariant is False
+    first = result.first_mismatch
+    assert first is not None
+    assert (first.mode, first.batch_size, first.position, first.token_index, first.differs_in) == (
+        "greedy", 2, canary.POSITIONS["greedy"][2], 0, "logprobs")  # fmt: skip
+    assert not any(c.equal for c in result.checks)
+    assert result.max_abs_logprob_diff == EPSILON * 15  # the batch of 16; exact in binary floating point
+    assert [c.max_abs_logprob_diff for c in result.checks[:4]] == [EPSILON * (s - 1) for s in canary.BATCH_SIZES]
+    assert "NOT batch-invariant: 8 of 8 checks differ; first: greedy, batch size 2" in canary.describe(result)
+
+
+def test_an_engine_whose_outputs_depend_on_the_request_alone_is_invariant() -> None:
+    fake = FakeEngine()
+    result = canary.run_canary(fake)
+    assert result.invariant is True and result.first_mismatch is None
+    assert result.max_abs_logprob_diff == 0.0 and all(c.max_abs_logprob_diff == 0.0 for c in result.checks)
+    assert [(c.mode, c.batch_size) for c in result.checks] == [
+        (mode, size) for mode in canary.MODES for size in canary.BATCH_SIZES]  # fmt: skip
+    assert fake.batches == [1, 2, 4, 8, 16] * 2 and result.engine_calls == 10
+    assert result.needle_tokens == {"greedy": canary.MAX_TOKENS, "sampled": canary.MAX_TOKENS}
+    assert canary.describe(result).startswith("batch-invariant:")
+
+
+def test_a_token_that_changes_in_sampled_batches_names_the_sampled_check_and_no_logprob_after_it() -> None:
+    def sampled_needle_not_first(request: GenerationRequest, index: int, size: int) -> bool:
+        return request.sampling.temperature > 0 and request.prompt == canary.NEEDLE and index > 0
+
+    result = canary.run_canary(FakeEngine(flip=sampled_needle_not_first))
+    first = result.first_mismatch
+    assert first is not None and (first.mode, first.batch_size, first.token_index, first.differs_in) == (
+        "sampled", 2, 0, "token_ids")  # fmt: skip
+    assert all(c.equal for c in result.checks if c.mode == "greedy")
+    assert [c.equal for c in result.checks if c.mode == "sampled"] == [False, False, True, False]  # needle at 0 in 8
+    assert result.max_abs_logprob_diff == 0.0  # logprobs of different tokens are not compared
+
+
+def test_the_needle_keeps_its_seed_and_sits_where_the_layout_says() -> None:
+    fake = FakeEngine()
+    seen: list[list[GenerationRequest]] = []
+    original = fake.generate
+    fake.generate = lambda requests: seen.append(requests) or original(requests)  # type: ignore[method-assign]
+    canary.run_canary(fake)
+    for requests in seen:
+        needles = [(i, r) for i, r in enumerate(requests) if r.prompt == canary.NEEDLE]
+        assert len(needles) == 1
+        index, needle = needles[0]
+        mode = "greedy" if needle.sampling.temperature == 0 else "sampled"
+        assert needle.sampling == seen[0 if mode == "greedy" else 5][0].sampling  # the seed it had alone
+        if len(requests) > 1:
+            assert index == canary.POSITIONS[mode][len(requests)]
+        assert len({r.prompt for r in requests}) == len(requests)  # fillers differ from each other
+        assert all(r.sampling.temperature == needle.sampling.temperature for r in requests)
+    assert max(len(p) for p in (canary.NEEDLE, *canary.FILLERS)) + canary.MAX_TOKENS <= 81
+
+
+@pytest.mark.parametrize(
+    ("ids", "logprobs", "expected"),
+    [
+        ((1, 2), (-0.5, -1.0), (True, None, None)),
+        ((1, 2), (-0.5, -1.0 + 2.0**-30), (False, 1, "logprobs")),
+        ((1, 3), (-0.5, -1.0), (False, 1, "token_ids")),
+        ((1,), (-0.5,), (False, 1, "length")),
+    ],
+)
+def test_compare_is_bitwise_and_names_the_first_difference(ids: Any, logprobs: Any, expected: Any) -> None:
+    alone = Completion("", (1, 2), (-0.5, -1.0), "length", 3)
+    c = canary.compare(alone, Completion("", ids, logprobs, "length", 3))
+    assert (c.equal, c.first_difference, c.differs_in) == expected
+    assert c.max_abs_logprob_diff == (2.0**-30 if expected[2] == "logprobs" else 0.0)
+
+
+def test_compare_tells_minus_zero_from_zero_and_a_missing_logprob_from_a_number() -> None:
+    zero = Completion("", (1,), (0.0,), "stop", 3)
+    minus_zero = Completion("", (1,), (-0.0,), "stop", 3)
+    missing = Completion("", (1,), (None,), "stop", 3)
+    assert canary.compare(zero, zero).equal and canary.compare(missing, missing).equal
+    c = canary.compare(zero, minus_zero)
+    assert not c.equal and c.differs_in == "logprobs" and c.max_abs_logprob_diff == 0.0
+    assert not canary.compare(zero, missing).equal
+
+
+def test_the_record_is_canonical_json_with_its_format() -> None:
+    result = canary.run_canary(FakeEngine(skew=batch_dependent_logprobs))
+    record = json.loads(canonical_json(result.as_record()))
+    assert record["format"] == CANARY_FORMAT and record["invariant"] is False
+    assert record["batch_sizes"] == [2, 4, 8, 16] and record["modes"] == ["greedy", "sampled"]
+    assert record["first_mismatch"] == {"mode": "greedy", "batch_size": 2, "position": 1, "token_index": 0,
+                                        "differs_in": "logprobs"}  # fmt: skip
+    assert record["definition_sha256"] == canary.definition_sha256() and len(record["checks"]) == 8
+
+
+def test_at_worker_start_a_canary_that_cannot_run_says_why_and_never_raises() -> None:
+    class Refusing(FakeEngine):
+        def generate(self, requests: list[GenerationRequest]) -> list[Completion]:
+            raise RequestRejected("The decoder prompt (length 68) is longer than the maximum model length of 32")
+
+    class LoglikelihoodOnly:
+        def describe(self) -> dict[str, Any]:
+            return {}
+
+    class NotGenerating(FakeEngine):
+        def generate(self, requests: list[GenerationRequest]) -> list[Completion]:
+            raise NotImplementedError
+
+    assert canary.canary_at_start(FakeEngine(), enabled=False, stand_in=False) == (None, None)
+    result, note = canary.canary_at_start(FakeEngine(), enabled=True, stand_in=False)
+    assert result is not None and result.invariant and note is None
+    for engine_, stand_in, reason in (
+        (FakeEngine(), True, "stand-in"), (Refusing(), False, "refused its prompts (The decoder prompt"),
+        (LoglikelihoodOnly(), False, "does not generate"), (NotGenerating(), False, "does not generate"),
+    ):  # fmt: skip
+        result, note = canary.canary_at_start(engine_, enabled=True, stand_in=stand_in)
+        assert result is None and note is not None and note.startswith("determinism.canary: not run") and reason in note
+
+
+# --- the worker, the manifest, the command and nondet (a registered fake engine: no model loads) ----------
+
+
+@pytest.fixture
+def fake_engines(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Two engines registered for the test only: ``fake`` (batch-invariant) and ``skewed`` (logprobs move with
+    the batch size)."""
+    monkeypatch.setattr(ENGINES, "_plugins", dict(ENGINES._plugins))
+
+    @engine("fake")
+    class Fake(FakeEngine):
+        def __init__(self, model_path: Path, model_dtype: str, settings: dict[str, Any]) -> None:
+            super().__init__()
+
+    @engine("skewed")
+    class Skewed(FakeEngine):
+        def __init__(self, model_path: Path, model_dtype: str, settings: dict[str, Any]) -> None:
+            super().__init__(skew=batch_dependent_logprobs)
+
+    yield
+
+
+OFF = DeterminismConfig(name="off", enabled=False, batch_invariant=False, cublas_workspace_config="")
+
+
+def test_the_worker_reports_its_canary_and_none_when_it_is_off(fake_engines: None) -> None:
+    spec = WorkerSpec(model_path="unused", model_dtype="float32", engine=EngineConfig(name="skewed"), determinism=OFF)
+    info = EngineWorker(spec, "w").info()
+    assert info["canary"]["invariant"] is False and info["canary"]["first_mismatch"]["batch_size"] == 2
+    off = WorkerSpec(model_path="unused", model_dtype="float32", engine=EngineConfig(name="skewed"),
+                     determinism=DeterminismConfig(**{**OFF.as_record(), "canary": False}))  # fmt: skip
+    info = EngineWorker(off, "w").info()
+    assert info["canary"] is None and not any("canary" in n for n in info["determinism"]["notes"])
+    stand_in = WorkerSpec(model_path="unused", model_dtype="float32", engine=EngineConfig(name="skewed"),
+                          determinism=OFF, engine_factory=lambda spec: FakeEngine())  # fmt: skip
+    info = EngineWorker(stand_in, "w").info()
+    assert info["canary"] is None and any("stand-in" in n for n in info["determinism"]["notes"])
+
+
+def _run(tmp_path: Path, *overrides: str) -> Path:
+    return execute(prepare(load(["engine.name=fake", "cluster=inline", "limit=3", "determinism=off",
+                                 f"run.root={tmp_path}", "run.progress=false", *overrides])))  # fmt: skip
+
+
+def test_the_manifest_lists_each_workers_canary_null_when_off_and_nondet_shows_them(
+    fake_engines: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    on, off = _run(tmp_path), _run(tmp_path, "determinism.canary=false")
+    workers = [json.loads((run / "manifest.json").read_text())["workers"] for run in (on, off)]
+    assert workers[0][0]["canary"]["invariant"] is True and workers[0][0]["canary"]["max_abs_logprob_diff"] == 0
+    assert workers[1][0]["canary"] is None
+    identities = [json.loads((run / "manifest.json").read_text())["identity"]["determinism"] for run in (on, off)]
+    assert identities[0] == identities[1] and "canary" not in identities[0]  # not what decides the results
+
+    report = nondet_paths([on, off])
+    assert [(c.run, c.status, c.batch_sizes) for c in report.canaries] == [
+        (0, "invariant", (2, 4, 8, 16)), (1, "not run", ())]  # fmt: skip
+    assert main(["nondet", str(on), str(off)]) == 0
+    text = capsys.readouterr().out
+    assert "batch-invariance canary per worker" in text
+    assert any(line.split()[:1] == ["0"] and "invariant" in line and "2,4,8,16" in line for line in text.splitlines())
+    assert main(["nondet", str(on), str(off), "--json"]) == 0
+    canaries = json.loads(capsys.readouterr().out)["canaries"]
+    assert [c["status"] for c in canaries] == ["invariant", "not run"]
+
+
+def test_nondet_says_not_recorded_for_a_run_made_before_the_canary() -> None:
+    manifest = json.loads((GOLDEN / "addition-v1" / "manifest.json").read_text())
+    (found,) = worker_canaries(0, manifest)
+    assert found.status == "not recorded" and found.max_abs_logprob_diff is None
+
+
+def test_the_canary_command_prints_a_row_per_check_and_exits_1_naming_the_first_mismatch(
+    fake_engines: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["canary", "engine.name=fake", "determinism=off", "determinism.canary=false"]) == 0
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if line.startswith(("greedy", "sampled"))]
+    assert len(rows) == 8 and all("bitwise equal" in row for row in rows)
+    assert out.splitlines()[-1].startswith("ok: batch-invariant")  # run although determinism.canary=false
+
+    assert main(["canary", "engine.name=skewed", "determinism=off"]) == 1
+    captured = capsys.readouterr()
+    assert sum("DIFFER" in line for line in captured.out.splitlines()) == 8
+    assert captured.err.strip() == (
+        "evalrun canary: check failed: NOT batch-invariant: 8 of 8 checks differ; first: greedy, batch size 2, "
+        "needle at 1, token 0 (logprobs); max |dlogprob| 1.431e-05"
+    )
+    assert main(["canary", "engine.name=skewed", "determinism=off", "--json"]) == 1
+    record = json.loads(capsys.readouterr().out)
+    assert record["format"] == CANARY_FORMAT and record["invariant"] is False
+    assert record["worker"]["engine"]["name"] == "fake" and "honoured" in record["worker"]["determinism"]
+
+
+def test_the_canary_command_refuses_bad_input_with_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["canary", "engine.name=tpu"]) == 2
+    assert "engine.name" in capsys.readouterr().err
+    assert main(["canary", "--jsn"]) == 2
