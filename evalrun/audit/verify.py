@@ -459,7 +459,7 @@ _RESCORE_FOLDER = rf"{layout.RESCORE}/[0-9a-f]{{16}}"
 _RESCORED_NAMES = "|".join(map(re.escape, (layout.SCORES, layout.SUMMARY, layout.RESCORER)))
 _RESCORED = re.compile(rf"{_RESCORE_FOLDER}/({_RESCORED_NAMES})")
 _TOP_LEVEL = {layout.MANIFEST, layout.CONFIG, layout.SCORES, layout.SUMMARY, layout.RECORD, layout.ATTESTATION,
-              layout.REBASELINE}  # fmt: skip
+              layout.REBASELINE, layout.REPORT}  # fmt: skip
 
 
 def check_complete(run: layout.RunDir) -> None:
@@ -481,8 +481,9 @@ def _lock_held(path: Path) -> bool:
 
 
 def check_no_strays(run: layout.RunDir, record: Record) -> None:
-    """Every file in the run directory, at any depth, is one a run writes: the layout's names, the
-    files record.json lists, ``evalrun rescore``'s outputs, and the lock while a driver holds it."""
+    """Every file in the run directory, at any depth, is one a run writes: the layout's names (the
+    report.html view among them, which no record lists or hashes), the files record.json lists,
+    ``evalrun rescore``'s outputs, and the lock while a driver holds it."""
     expected = _TOP_LEVEL | set(record.files)
     folders = {layout.LOG, layout.OUTPUTS, layout.RESCORE}
     for path in sorted(run.path.rglob("*")):

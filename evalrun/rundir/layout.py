@@ -21,6 +21,9 @@ RECORD = "record.json"
 ATTESTATION = "attestation.intoto.json"
 REBASELINE = "rebaseline.json"  # written by `evalrun rebaseline` into a sealed run: not in record.json
 LOCK = ".lock"  # present only while a driver holds it
+# A derived view of the run (``evalrun report``), written after the attestation: not hashed, not
+# listed in record.json, accepted by verify (docs/design.md "Report").
+REPORT = "report.html"
 # evalrun rescore writes RESCORE/<16 hex digits of the scoring hash>/{SCORES, SUMMARY, RESCORER}
 RESCORE = "rescore"
 RESCORER = "scorer.json"
@@ -41,6 +44,7 @@ class RunDir:
     summary = property(lambda self: self.path / SUMMARY)
     record = property(lambda self: self.path / RECORD)
     rebaseline = property(lambda self: self.path / REBASELINE)
+    report = property(lambda self: self.path / REPORT)
 
     def output_part(self, index: int) -> Path:
         return self.outputs / f"part-{index:05d}.parquet"
