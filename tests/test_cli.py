@@ -25,7 +25,8 @@ from evalrun.pipeline import dispatch, runner
 GOLDEN = Path(__file__).resolve().parent / "golden"
 ADDITION, MC = GOLDEN / "addition-v1", GOLDEN / "mc-v1"
 COMMANDS = {"run", "resume", "verify", "rescore", "replay", "prove", "verify-proof", "attest", "anchor", "rebaseline",
-            "compare", "digest", "gate", "nondet", "references", "check", "export", "canary"}  # fmt: skip
+            "compare", "digest", "gate", "nondet", "references", "check", "export", "canary",
+            "report"}  # fmt: skip
 
 
 def evalrun(capsys: pytest.CaptureFixture[str], *args: str | Path) -> tuple[int, str, str]:
@@ -221,7 +222,7 @@ def test_nondet_over_two_copies_of_a_run(addition: Path, tmp_path: Path, capsys:
 def fake_runs(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[Path]:
     """`evalrun run` with the engine, config and plan replaced: each job 'runs' into a copy of a golden run."""
     made: list[Path] = []
-    job = SimpleNamespace(worker_spec="spec", config=SimpleNamespace(cluster="cluster"))
+    job = SimpleNamespace(worker_spec="spec", config=SimpleNamespace(cluster="cluster", report=True))
     dispatcher = SimpleNamespace(close=lambda: None)
 
     def execute(prepared: object, d: object) -> Path:
@@ -244,6 +245,10 @@ def test_run_prints_the_results_table_then_the_run_directory_last(fake_runs: lis
     assert lines[0] == f"results: {fake_runs[0]}"
     assert lines[1].split() == ["task", "metric", "mean", "95%", "interval", "items", "trials", "spread"]
     assert lines[3].split() == ["addition", "exact_match", "1.0000", "[1.0000,", "1.0000]", "4", "1", "0.0000"]
+    # the run's HTML report, its path just before the run directory; verify accepts it in the run
+    report = fake_runs[0] / "report.html"
+    assert lines[-2] == f"report: {report}" and "evalrun report" in report.read_text(encoding="utf-8")
+    assert evalrun(capsys, "verify", fake_runs[0])[0] == 0
 
 
 def test_an_image_not_pinned_by_digest_stops_run_before_any_engine_loads(fake_runs: list[Path], monkeypatch,
@@ -260,6 +265,33 @@ def test_a_multirun_ends_with_one_run_directory_per_job(fake_runs: list[Path], c
     assert code == 0 and len(fake_runs) == 2 and lines[-2:] == [str(p) for p in fake_runs]
     assert [line for line in lines if line.startswith("results: ")] == [f"results: {p}" for p in fake_runs]
     assert any(line.split()[:2] == ["addition_mc", "choice_letter"] for line in lines)
+    assert [line for line in lines if line.startswith("report: ")] == [f"report: {p / 'report.html'}" for p in fake_runs]
+
+
+def test_report_false_builds_no_report(fake_runs: list[Path], monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    job = SimpleNamespace(worker_spec="spec", config=SimpleNamespace(cluster="cluster", report=False))
+    monkeypatch.setattr(runner, "prepare", lambda loaded: job)
+    code, out, _ = evalrun(capsys, "run", "report=false")
+    assert code == 0 and out.splitlines()[-1] == str(fake_runs[0])
+    assert "report: " not in out and not (fake_runs[0] / "report.html").exists()
+
+
+def test_a_report_that_cannot_be_written_is_a_warning_and_the_run_stands(
+    fake_runs: list[Path], monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    made = runner.execute
+
+    def execute(prepared: object, d: object) -> Path:
+        run = made(prepared, d)
+        (run / "report.html").mkdir()  # nothing can be written there
+        return run
+
+    monkeypatch.setattr(runner, "execute", execute)
+    code, out, err = evalrun(capsys, "run", "limit=4")
+    assert code == 0 and out.splitlines()[-1] == str(fake_runs[0]) and "report: " not in out
+    warning = one_error_line(err, "evalrun run: warning: ")
+    assert "report.html: the report was not written" in warning and "the run is complete and valid" in warning
+    assert f"evalrun report {fake_runs[0]} -o {fake_runs[0] / 'report.html'}" in warning
 
 
 def test_run_with_master_auto_prints_the_generated_seed_once_per_job(fake_runs: list[Path], monkeypatch,

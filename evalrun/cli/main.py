@@ -48,9 +48,10 @@ from evalrun.pipeline.canary import describe as describe_canary
 from evalrun.pipeline.worker import canary_on_demand
 from evalrun.records.canonical import canonical_json
 from evalrun.references import load_answers, load_index, parse_set_name
+from evalrun.report import ROWS, TRANSCRIPTS, build_report
 from evalrun.rundir import layout
 from evalrun.rundir.attest import write_attestation
-from evalrun.rundir.reader import load_record, open_run, read_summary
+from evalrun.rundir.reader import load_record, open_run, read_config, read_summary
 from evalrun.tasks import freeze_answers
 from evalrun.worlds.freeze import build_references, check_reference_set, raise_problems
 from evalrun.worlds.solver import SolverSettings
@@ -131,6 +132,35 @@ def _print_results(console: Any, run_dir: Path) -> None:
         render.render_summary(console, read_summary(run), title=f"results: {run_dir}")
 
 
+def _write_run_report(command: str, run_dir: Path) -> None:
+    """RUN_DIR/report.html after a run, its path printed as ``report: PATH``.
+
+    The report is a view of a finished run, not part of it (written after record.json and the
+    attestation, listed and hashed nowhere): a failure to build or write it leaves the run complete
+    and valid, so it is a warning on stderr naming the command that builds it, and the exit code
+    stays 0 (docs/design.md "Report").
+    """
+    path = layout.RunDir(run_dir).report
+    try:
+        data = build_report([run_dir], path)
+    except Exception as exc:  # a view must never fail a finished run: any error is reported, not raised
+        click.echo(f"{command}: warning: {path}: the report was not written ({type(exc).__name__}: {exc}); the "
+                   f"run is complete and valid; `{PROG} report {run_dir} -o {path}` builds it", err=True)  # fmt: skip
+        return
+    click.echo(f"report: {path}")
+    verdict = data.runs[0].verification
+    if not verdict.ok:
+        click.echo(f"{command}: warning: verify failed on the finished run: {verdict.message}", err=True)
+
+
+def _report_wanted(run_dir: Path) -> bool:
+    """The run's ``report`` setting, as its config.yaml records it (true for runs made before the setting)."""
+    try:
+        return read_config(layout.RunDir(run_dir)).get("report", True) is not False
+    except CheckFailed:
+        return True
+
+
 # --- run and resume --------------------------------------------------------------------------------
 
 
@@ -145,7 +175,8 @@ def run(multirun: bool, overrides: tuple[str, ...]) -> None:
     """Run an evaluation configured by Hydra OVERRIDES (KEY=VALUE, e.g. task=addition limit=20 cluster=inline).
 
     Every job is composed, checked and planned before the first model loads. Prints a results table per
-    task and metric, then the run directory as the last line of stdout (with -m: one line per job).
+    task and metric and the path of the run's HTML report (RUN_DIR/report.html; report=false skips it),
+    then the run directory as the last line of stdout (with -m: one line per job).
     """
     flags = [o for o in overrides if o.startswith("-")]
     if flags:
@@ -179,6 +210,8 @@ def run(multirun: bool, overrides: tuple[str, ...]) -> None:
                 current = (key, runner.open_for(job))
             run_dirs.append(runner.execute(job, current[1]))
             _print_results(console, run_dirs[-1])
+            if job.config.report:
+                _write_run_report("evalrun run", run_dirs[-1])
     finally:
         if current is not None:
             current[1].close()
@@ -193,7 +226,7 @@ def resume(run_dir: Path, overrides: tuple[str, ...]) -> None:
     """Finish the interrupted run in RUN_DIR, keeping its complete parts.
 
     OVERRIDES may change only how it runs: cluster=NAME, cluster.KEY=VALUE and run.progress=BOOL. Prints the results
-    table, then the run directory as the last line of stdout.
+    table and the report's path (as `evalrun run` does), then the run directory as the last line of stdout.
     """
     if "=" in str(run_dir):
         raise BadInput("RUN_DIR", "usage: evalrun resume RUN_DIR [cluster.KEY=VALUE ...]")
@@ -201,6 +234,8 @@ def resume(run_dir: Path, overrides: tuple[str, ...]) -> None:
         raise BadInput(str(run_dir), "no such run directory")
     finished = runner.resume(run_dir, list(overrides))
     _print_results(render.stdout_console(), finished)
+    if _report_wanted(finished):
+        _write_run_report("evalrun resume", finished)
     click.echo(str(finished))
 
 
@@ -526,6 +561,34 @@ def canary(overrides: tuple[str, ...], as_json: bool) -> None:
 
 
 # --- entry point -----------------------------------------------------------------------------------
+
+
+@cli.command("report", short_help="One self-contained HTML page of one or several runs.")
+@click.argument("runs", nargs=-1, required=True, type=RUN_PATH)
+@click.option("-o", "--output", type=RUN_PATH, required=True, metavar="FILE.html",
+              help="Where to write the page (in a run: RUN_DIR/report.html, the one name verify accepts).")  # fmt: skip
+@click.option("--rows", type=click.IntRange(min=0), default=ROWS, show_default=True, metavar="N",
+              help="Episodes the table holds per run (the first N in run order).")  # fmt: skip
+@click.option("--transcripts", type=click.IntRange(min=0), default=TRANSCRIPTS, show_default=True, metavar="N",
+              help="Agent episodes per run whose step-by-step transcript the page holds.")  # fmt: skip
+@click.option("--jobs", type=click.IntRange(min=0), default=0, show_default=True, metavar="N",
+              help="Processes verify uses (0: one per CPU).")  # fmt: skip
+def report_command(runs: tuple[Path, ...], output: Path, rows: int, transcripts: int, jobs: int) -> None:
+    """Write one HTML page (inline CSS, script and plots; opens from disk, fetches nothing) of RUNS.
+
+    Per run: verify's verdict (recomputed now; a failure is shown at the top), the six-field digest, Merkle
+    root and seal, model pins, engine, determinism asked and honoured, hardware; scores with their intervals
+    and the spread over seeds as plots; every episode in a searchable, filterable table; agent transcripts.
+    With several runs, each is compared with the first (manifest diff, paired comparison per task) and,
+    when their digests are equal, the nondeterminism report. Prints the page's path; exit 1 (after writing
+    it) when a run fails verify.
+    """
+    data = build_report(list(runs), output, rows=rows, transcripts=transcripts, jobs=jobs)
+    click.echo(str(output))
+    failed = [r for r in data.runs if not r.verification.ok]
+    if failed:
+        raise CheckFailed(f"{failed[0].path}: verify: {failed[0].verification.message} (the report {output} "
+                          "shows it)")  # fmt: skip
 
 
 # --- frozen references --------------------------------------------------------------------------------

@@ -431,6 +431,9 @@ class EvalConfig(Section):
     determinism: DeterminismConfig = field(default_factory=DeterminismConfig)
     run: RunConfig = field(default_factory=RunConfig)
     limit: int | None = None  # the first N items of the task (None: all)
+    # `evalrun run` writes RUN_DIR/report.html after the run (docs/design.md "Report"); a view of the
+    # run, not part of its identity or digest.
+    report: bool = True
     # The model a rubric's judges run on (``+model@judge_model=NAME``); None: the run's own model.
     judge_model: ModelConfig | None = None
 
