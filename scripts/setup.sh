@@ -34,6 +34,23 @@ fi
 
 # The stamp: what this call installs. Equal to the one in .venv means there is nothing to do.
 want="$("$python" scripts/install_record.py "$extra" "$lock")"
+
+# Headless Chromium for the report's browser test (tests/test_report_browser.py drives it with
+# Playwright; no browser download). Optional and tolerant: where it cannot be installed (not root, no
+# apt-get, no package registry) the test is skipped, saying why. EVALRUN_NO_BROWSER=1 skips this step.
+if [ "${EVALRUN_NO_BROWSER:-0}" != 1 ] && ! command -v chromium >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "setup: installing Debian's chromium for the report's browser test (a few minutes, once)" >&2
+    if ! { DEBIAN_FRONTEND=noninteractive timeout 600 apt-get update -qq \
+           && DEBIAN_FRONTEND=noninteractive timeout 1200 apt-get install -y -qq chromium fonts-dejavu-core; } \
+         >/dev/null 2>&1; then
+      echo "setup: chromium could not be installed; the report's browser test will be skipped" >&2
+    fi
+  else
+    echo "setup: no chromium, and no apt-get as root to install it; the report's browser test will be skipped" >&2
+  fi
+fi
+
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   exit 0
 fi

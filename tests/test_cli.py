@@ -265,7 +265,8 @@ def test_a_multirun_ends_with_one_run_directory_per_job(fake_runs: list[Path], c
     assert code == 0 and len(fake_runs) == 2 and lines[-2:] == [str(p) for p in fake_runs]
     assert [line for line in lines if line.startswith("results: ")] == [f"results: {p}" for p in fake_runs]
     assert any(line.split()[:2] == ["addition_mc", "choice_letter"] for line in lines)
-    assert [line for line in lines if line.startswith("report: ")] == [f"report: {p / 'report.html'}" for p in fake_runs]
+    reports = [line for line in lines if line.startswith("report: ")]
+    assert reports == [f"report: {p / 'report.html'}" for p in fake_runs]
 
 
 def test_report_false_builds_no_report(fake_runs: list[Path], monkeypatch: pytest.MonkeyPatch, capsys) -> None:

@@ -23,6 +23,7 @@ from evalrun.analysis.nondet import NondetReport
 from evalrun.report.data import Estimate, TrialMean
 
 BLUE, ORANGE, GRAY, DARK = "#2563eb", "#ea580c", "#9ca3af", "#1f2937"
+WIDTH = 6.0  # inches: about the width a plot is shown at in the page's two columns, so text keeps its size
 STYLE = {
     "svg.fonttype": "none",
     "font.family": "sans-serif",
@@ -78,7 +79,7 @@ def scores_svg(estimates: Sequence[Estimate], name: str = "scores") -> str | Non
 
     def draw() -> str:
         rows = list(reversed(estimates))
-        fig = _figure(7.2, max(2.4, 0.9 + 0.42 * len(rows)))
+        fig = _figure(WIDTH, max(2.4, 0.9 + 0.42 * len(rows)))
         ax = fig.subplots()
         ys = range(len(rows))
         for y, e in zip(ys, rows, strict=True):
@@ -88,7 +89,7 @@ def scores_svg(estimates: Sequence[Estimate], name: str = "scores") -> str | Non
                 ax.plot([e.high, e.high], [y - 0.18, y + 0.18], color=BLUE, linewidth=1.2)
             ax.plot([e.mean], [y], "o", color=BLUE, markersize=7, zorder=3)
             ci = f" [{e.low:.3f}, {e.high:.3f}]" if e.low is not None and e.high is not None else ""
-            ax.annotate(f"{e.mean:.3f}{ci}", (e.mean, y), xytext=(0, 9), textcoords="offset points", ha="center",
+            ax.annotate(f"{e.mean:.3f}{ci}", (e.mean, y), xytext=(0, 12), textcoords="offset points", ha="center",
                         fontsize=8.5, color=DARK)  # fmt: skip
         ax.set_yticks(list(ys), [_label(e.task, e.metric, one_task) for e in rows])
         bounded = all(0 <= v <= 1 for e in rows for v in (e.mean, e.low, e.high) if v is not None)
@@ -113,7 +114,7 @@ def spread_svg(trials: Sequence[TrialMean], name: str = "spread") -> str | None:
 
     def draw() -> str:
         keys = list(reversed(sorted(grouped)))
-        fig = _figure(7.2, max(2.4, 0.9 + 0.5 * len(keys)))
+        fig = _figure(WIDTH, max(2.4, 0.9 + 0.5 * len(keys)))
         ax = fig.subplots()
         seeds = sorted({t.seed for t in trials})
         colors = ["#2563eb", "#ea580c", "#16a34a", "#9333ea", "#db2777", "#0891b2", "#ca8a04", "#4b5563"]
@@ -152,7 +153,7 @@ def paired_svg(report: CompareReport, name: str = "paired") -> str | None:
 
     def draw() -> str:
         ordered = list(reversed(rows))
-        fig = _figure(7.2, max(2.4, 1.0 + 0.5 * len(ordered)))
+        fig = _figure(WIDTH, max(2.4, 1.0 + 0.5 * len(ordered)))
         ax = fig.subplots()
         for y, r in enumerate(ordered):
             e = r.estimate
@@ -200,7 +201,7 @@ def divergence_svg(report: NondetReport, name: str = "divergence") -> str | None
             width = math.ceil((top + 1) / 30)
             labels = [f"{lo}-{lo + width - 1}" for lo in range(0, top + 1, width)]
             values = [sum(c for p, c in counts.items() if lo <= p < lo + width) for lo in range(0, top + 1, width)]
-        fig = _figure(7.2, 2.8)
+        fig = _figure(WIDTH, 2.8)
         ax = fig.subplots()
         _bars(ax, labels, values, ORANGE)
         ax.set_xlabel("first divergent token position")
@@ -222,7 +223,7 @@ def drift_svg(report: NondetReport, name: str = "drift") -> str | None:
         labels = ["0"] + [f"1e{d}" for d in decades]
         values = [sum(g == 0 for g in gaps)] + [sum(g > 0 and math.floor(math.log10(g)) == d for g in gaps)
                                                 for d in decades]  # fmt: skip
-        fig = _figure(7.2, 2.8)
+        fig = _figure(WIDTH, 2.8)
         ax = fig.subplots()
         _bars(ax, labels, values, BLUE)
         ax.set_xlabel("max |logprob difference| before divergence (decade: 1eN ≤ x < 1eN+1)")
@@ -240,7 +241,7 @@ def distinct_svg(report: NondetReport, name: str = "distinct") -> str | None:
 
     def draw() -> str:
         items = sorted(report.distinct_histogram.items(), key=lambda kv: int(kv[0]))
-        fig = _figure(7.2, 2.6)
+        fig = _figure(WIDTH, 2.6)
         ax = fig.subplots()
         _bars(ax, [k for k, _ in items], [v for _, v in items], GRAY)
         ax.set_xlabel(f"distinct completions over {report.n_runs} runs")
