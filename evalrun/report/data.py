@@ -37,7 +37,7 @@ from evalrun.records.entries import (
     ToolEntry,
     UuidEntry,
 )
-from evalrun.records.outputs import OUTPUT_SCHEMA, SCORES_SCHEMA
+from evalrun.records.outputs import FINAL_STATE, OUTPUT_SCHEMA, SCORES_SCHEMA
 from evalrun.rundir import layout
 from evalrun.rundir.reader import (
     iter_chains,
@@ -380,12 +380,12 @@ def episode_table(outputs: pa.Table, scores: pa.Table, limit: int = ROWS) -> Epi
         if error:
             errors.setdefault(eid, error)
     head = outputs.slice(0, limit).select(list(TABLE_COLUMNS)).to_pydict()
-    rows = []
-    for values in zip(*head.values(), strict=True):
-        row = dict(zip(TABLE_COLUMNS, values, strict=True))
-        eid = row["episode_id"]
-        row["prompt"], row["output"], row["target"] = clip(row["prompt"]), clip(row["output"]), clip(row["target"])
-        rows.append((*row.values(), by_episode.get(eid, {}), extracted.get(eid), errors.get(eid)))
+    for text in ("prompt", "output", "target"):
+        head[text] = [clip(t) for t in head[text]]
+    eids = head["episode_id"]
+    no_scores: dict[str, float] = {}
+    rows = list(zip(*head.values(), [by_episode.get(e, no_scores) for e in eids], [extracted.get(e) for e in eids],
+                    [errors.get(e) for e in eids], strict=True))  # fmt: skip
     return EpisodeTable(tuple(rows), outputs.num_rows, metrics, primary)
 
 
@@ -530,15 +530,15 @@ def gather_run(path: Path, rows: int = ROWS, transcript_limit: int = TRANSCRIPTS
             problems.append(_problem(exc))
     agent = _get(manifest, "task", "world") is not None
     try:
-        outputs = read_outputs(run_dir)
+        outputs = read_outputs(run_dir, [*TABLE_COLUMNS, FINAL_STATE])
     except CheckFailed as exc:
         problems.append(_problem(exc))
-        outputs = OUTPUT_SCHEMA.empty_table()
+        outputs = OUTPUT_SCHEMA.empty_table().select([*TABLE_COLUMNS, FINAL_STATE])
     scores = scores if scores is not None else SCORES_SCHEMA.empty_table()
     table = episode_table(outputs, scores, rows)
     found: tuple[Transcript, ...] = ()
     if agent and transcript_limit > 0:
-        finals = dict(zip(outputs.column("episode_id").to_pylist(), outputs.column("final_state").to_pylist(),
+        finals = dict(zip(outputs.column("episode_id").to_pylist(), outputs.column(FINAL_STATE).to_pylist(),
                           strict=True))  # fmt: skip
         verdicts: dict[str, dict[str, tuple[float, str | None]]] = defaultdict(dict)
         cols = scores.select(["episode_id", "metric", "value", "extracted"]).to_pydict()
