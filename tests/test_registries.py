@@ -239,6 +239,7 @@ def test_the_default_config_records_what_the_golden_run_recorded() -> None:
     assert written["seeds"].pop("fewshot") is None  # added with the few-shot seed: the master seed
     assert written["run"].pop("on_drift") is None  # added with worker provenance: the profile's default
     assert written["determinism"].pop("canary") is True  # added with the batch-invariance canary
+    assert written.pop("report") is True  # added with the HTML report: its default
     assert written == recorded
 
 
