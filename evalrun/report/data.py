@@ -247,6 +247,7 @@ def verification(path: Path, jobs: int = 0) -> Verification:
         Field("episodes", f"{report.episodes:,}"), Field("log entries", f"{report.log_entries:,}"),
         Field("parts", str(report.parts)), Field("merkle root", report.merkle_root),
         Field("seal", report.seal or "—"), Field("scores", report.scores), Field("attestation", report.attestation),
+        Field("rebaseline", report.rebaseline),
         *(Field(f"digest part {part}", how) for part, how in sorted(report.digest_parts.items())),
     ]  # fmt: skip
     message = (f"intact: {report.episodes:,} episodes, {report.log_entries:,} chain entries in {report.parts} "
@@ -292,8 +293,11 @@ def identity_sections(
     for worker in manifest.get("workers") or []:
         if isinstance(worker, Mapping):
             hardware.append(Field(f"worker {worker.get('worker', '?')}", shown(worker.get("hardware"))))
+    for index, drift in enumerate(manifest.get("drift") or []):  # workers that differ from the first
+        hardware.append(Field(f"drift {index + 1}", shown(drift)))
     software = flat_fields({"generator": manifest.get("generator"), "git": manifest.get("git"),
-                            "python": manifest.get("python"), "libraries": manifest.get("libraries")})  # fmt: skip
+                            "python": manifest.get("python"), "libraries": manifest.get("libraries"),
+                            "install": manifest.get("install")})  # fmt: skip
     task = manifest.get("task") if isinstance(manifest.get("task"), Mapping) else {}
     episodes = _get(record, "episodes")
     run_fields = [
