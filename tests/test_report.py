@@ -18,7 +18,7 @@ from evalrun.audit.verify import verify_run
 from evalrun.cli import main
 from evalrun.config import load
 from evalrun.errors import CheckFailed
-from evalrun.pipeline.agent import ScriptedAgent, run_agent_episodes
+from evalrun.pipeline.agent import ModelAgent, ScriptedAgent, plain_chat, run_agent_episodes
 from evalrun.pipeline.manifest import run_identity
 from evalrun.pipeline.runner import prepare
 from evalrun.records.entries import parse_line
@@ -28,7 +28,7 @@ from evalrun.report.html import script_json
 from evalrun.rundir import layout
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_agents import GENERATOR, plan, suite  # the engine-free agent plan of the agent tests
+from test_agents import GENERATOR, ScriptedEngine, ScriptedModel, plan, suite  # the agent tests' engine-free plan
 
 ROOT = Path(__file__).resolve().parents[1]
 GOLDEN = ROOT / "tests" / "golden"
@@ -145,6 +145,20 @@ def test_a_scripted_agent_episode_reads_as_a_transcript_step_by_step() -> None:
     assert re.match(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ \(", clock.text)  # the simulated date, readable
     observation = next(s for s in steps if s.kind == "observation")
     assert observation.title.startswith("result of tool call") and observation.status == "ok"
+
+
+def test_a_model_agent_s_turns_and_unreadable_replies_are_in_its_transcript() -> None:
+    episodes = plan(suite(seeds=(1000, 1001)), agent="model")
+    (result, *_) = run_agent_episodes(episodes, ScriptedModel(ScriptedEngine(episodes), plain_chat), GENERATOR)
+    steps = transcript_steps(parse_line(line) for line in result.log_lines)
+    turns = [s for s in steps if s.kind == "model"]
+    assert turns and all(s.title.startswith("model turn ") and '"tool_calls"' in s.text for s in turns)
+    assert [s.kind for s in steps].index("model") < [s.kind for s in steps].index("tool")  # the reply, then its calls
+    garbage = ScriptedEngine(episodes, garbage="not a tool call")
+    (failed, *_) = run_agent_episodes(episodes, ModelAgent(garbage, plain_chat), GENERATOR)
+    steps = transcript_steps(parse_line(line) for line in failed.log_lines)
+    unread = [s for s in steps if s.kind == "observation"]
+    assert unread and all(s.title.startswith("reply of model call ") and s.status == "error" for s in unread)
 
 
 def test_compact_json_puts_each_member_of_a_large_record_on_its_own_line() -> None:
