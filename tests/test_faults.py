@@ -153,6 +153,7 @@ def test_disk_full_during_a_run_says_so_and_resume_completes_it(
     code, out, err = cli(capsys, "resume", str(run))
     assert code == 0, err
     assert run_dir_of(out) == run
+    assert f"report: {run / layout.REPORT}" in out.splitlines()  # the finished run's report, as `run` writes it
     code, _out, err = cli(capsys, "verify", str(run), "--expect-root", reference_root)
     assert code == 0, err
 
