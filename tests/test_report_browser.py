@@ -10,6 +10,7 @@ Playwright, the tests are skipped saying why; a Chromium that is there but fails
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -26,8 +27,6 @@ from evalrun.pipeline.dispatch import Dispatcher
 from evalrun.pipeline.runner import execute, prepare
 from evalrun.report import build_report
 
-pytestmark = pytest.mark.e2e  # the runs start the engine
-
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 # As the machine's own probe starts it: no sandbox (root), no GPU, and none of Chromium's own network
 # traffic (this machine has no network but the package registries).
@@ -43,15 +42,26 @@ def chromium() -> str | None:
     return next((found for name in CHROMIUM_NAMES if (found := shutil.which(name))), None)
 
 
+def why_not() -> str | None:
+    """Why the browser test cannot run here (None: it can): decided before any engine starts."""
+    if chromium() is None:
+        return ("no Chromium on this machine (scripts/setup.sh installs Debian's chromium when it runs as root; "
+                "EVALRUN_CHROMIUM names another binary)")  # fmt: skip
+    if importlib.util.find_spec("playwright") is None:
+        return "Playwright's Python package is not installed (a dev dependency: the lock installs it)"
+    return None
+
+
+pytestmark = [pytest.mark.e2e, pytest.mark.skipif(why_not() is not None, reason=f"browser test: {why_not()}")]
+
+
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
+    from playwright.sync_api import sync_playwright
+
     executable = chromium()
-    if executable is None:
-        pytest.skip("no Chromium on this machine (scripts/setup.sh installs Debian's chromium when run as root; "
-                    "EVALRUN_CHROMIUM names another binary): the report's browser test cannot run")  # fmt: skip
-    sync_api = pytest.importorskip("playwright.sync_api", reason="Playwright's Python package is not installed "
-                                   "(pip install -e .[dev])")  # fmt: skip
-    with sync_api.sync_playwright() as playwright:
+    assert executable is not None
+    with sync_playwright() as playwright:
         launched = playwright.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS)
         yield launched
         launched.close()
