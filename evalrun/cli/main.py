@@ -560,7 +560,7 @@ def canary(overrides: tuple[str, ...], as_json: bool) -> None:
         raise CheckFailed(describe_canary(result))
 
 
-# --- entry point -----------------------------------------------------------------------------------
+# --- report --------------------------------------------------------------------------------------
 
 
 @cli.command("report", short_help="One self-contained HTML page of one or several runs.")
