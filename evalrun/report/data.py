@@ -289,6 +289,14 @@ def identity_sections(
     for index, worker in enumerate(honoured if isinstance(honoured, list) else [honoured]):
         determinism_fields += flat_fields(worker, f"honoured.{index}." if isinstance(honoured, list) else "honoured.")
     determinism_fields += [Field(f"note {i + 1}", note) for i, note in enumerate(determinism.get("notes") or [])]
+    for worker in manifest.get("workers") or []:  # each worker's batch-invariance canary, where it ran one
+        canary = worker.get("canary") if isinstance(worker, Mapping) else None
+        if isinstance(canary, Mapping):
+            summary = (f"invariant {shown(canary.get('invariant'))}; batches {shown(canary.get('batch_sizes'))}; "
+                       f"modes {shown(canary.get('modes'))}; max |logprob diff| "
+                       f"{shown(canary.get('max_abs_logprob_diff'))}; first mismatch "
+                       f"{shown(canary.get('first_mismatch'))}")  # fmt: skip
+            determinism_fields.append(Field(f"canary {worker.get('worker', '?')}", summary))
     hardware = flat_fields(manifest.get("hardware"))
     for worker in manifest.get("workers") or []:
         if isinstance(worker, Mapping):
