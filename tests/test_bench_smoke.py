@@ -1,0 +1,25 @@
+"""The engine-free benchmarks at a smoke size, so that a change that breaks one fails the suite
+(the figures they print are not checked: machines here are noisy). bench_report's smoke test is in
+tests/test_report.py."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_bench_records_smoke(tmp_path: Path) -> None:
+    """Write (three ways, byte-identical), verify and rescore a synthetic run through the real code."""
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "bench_records.py"), "--episodes", "300", "--part-size", "100",
+         "--jobs", "2", "--dir", str(tmp_path)],
+        capture_output=True, text=True, timeout=600, cwd=ROOT,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert re.search(r"write   : 300 episodes", done.stdout)
+    assert re.search(r"verify  : 900 log entries, 300 rows", done.stdout)
+    assert re.search(r"rescore : 300 rows", done.stdout)
