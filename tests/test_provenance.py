@@ -12,11 +12,13 @@ from typing import Any
 import pytest
 
 from evalrun.audit.verify import verify_run
+from evalrun.cli import render
 from evalrun.config import load
 from evalrun.errors import CheckFailed
 from evalrun.pipeline.dispatch import RayDispatcher
 from evalrun.pipeline.provenance import Drift, DriftStopped, WorkerWatch, drift, fingerprint
 from evalrun.pipeline.runner import execute, prepare, resume
+from evalrun.records.formats import Record, seal_of
 from evalrun.rundir.layout import RunDir
 from evalrun.rundir.reader import read_outputs
 
@@ -135,6 +137,15 @@ def test_every_worker_is_recorded_and_each_row_names_its_worker(two_workers, tmp
         assert entry["hardware"] and entry["determinism"]["torch_deterministic_algorithms"] is True
     rows = set(read_outputs(RunDir(run), ["worker"]).column("worker").to_pylist())
     assert rows <= {w["worker"] for w in record["dispatch"]["workers"]} and rows <= set(names)
+
+    # phase timings: provenance beside the dispatch record, outside the seal
+    timings = record["timings"]
+    assert set(timings) == {"start-up", "generation", "writing", "scoring", "records", "engine_load"}
+    assert set(timings["engine_load"]) == set(names) and all(v > 0 for v in timings["engine_load"].values())
+    assert all(timings[phase] >= 0 for phase in ("start-up", "writing", "scoring", "records"))
+    without = Record.model_validate({k: v for k, v in record.items() if k not in ("timings", "seal")})
+    assert seal_of(without) == record["seal"]
+    assert render.timings_line(timings).startswith("start-up ") and "engine load" in render.timings_line(timings)
 
 
 @pytest.mark.e2e

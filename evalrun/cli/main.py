@@ -130,6 +130,10 @@ def _print_results(console: Any, run_dir: Path) -> None:
     run = layout.RunDir(run_dir)
     if run.summary.is_file():
         render.render_summary(console, read_summary(run), title=f"results: {run_dir}")
+    if run.record.is_file():
+        timings = load_record(run).timings
+        if timings:
+            click.echo(f"timings: {render.timings_line(timings)}", err=True)
 
 
 def _write_run_report(command: str, run_dir: Path) -> None:

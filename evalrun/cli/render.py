@@ -380,3 +380,14 @@ def render_canary(console: Console, result: CanaryResult, worker: Mapping[str, A
     _line(console, f"needle tokens compared per check: {tokens} (max_tokens {result.max_tokens}); "
                    f"{result.engine_calls} engine calls, {result.seconds:.2f} s")  # fmt: skip
     _line(console, f"{'ok: ' if result.invariant else ''}{describe(result)}")
+
+
+def timings_line(timings: dict[str, Any]) -> str:
+    """record.json's ``timings`` in one line: each phase, then every worker's engine load."""
+    order = ("start-up", "generation", "writing", "scoring", "records")
+    names = [n for n in order if n in timings] + sorted(n for n in timings if n not in order and n != "engine_load")
+    phases = [f"{name} {timings[name]:.2f} s" for name in names]
+    loads = timings.get("engine_load") or {}
+    if loads:
+        phases.append("engine load " + ", ".join(f"{seconds:.1f} s ({worker})" for worker, seconds in loads.items()))
+    return "; ".join(phases)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -165,6 +166,7 @@ def _checked_dispatcher(prepared: Prepared, dispatcher: Dispatcher | None) -> tu
 
 def execute(prepared: Prepared, dispatcher: Dispatcher | None = None) -> Path:
     """Run a prepared plan in a new run directory and return it. A given dispatcher is reused, not closed."""
+    clock = PhaseClock()
     check_before_engine(prepared.config)
     dispatcher, own = _checked_dispatcher(prepared, dispatcher)
     try:
@@ -193,7 +195,7 @@ def execute(prepared: Prepared, dispatcher: Dispatcher | None = None) -> Path:
                 raise WriteFailed(exc.where, f"{exc.message}; then remove {run.path} and run again") from exc
             with _resumable(run):
                 failpoints.hit("before-first-part")
-                _complete(run, prepared, dispatcher, writer.PartWriter(run), watch)
+                _complete(run, prepared, dispatcher, writer.PartWriter(run), watch, clock)
         return run.path
     finally:
         if own:
@@ -235,10 +237,11 @@ def resume(run_path: Path, overrides: list[str] | None = None, dispatcher: Dispa
         changed = sorted(k for k in set(recorded) | set(current) if recorded.get(k) != current.get(k))
         if changed:
             raise BadInput(str(run.manifest), f"the run would now be made differently: {', '.join(changed)} changed")
+        clock = PhaseClock()
         dispatcher, own = _checked_dispatcher(prepared, dispatcher)
         try:
             watch = _watch_workers(prepared.config, dispatcher, run)
-            _complete(run, prepared, dispatcher, writer.PartWriter.recover(run), watch)
+            _complete(run, prepared, dispatcher, writer.PartWriter.recover(run), watch, clock)
         finally:
             if own:
                 dispatcher.close()
@@ -274,8 +277,39 @@ def _see(watch: WorkerWatch, info: dict[str, Any], run: layout.RunDir | None) ->
         raise CheckFailed(f"{exc} (run.on_drift=fail; {where})") from exc
 
 
+class PhaseClock:
+    """Wall seconds per phase of one driver invocation (docs/design.md "Record": ``timings``, provenance).
+
+    ``start-up``: from the call to the first batch sent (engine load included when the run starts its
+    own workers); ``generation``: batches dispatched and answered, the driver's writing excluded;
+    ``writing``: committing parts; ``scoring``: scores and summary; ``records``: the Merkle root and
+    the seal (record.json's own write and the attestation follow it and are not counted).
+    """
+
+    def __init__(self) -> None:
+        self._mark = time.perf_counter()
+        self.seconds: dict[str, float] = {}
+
+    def lap(self, phase: str) -> None:
+        now = time.perf_counter()
+        self.add(phase, now - self._mark)
+        self._mark = now
+
+    def add(self, phase: str, seconds: float) -> None:
+        self.seconds[phase] = self.seconds.get(phase, 0.0) + seconds
+
+    def record(self, workers: list[dict[str, Any]]) -> dict[str, Any]:
+        loads = {w["worker"]: w["engine_load_s"] for w in workers if w.get("engine_load_s") is not None}
+        return {**{k: round(v, 3) for k, v in self.seconds.items()}, "engine_load": loads}
+
+
 def _complete(
-    run: layout.RunDir, prepared: Prepared, dispatcher: Dispatcher, parts: writer.PartWriter, watch: WorkerWatch
+    run: layout.RunDir,
+    prepared: Prepared,
+    dispatcher: Dispatcher,
+    parts: writer.PartWriter,
+    watch: WorkerWatch,
+    clock: PhaseClock,
 ) -> None:
     """Run every planned episode the part writer does not have yet, then score, summarise and record."""
     config = prepared.config
@@ -286,15 +320,22 @@ def _complete(
         len(prepared.episodes), prepared.task.name, enabled=config.run.progress,
         done=len(prepared.episodes) - len(remaining),
     )  # fmt: skip
+    clock.lap("start-up")
+    writing = 0.0
     with progress:
         for outcome in dispatcher.map(batches, generator):
             if outcome.worker not in watch.workers:  # a replacement worker: checked before its results count
                 for info in dispatcher.workers():
                     if info["worker"] == outcome.worker:
                         _see(watch, info, run)
+            started = time.perf_counter()
             if parts.write(outcome.part):
                 failpoints.hit(f"after-part-{parts.next_index - 1}")
                 progress.advance(outcome.episodes, outcome.part.output_tokens)
+            writing += time.perf_counter() - started
+    clock.lap("generation")
+    clock.add("generation", -writing)
+    clock.add("writing", writing)
 
     planned = {e.episode_id for e in prepared.episodes}
     if set(parts.heads) != planned:
@@ -309,6 +350,7 @@ def _complete(
     files[layout.SUMMARY] = writer.write_json(run.summary, summarize(scores))  # failed episodes: see `error`
     files.update(parts.file_hashes)
     failpoints.hit("before-record")
+    clock.lap("scoring")
 
     record = Record(
         episodes=EpisodeCounts(planned=len(planned), written=len(parts.heads)),
@@ -326,6 +368,8 @@ def _complete(
         },
         ended_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
     )
-    record = record.model_copy(update={"seal": seal_of(record)})
+    seal = seal_of(record)
+    clock.lap("records")
+    record = record.model_copy(update={"seal": seal, "timings": clock.record(dispatcher.workers())})
     writer.write_json(run.record, record)
     attest_finished_run(run.path)  # in-toto Statement over the record files (signed if EVALRUN_SIGNING_KEY)

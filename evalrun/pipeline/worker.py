@@ -76,7 +76,9 @@ class EngineWorker:
         settings = spec.determinism.as_record()
         self.determinism = determinism.apply(settings, seed=spec.engine.seed, engine=spec.engine.name)
         self.hardware = canonical_json(hardware_fingerprint())
+        started = time.perf_counter()
         self.engine = _build_engine(spec)
+        self.engine_load_s = round(time.perf_counter() - started, 3)  # provenance: the engine's own start
         # before the judge engine and any episode: the canary is about this engine as the run finds it
         self.canary, not_run = canary_at_start(self.engine, spec.determinism.canary, spec.engine_factory is not None)
         if not_run is not None:
@@ -102,6 +104,7 @@ class EngineWorker:
             "engine": self.engine.describe(),
             "judge_engine": self.judge_engine.describe() if self.judge_engine is not self.engine else None,
             "canary": None if self.canary is None else self.canary.as_record(),  # None: not run (see notes)
+            "engine_load_s": self.engine_load_s,
         }
 
     def run(self, episodes: list[Episode] | list[AgentEpisode], generator: dict[str, Any]) -> BatchOutcome:

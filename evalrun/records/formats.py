@@ -170,6 +170,10 @@ class EpisodeCounts(RecordModel):
     written: Count
 
 
+PROVENANCE_FIELDS = ("dispatch", "ended_at", "timings")
+"""record.json's fields that legitimately differ between identical runs: under no hash and not in the seal."""
+
+
 class Record(OptionalFields):
     """record.json, written last: a run directory without it is not a result."""
 
@@ -183,11 +187,12 @@ class Record(OptionalFields):
     files: dict[str, Hex64]  # relative path -> sha256, for every file of the run but record.json itself
     dispatch: dict[str, Any] | None = None  # retries, restarts, events, resumed, kept_parts
     ended_at: str | None = None  # ISO 8601, UTC
+    timings: dict[str, Any] | None = None  # seconds per phase of the invocation that finished the run
     seal: Hex64 | None = None  # :func:`seal_of` this record: the one value to keep elsewhere
 
     def claims(self) -> dict[str, Any]:
-        """What the run claims: every field but the seal and the provenance (dispatch, ended_at)."""
-        return {k: v for k, v in self.as_record().items() if k not in ("seal", "dispatch", "ended_at")}
+        """What the run claims: every field but the seal and the provenance (dispatch, ended_at, timings)."""
+        return {k: v for k, v in self.as_record().items() if k not in ("seal", *PROVENANCE_FIELDS)}
 
 
 def seal_of(record: Record) -> str:
