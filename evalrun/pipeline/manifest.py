@@ -8,6 +8,7 @@ part and check it against the rest of the manifest.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
@@ -23,7 +24,7 @@ from evalrun.pipeline.environment import (
     library_versions,
     python_version,
 )
-from evalrun.pipeline.provenance import drift_among, worker_record
+from evalrun.pipeline.provenance import Drift, worker_record
 from evalrun.records.canonical import canonical_hash, combine
 from evalrun.records.formats import MANIFEST_FORMAT, Manifest
 from evalrun.scoring import ScoringContext, scoring_record
@@ -217,8 +218,9 @@ def build_manifest(
     workers: list[dict[str, Any]],
     episodes: int,
     judge_model: ResolvedModel | None = None,
+    drift: Sequence[Drift] = (),
 ) -> dict[str, Any]:
-    drift = drift_among(workers)  # the run stopped before this under run.on_drift=fail
+    """``drift``: the workers' drift from the first, as the runner's watch found it (run.on_drift=warn)."""
     honoured = []
     for w in workers:
         if w["determinism"]["honoured"] not in honoured:

@@ -78,11 +78,6 @@ def drift(reference: Mapping[str, Any], info: Mapping[str, Any]) -> list[Drift]:
     return [Drift(worker, first, *d) for d in _differences(fingerprint(reference), fingerprint(info), "")]
 
 
-def drift_among(infos: Sequence[Mapping[str, Any]]) -> list[Drift]:
-    """Drift of every worker from the first."""
-    return [d for info in infos[1:] for d in drift(infos[0], info)]
-
-
 def worker_record(info: Mapping[str, Any]) -> dict[str, Any]:
     """A worker as the manifest and record.json list it: its name, the hardware text every output row
     carries, its fingerprint (and its batch-invariance canary, when it ran one)."""

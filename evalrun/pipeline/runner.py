@@ -180,6 +180,7 @@ def execute(prepared: Prepared, dispatcher: Dispatcher | None = None) -> Path:
             dispatcher.workers(),
             len(prepared.episodes),
             prepared.judge_model,
+            watch.drift,
         )
         stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
         run = layout.create_run_dir(
