@@ -119,14 +119,26 @@ class ReportsAnotherEngineVersion:
         self.inner.close()
 
 
+@pytest.fixture
+def both_live(two_workers, tmp_path_factory: pytest.TempPathFactory) -> RayDispatcher:
+    """The two-worker dispatcher with both workers serving: a replacement for a worker an earlier test
+    killed reports itself only while a run is dispatched, so small runs go until it has."""
+    for _ in range(3):
+        if len(two_workers.workers()) == 2:
+            break
+        run_on(two_workers, tmp_path_factory.mktemp("warm"))
+    assert len(two_workers.workers()) == 2
+    return two_workers
+
+
 def run_on(dispatcher: Any, tmp_path: Path, *overrides: str) -> Path:
     cfg = load([f"run.root={tmp_path}", "run.progress=false", *CONFIG, *overrides])
     return execute(prepare(cfg), dispatcher)
 
 
 @pytest.mark.e2e
-def test_every_worker_is_recorded_and_each_row_names_its_worker(two_workers, tmp_path) -> None:
-    run = run_on(two_workers, tmp_path)
+def test_every_worker_is_recorded_and_each_row_names_its_worker(both_live, tmp_path) -> None:
+    run = run_on(both_live, tmp_path)
     manifest = json.loads((run / "manifest.json").read_text())
     record = json.loads((run / "record.json").read_text())
     names = [w["worker"] for w in manifest["workers"]]
@@ -149,16 +161,16 @@ def test_every_worker_is_recorded_and_each_row_names_its_worker(two_workers, tmp
 
 
 @pytest.mark.e2e
-def test_drift_under_strict_stops_the_run_naming_worker_and_field(two_workers, tmp_path) -> None:
-    second = two_workers.workers()[1]["worker"]
+def test_drift_under_strict_stops_the_run_naming_worker_and_field(both_live, tmp_path) -> None:
+    second = both_live.workers()[1]["worker"]
     with pytest.raises(CheckFailed, match=rf"worker {second} differs from .* in engine\.version: \"0\.0\.1-other\""):
-        run_on(ReportsAnotherEngineVersion(two_workers), tmp_path / "runs")
+        run_on(ReportsAnotherEngineVersion(both_live), tmp_path / "runs")
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())  # nothing was written
 
 
 @pytest.mark.e2e
-def test_drift_under_warn_is_recorded_and_the_run_verifies(two_workers, tmp_path, capsys) -> None:
-    run = run_on(ReportsAnotherEngineVersion(two_workers), tmp_path, "run.on_drift=warn")
+def test_drift_under_warn_is_recorded_and_the_run_verifies(both_live, tmp_path, capsys) -> None:
+    run = run_on(ReportsAnotherEngineVersion(both_live), tmp_path, "run.on_drift=warn")
     manifest = json.loads((run / "manifest.json").read_text())
     (d,) = manifest["drift"]
     assert (d["field"], d["expected"], d["found"]) == ("engine.version", manifest["engine"]["version"], "0.0.1-other")
@@ -168,11 +180,11 @@ def test_drift_under_warn_is_recorded_and_the_run_verifies(two_workers, tmp_path
 
 
 @pytest.mark.e2e
-def test_a_drifting_replacement_stops_the_run_resumably(two_workers, tmp_path) -> None:
+def test_a_drifting_replacement_stops_the_run_resumably(both_live, tmp_path) -> None:
     """A worker that joins mid-run (a replacement) is checked before its results are kept."""
     with pytest.raises(CheckFailed, match=r"engine\.version.*evalrun resume .* run\.on_drift=warn"):
-        run_on(ReportsAnotherEngineVersion(two_workers, late=True), tmp_path)
+        run_on(ReportsAnotherEngineVersion(both_live, late=True), tmp_path)
     (run,) = [p for p in tmp_path.iterdir() if p.is_dir()]
     assert not (run / "record.json").exists()  # incomplete: not a result
-    resume(run, ["run.progress=false"], two_workers)  # the same workers, undisguised: no drift
+    resume(run, ["run.progress=false"], both_live)  # the same workers, undisguised: no drift
     verify_run(run, jobs=1)
