@@ -229,11 +229,16 @@ def fake_runs(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[Path]:
         made.append(Path(shutil.copytree(ADDITION if len(made) % 2 == 0 else MC, tmp_path / f"run-{len(made)}")))
         return made[-1]
 
-    monkeypatch.setattr(config, "load", lambda overrides: SimpleNamespace(seeds=config.SeedsConfig()))
+    monkeypatch.setattr(
+        config, "load", lambda overrides: SimpleNamespace(seeds=config.SeedsConfig(), cluster="cluster")
+    )
     monkeypatch.setattr(runner, "prepare", lambda loaded: job)
     monkeypatch.setattr(runner, "open_for", lambda prepared: dispatcher)
     monkeypatch.setattr(runner, "execute", execute)
     monkeypatch.setattr(runner, "check_destination", lambda config: None)
+    monkeypatch.setattr(runner, "check_plugins", lambda config: None)
+    monkeypatch.setattr(runner, "worker_spec", lambda config: "spec")
+    monkeypatch.setattr(dispatch, "start_early", lambda spec, cluster: None)
     monkeypatch.setattr(dispatch, "dispatcher_key", lambda spec, cluster: "one dispatcher")
     return made
 
@@ -255,6 +260,7 @@ def test_an_image_not_pinned_by_digest_stops_run_before_any_engine_loads(fake_ru
                                                                           capsys) -> None:  # fmt: skip
     monkeypatch.setenv("EVALRUN_IMAGE", "registry.example.org/evalrun:latest")
     monkeypatch.setattr(runner, "open_for", lambda prepared: pytest.fail("an engine was started"))
+    monkeypatch.setattr(dispatch, "start_early", lambda spec, cluster: pytest.fail("a worker was started"))
     code, _, err = evalrun(capsys, "run", "limit=4")
     assert code == 2 and "EVALRUN_IMAGE='registry.example.org/evalrun:latest'" in err and not fake_runs
 

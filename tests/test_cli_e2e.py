@@ -28,6 +28,8 @@ def test_multirun_from_the_command_line(tmp_path: Path) -> None:
     assert [m["seeds"]["master"] for m in manifests] == [1, 1, 2, 2]
     assert manifests[0]["digest"]["seed_set"] != manifests[2]["digest"]["seed_set"]
     assert manifests[0]["digest"]["prompt_pack"] == manifests[2]["digest"]["prompt_pack"]
+    # the compile path that reuses vLLM's cache (docs/design.md "Start-up and exit"), recorded as evalrun's choice
+    assert manifests[0]["engine"]["compile"]["aot_compile"] is False
     assert "episodes" in result.stderr  # progress was shown
     # report=true writes RUN_DIR/report.html and prints its path before the run directories; report=false
     # does not, and is no part of the run: same identity, digest and root

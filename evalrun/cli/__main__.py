@@ -1,5 +1,3 @@
-import sys
-
 from evalrun.cli.main import main
 
-sys.exit(main())
+main()

@@ -9,12 +9,17 @@ run directory (with -m, the last lines are the run directories, one per job, in 
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import multiprocessing
+import os
 import re
 import signal
 import sys
 import traceback
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 
@@ -186,26 +191,34 @@ def run(multirun: bool, overrides: tuple[str, ...]) -> None:
     if flags:
         raise BadInput(flags[0], "unknown option (overrides are KEY=VALUE; -m for a multirun)")
     jobs = config.expand_multirun(list(overrides)) if multirun else [list(overrides)]
-    prepared = []
-    for job in jobs:
-        try:
-            loaded = config.load(job)
-            if loaded.seeds.master_generated:  # seeds.master=auto: which seed, before anything runs
+    loaded: list[config.EvalConfig] = []
+    with _in_job(jobs, multirun) as job_of:
+        for job in jobs:
+            job_of(job)
+            loaded.append(config.load(job))
+            if loaded[-1].seeds.master_generated:  # seeds.master=auto: which seed, before anything runs
                 where = f" (job {' '.join(job)})" if multirun else ""
-                click.echo(f"evalrun run: seeds.master=auto: generated master seed {loaded.seeds.master}{where}",
+                click.echo(f"evalrun run: seeds.master=auto: generated master seed {loaded[-1].seeds.master}{where}",
                            err=True)  # fmt: skip
-            prepared.append(runner.prepare(loaded))
-        except BadInput as exc:
-            if multirun:
-                raise BadInput(exc.where, f"{exc.message} (in job {' '.join(job) or '<defaults>'})") from exc
-            raise
-    for job in prepared:  # before any engine loads
-        runner.check_before_engine(job.config)
+            runner.check_plugins(loaded[-1])
+            runner.check_before_engine(loaded[-1])
+        job_of(jobs[0])
+        spec = runner.worker_spec(loaded[0])
     console = render.stdout_console()
     run_dirs: list[Path] = []
-    # Consecutive jobs with the same model, engine and workers share one dispatcher.
+    # The first job's workers start now, while every job's pins, dataset and plan are checked (on Ray they
+    # load in their own processes meanwhile). Consecutive jobs with the same model, engine and workers share
+    # one dispatcher.
     current: tuple[str, dispatch.Dispatcher] | None = None
     try:
+        early = dispatch.start_early(spec, loaded[0].cluster)
+        if early is not None:
+            current = (dispatch.dispatcher_key(spec, loaded[0].cluster), early)
+        prepared = []
+        with _in_job(jobs, multirun) as job_of:
+            for job, job_config in zip(jobs, loaded, strict=True):
+                job_of(job)
+                prepared.append(runner.prepare(job_config))
         for job in prepared:
             key = dispatch.dispatcher_key(job.worker_spec, job.config.cluster)
             if current is None or current[0] != key:
@@ -221,6 +234,23 @@ def run(multirun: bool, overrides: tuple[str, ...]) -> None:
             current[1].close()
     for run_dir in run_dirs:
         click.echo(str(run_dir))
+
+
+@contextlib.contextmanager
+def _in_job(jobs: list[list[str]], multirun: bool) -> Iterator[Callable[[list[str]], None]]:
+    """A BadInput raised inside names the job it was raised for (a multirun's): call the yielded function
+    with each job before its checks."""
+    current: list[list[str]] = [jobs[0]]
+
+    def job_of(job: list[str]) -> None:
+        current[0] = job
+
+    try:
+        yield job_of
+    except BadInput as exc:
+        if multirun:
+            raise BadInput(exc.where, f"{exc.message} (in job {' '.join(current[0]) or '<defaults>'})") from exc
+        raise
 
 
 @cli.command(short_help="Finish an interrupted run, keeping its complete parts.")
@@ -680,8 +710,37 @@ def _usage_error(exc: click.UsageError) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run one command; returns its exit code (the console script exits with it)."""
-    args = list(sys.argv[1:] if argv is None else argv)
+    """Run one command and return its exit code; without ``argv`` (the console script, ``python -m
+    evalrun.cli``) it is the process's entry and leaves the process once the command is done (:func:`leave`)."""
+    if argv is None:
+        leave(_main(sys.argv[1:]))
+    return _main(list(argv))
+
+
+def leave(code: int) -> NoReturn:
+    """Exit now, without the interpreter's teardown (docs/design.md "Start-up and exit").
+
+    A command returns only once every file it wrote is closed (the run writer fsyncs its files) and any Ray
+    it started is shut down; what the interpreter would still do at exit is the engine's teardown (seconds of
+    finalizers and compiler worker pools) and writes nothing of evalrun's. So: flush the standard streams
+    and the log handlers, stop the child processes this process started, and ``os._exit``.
+    """
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    logging.shutdown()
+    if "ray" in sys.modules:
+        import ray
+
+        with contextlib.suppress(Exception):
+            if ray.is_initialized():
+                ray.shutdown()
+    for child in multiprocessing.active_children():  # e.g. vLLM's engine core, when not in-process
+        child.kill()
+    os._exit(code)
+
+
+def _main(args: list[str]) -> int:
     if not args:  # usage, as an error
         click.echo(cli.get_help(click.Context(cli, info_name=PROG, help_option_names=HELP_OPTIONS)))
         return EXIT_BAD_INPUT
@@ -705,4 +764,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -64,6 +64,21 @@ def _hub_cache_dir(model_id: str, revision: str, cache_dir: str | None) -> Path:
         ) from exc
 
 
+def model_directory(*, model_id: str, path: str | None, revision: str | None, cache_dir: str | None,
+                    repo_root: Path) -> Path:  # fmt: skip
+    """The model's directory, found but not hashed (a BadInput names the field when there is none)."""
+    if path:
+        directory = Path(path)
+        if not directory.is_absolute():
+            directory = repo_root / directory
+        if not directory.is_dir():
+            raise BadInput("model.path", f"{directory} is not a directory")
+        return directory
+    if not revision:
+        raise BadInput("model.revision", "a hub model id needs a revision (commit hash) to be pinned")
+    return _hub_cache_dir(model_id, revision, cache_dir)
+
+
 def resolve_model(
     *,
     model_id: str,
@@ -75,17 +90,8 @@ def resolve_model(
     repo_root: Path,
 ) -> ResolvedModel:
     """Find the model's files and check every pinned hash; raise BadInput naming the first mismatch."""
-    if path:
-        directory = Path(path)
-        if not directory.is_absolute():
-            directory = repo_root / directory
-        if not directory.is_dir():
-            raise BadInput("model.path", f"{directory} is not a directory")
-    else:
-        if not revision:
-            raise BadInput("model.revision", "a hub model id needs a revision (commit hash) to be pinned")
-        directory = _hub_cache_dir(model_id, revision, cache_dir)
-
+    directory = model_directory(model_id=model_id, path=path, revision=revision, cache_dir=cache_dir,
+                                repo_root=repo_root)  # fmt: skip
     actual = hash_model_dir(directory)
     if pinned:
         if not pins:

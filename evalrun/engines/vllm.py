@@ -2,6 +2,15 @@
 
 vLLM must be imported only after :func:`evalrun.pipeline.determinism.apply` has set its environment, so
 the import happens inside :class:`VLLMEngine`.
+
+Compilation (docs/design.md "Start-up"): vLLM compiles the model with torch.compile at every engine start
+unless it can reuse its compile cache (``VLLM_CACHE_ROOT``, by default ``~/.cache/vllm/torch_compile_cache``).
+Its default AOT path (``VLLM_USE_AOT_COMPILE``, on with torch >= 2.10) saves an artifact it then fails to
+reload with this vLLM and torch (``'function' object has no attribute 'finalize_loading'``), so it compiles
+again every time; the non-AOT path reuses its cache. evalrun therefore sets ``VLLM_USE_AOT_COMPILE=0``
+unless the environment already sets it, and records the choice (:func:`compile_choice`). Which path
+compiled the graph changes no output (the same runs' roots are bit-identical either way and with a cold or
+warm cache).
 """
 
 from __future__ import annotations
@@ -22,6 +31,20 @@ from evalrun.engines import (
     loglikelihood_tokens,
 )
 
+AOT_COMPILE = "VLLM_USE_AOT_COMPILE"
+
+
+def compile_choice() -> dict[str, Any]:
+    """Set evalrun's compile-cache choice (unless the environment made one) and return it as recorded."""
+    chosen_by = "environment" if AOT_COMPILE in os.environ else "evalrun"
+    os.environ.setdefault(AOT_COMPILE, "0")
+    root = os.environ.get("VLLM_CACHE_ROOT") or str(Path(os.environ.get("XDG_CACHE_HOME", "~/.cache")) / "vllm")
+    return {
+        "aot_compile": os.environ[AOT_COMPILE] == "1",
+        "cache_dir": str(Path(root).expanduser() / "torch_compile_cache"),
+        "chosen_by": chosen_by,
+    }
+
 
 def _finite(value: float) -> float | None:
     """JSON has no infinities: a logprob vLLM reports as -inf is recorded as null."""
@@ -33,6 +56,7 @@ class VLLMEngine:
     def __init__(self, model_path: Path, model_dtype: str, settings: dict[str, Any]) -> None:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(settings["cpu_kvcache_gib"]))
+        compiled = compile_choice()
         import vllm
         from vllm import LLM, SamplingParams
 
@@ -61,6 +85,7 @@ class VLLMEngine:
             "name": "vllm",
             "version": vllm.__version__,
             "settings": {**settings, "dtype": self.dtype},
+            "compile": compiled,
         }
 
     def describe(self) -> dict[str, Any]:

@@ -109,19 +109,13 @@ class _Slot:
 @dispatcher("local")
 @dispatcher("ray")
 class RayDispatcher:
-    def __init__(self, spec: WorkerSpec, cluster: ClusterConfig) -> None:
+    def __init__(self, spec: WorkerSpec, cluster: ClusterConfig, *, wait: bool = True) -> None:
         import ray
 
         self.key = dispatcher_key(spec, cluster)
         self.stats = DispatchStats()
         self._spec = spec
-        self._started_ray = False
-        if not ray.is_initialized():
-            if cluster.name == "ray":
-                ray.init(address=cluster.address, log_to_driver=False)
-            else:
-                start_local(include_dashboard=False, log_to_driver=False)  # stops what killed drivers left
-            self._started_ray = True
+        self._started_ray = connect_ray(cluster)
         gpus = cluster.gpus_per_worker
         if gpus is None:
             gpus = spec.engine.tensor_parallel_size if ray.cluster_resources().get("GPU", 0) > 0 else 0
@@ -133,7 +127,18 @@ class RayDispatcher:
         self._restarts_total = 0
         self._starting: dict[Any, _Slot] = {}
         self._slots = [_Slot(i, self._new_actor(i)) for i in range(cluster.num_workers)]
-        refs = {slot.actor.info.remote(): slot for slot in self._slots}
+        self._first_infos: dict[Any, _Slot] | None = {slot.actor.info.remote(): slot for slot in self._slots}
+        if wait:
+            self.ready()
+
+    def ready(self) -> None:
+        """Wait until every worker has started (its engine loaded); with ``wait=False`` the workers start in
+        their own processes meanwhile, and the first call of :meth:`workers` or :meth:`map` waits."""
+        import ray
+
+        refs, self._first_infos = self._first_infos, None
+        if refs is None:
+            return
         try:
             infos = ray.get(list(refs), timeout=self._start_timeout)
         except ray.exceptions.GetTimeoutError:
@@ -149,6 +154,7 @@ class RayDispatcher:
         return self._actor_class.remote(self._spec, f"ray-{index}")
 
     def workers(self) -> list[dict[str, Any]]:
+        self.ready()
         return [slot.info for slot in self._slots if slot.info is not None]
 
     def actors(self) -> list[Any]:
@@ -158,6 +164,7 @@ class RayDispatcher:
     def map(self, batches: list[list[Episode]], generator: dict[str, Any]) -> Iterator[BatchOutcome]:
         import ray
 
+        self.ready()
         self.stats = stats = DispatchStats()
         pending: deque[tuple[int, list[Episode]]] = deque(enumerate(batches))
         attempts = [0] * len(batches)
@@ -232,11 +239,26 @@ class RayDispatcher:
     def close(self) -> None:
         import ray
 
+        self._first_infos = None
         for slot in self._slots:
             ray.kill(slot.actor, no_restart=True)
         self._slots, self._starting = [], {}
         if self._started_ray:
             ray.shutdown()
+
+
+def connect_ray(cluster: ClusterConfig) -> bool:
+    """Connect this driver to Ray for ``cluster`` unless it is connected: start a local instance (``local``)
+    or join ``cluster.address`` (``ray``). True when it connected now (the dispatcher then shuts Ray down)."""
+    import ray
+
+    if ray.is_initialized():
+        return False
+    if cluster.name == "ray":
+        ray.init(address=cluster.address, log_to_driver=False)
+    else:
+        start_local(include_dashboard=False, log_to_driver=False)  # stops what killed drivers left
+    return True
 
 
 def _raised_by_the_batch(error: BaseException) -> bool:
@@ -250,3 +272,13 @@ def _raised_by_the_batch(error: BaseException) -> bool:
 
 def open_dispatcher(spec: WorkerSpec, cluster: ClusterConfig) -> Dispatcher:
     return DISPATCHERS.get(cluster.name)(spec, cluster)
+
+
+def start_early(spec: WorkerSpec, cluster: ClusterConfig) -> Dispatcher | None:
+    """A dispatcher whose workers start now, in their own processes, while the driver checks pins, reads the
+    dataset and plans (docs/design.md "Start-up and exit"): Ray's (its first use waits for the workers, and
+    closing it stops them at once). None for ``inline``: its engine loads in the driver's interpreter, where
+    nothing would overlap it, and only once every input is checked."""
+    if cluster.name in ("local", "ray"):
+        return RayDispatcher(spec, cluster, wait=False)
+    return None

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from evalrun.config import REPO_ROOT, EvalConfig, ModelConfig, load_stored, parse_overrides, to_yaml, validate
-from evalrun.config.model import ResolvedModel, resolve_model
+from evalrun.config.model import ResolvedModel, model_directory, resolve_model
 from evalrun.engines import ENGINES
 from evalrun.errors import BadInput, CheckFailed, Interrupted, WriteFailed
 from evalrun.pipeline import failpoints
@@ -60,6 +60,28 @@ class Prepared:
     judge_model: ResolvedModel | None = None  # None: the judges (if any) run on the run's model
 
 
+def _directory(m: ModelConfig) -> Path:
+    return model_directory(model_id=m.id, path=m.path, revision=m.revision, cache_dir=m.cache_dir,
+                           repo_root=REPO_ROOT).resolve()  # fmt: skip
+
+
+def worker_spec(config: EvalConfig) -> WorkerSpec:
+    """The engine worker a config needs, from the config alone: its model's directory is found, not hashed,
+    so that the engine can load while :func:`prepare` checks the pins (docs/design.md "Start-up and exit")."""
+    if config.task.world is not None:  # an agent task: no separate judge
+        return WorkerSpec(model_path=str(_directory(config.model)), model_dtype=config.model.dtype,
+                          engine=config.engine, determinism=config.determinism)  # fmt: skip
+    judge = config.judge_model
+    return WorkerSpec(
+        model_path=str(_directory(config.model)),
+        model_dtype=config.model.dtype,
+        engine=config.engine,
+        determinism=config.determinism,
+        judge_model_path=str(_directory(judge)) if judge is not None else None,
+        judge_model_dtype=judge.dtype if judge is not None else None,
+    )
+
+
 def _resolve(m: ModelConfig) -> ResolvedModel:
     """A model config section, its pins checked (BadInput naming the first mismatch)."""
     return resolve_model(
@@ -92,17 +114,9 @@ def prepare(config: EvalConfig) -> Prepared:
     episodes = build_plan(task, config.decoding, config.seeds)
     # prompts that cannot fit the context (the tokenizer is loaded, the model is not)
     episodes = apply_context_limit(episodes, model.path, config.engine.max_model_len, config.task.on_overlong)
-    spec = WorkerSpec(
-        model_path=str(model.path),
-        model_dtype=config.model.dtype,
-        engine=config.engine,
-        determinism=config.determinism,
-        judge_model_path=str(judge.path) if judge is not None else None,
-        judge_model_dtype=config.judge_model.dtype if config.judge_model is not None else None,
-    )
     return Prepared(
         config=config, model=model, task=task, digest=compute_digest(config, task, model, judge),
-        episodes=episodes, worker_spec=spec, judge_model=judge,
+        episodes=episodes, worker_spec=worker_spec(config), judge_model=judge,
     )  # fmt: skip
 
 
@@ -113,10 +127,8 @@ def _prepare_agents(config: EvalConfig, model: ResolvedModel) -> Prepared:
     task = load_agent_task(config.task, config.limit, model.path)
     episodes = plan_agent_episodes(task.name, task.tasks, config.decoding, config.seeds, config.task.world.agent,
                                    task.budget)  # fmt: skip
-    spec = WorkerSpec(model_path=str(model.path), model_dtype=config.model.dtype, engine=config.engine,
-                      determinism=config.determinism)  # fmt: skip
     return Prepared(config=config, model=model, task=task, digest=compute_digest(config, task, model),
-                    episodes=episodes, worker_spec=spec)  # fmt: skip
+                    episodes=episodes, worker_spec=worker_spec(config))  # fmt: skip
 
 
 def check_destination(config: EvalConfig) -> None:
