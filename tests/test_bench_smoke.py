@@ -1,4 +1,4 @@
-"""The engine-free benchmarks at a smoke size, so that a change that breaks one fails the suite
+"""The benchmarks at a smoke size, so that a change that breaks one fails the suite
 (the figures they print are not checked: machines here are noisy). bench_report's smoke test is in
 tests/test_report.py."""
 
@@ -8,6 +8,8 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -23,3 +25,18 @@ def test_bench_records_smoke(tmp_path: Path) -> None:
     assert re.search(r"write   : 300 episodes", done.stdout)
     assert re.search(r"verify  : 900 log entries, 300 rows", done.stdout)
     assert re.search(r"rescore : 300 rows", done.stdout)
+
+
+@pytest.mark.e2e
+def test_bench_startup_smoke() -> None:
+    """Two whole processes on 4 items: the raw vLLM script (with evalrun's vLLM settings) and `evalrun run
+    cluster=inline`, each timed from spawn to exit, and their ratio."""
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "bench_startup.py"), "--rounds", "1", "--no-warmup", "--limit", "4",
+         "--modes", "raw-tuned,inline"],
+        capture_output=True, text=True, timeout=900, cwd=ROOT,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert re.search(r"round 1 raw-tuned .* raw: 4 prompts, \d+ tokens", done.stdout), done.stdout
+    assert re.search(r"round 1 inline .* timings: start-up", done.stdout), done.stdout
+    assert re.search(r"^ratio inline/raw-tuned: \d+\.\d{3}$", done.stdout, re.MULTILINE), done.stdout

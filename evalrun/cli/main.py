@@ -183,7 +183,8 @@ def _report_wanted(run_dir: Path) -> bool:
 def run(multirun: bool, overrides: tuple[str, ...]) -> None:
     """Run an evaluation configured by Hydra OVERRIDES (KEY=VALUE, e.g. task=addition limit=20 cluster=inline).
 
-    Every job is composed, checked and planned before the first model loads. Prints a results table per
+    Every job's config is composed and checked before anything starts; on Ray the first job's workers start
+    loading while the pins, datasets and plans are checked, and stop at once if one fails. Prints a results table per
     task and metric and the path of the run's HTML report (RUN_DIR/report.html; report=false skips it),
     then the run directory as the last line of stdout (with -m: one line per job).
     """
