@@ -483,9 +483,10 @@ def _lock_held(path: Path) -> bool:
 def check_no_strays(run: layout.RunDir, record: Record) -> None:
     """Every file in the run directory, at any depth, is one a run writes: the layout's names (the
     report.html view among them, which no record lists or hashes), the files record.json lists,
-    ``evalrun rescore``'s outputs, and the lock while a driver holds it."""
+    ``evalrun rescore``'s outputs, the engine's logs (``logs/<name>.log``: provenance, hashed nowhere),
+    and the lock while a driver holds it."""
     expected = _TOP_LEVEL | set(record.files)
-    folders = {layout.LOG, layout.OUTPUTS, layout.RESCORE}
+    folders = {layout.LOG, layout.OUTPUTS, layout.RESCORE, layout.LOGS}
     for path in sorted(run.path.rglob("*")):
         rel = path.relative_to(run.path).as_posix()
         if path.is_symlink():
@@ -493,8 +494,14 @@ def check_no_strays(run: layout.RunDir, record: Record) -> None:
         if path.is_dir():
             if rel not in folders and not re.fullmatch(_RESCORE_FOLDER, rel):
                 raise _fail(rel, "not a folder of an evalrun run directory")
-        elif not (rel in expected or _RESCORED.fullmatch(rel) or (rel == layout.LOCK and _lock_held(path))):
+        elif not (rel in expected or _RESCORED.fullmatch(rel) or _is_log_file(rel)
+                  or (rel == layout.LOCK and _lock_held(path))):  # fmt: skip
             raise _fail(rel, "not a file of an evalrun run directory")
+
+
+def _is_log_file(rel: str) -> bool:
+    folder, _, name = rel.partition("/")
+    return folder == layout.LOGS and layout.LOG_FILE.match(name) is not None
 
 
 def check_file_hashes(run: layout.RunDir, record: Record, known: dict[str, str] | None = None) -> None:

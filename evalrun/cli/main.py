@@ -36,6 +36,7 @@ from evalrun.audit.rescore import rescore_run
 from evalrun.audit.verify import verify_run
 from evalrun.check import DEFAULT_REPEAT_ITEMS, check_run
 from evalrun.cli import render
+from evalrun.engines import logs
 from evalrun.errors import (
     EXIT_BAD_INPUT,
     EXIT_CHECK_FAILED,
@@ -111,14 +112,18 @@ HELP_OPTIONS = ["-h", "--help"]
 
 @click.group(cls=EvalrunGroup, context_settings={"help_option_names": HELP_OPTIONS})
 @click.option("--debug", is_flag=True, help="On an error, print its Python traceback before the message.")
+@click.option("-v", "--verbose", is_flag=True,
+              help="Every engine and Ray log line on stderr, not only warnings (RUN_DIR/logs/ has all).")  # fmt: skip
 @click.pass_context
-def cli(ctx: click.Context, debug: bool) -> None:
+def cli(ctx: click.Context, debug: bool, verbose: bool) -> None:
     """Run evaluations that can be repeated and audited, and read their run directories.
 
     Exit codes: 0 success, 1 a check failed, 2 bad input or usage, 130 interrupted (Ctrl-C).
     `evalrun COMMAND --help` for each command.
     """
     ctx.meta[DEBUG] = debug
+    # Engine and Ray log lines: never on stdout; on stderr from WARNING up (-v: all); all in RUN_DIR/logs/
+    logs.route(verbose=verbose)
 
 
 def _hex64(option: str, value: str | None) -> None:

@@ -29,6 +29,7 @@ from evalrun.engines import (
     checked_logprob,
     engine,
     loglikelihood_tokens,
+    logs,
 )
 
 AOT_COMPILE = "VLLM_USE_AOT_COMPILE"
@@ -60,6 +61,8 @@ class VLLMEngine:
         import vllm
         from vllm import LLM, SamplingParams
 
+        logs.route()  # vLLM imported torch and transformers: their stream handlers are taken over too
+
         self._sampling_params = SamplingParams
         from vllm.inputs import TokensPrompt
 
@@ -77,6 +80,10 @@ class VLLMEngine:
             "tensor_parallel_size": settings["tensor_parallel_size"],
             "enforce_eager": settings["enforce_eager"],
             "gpu_memory_utilization": settings["gpu_memory_utilization"],
+            # How vLLM reports, not what it computes (no engine setting, no part of the run's identity):
+            # no progress bar while loading weights, and log records routed by evalrun.engines.logs.
+            "use_tqdm_on_load": False,
+            **logs.disable_vllm_logging_config(),
         }
         if settings["max_model_len"]:
             kwargs["max_model_len"] = settings["max_model_len"]

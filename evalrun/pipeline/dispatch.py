@@ -23,10 +23,13 @@ from typing import Any, Protocol, TypeVar
 
 from evalrun.config import ClusterConfig
 from evalrun.config.registry import Registry
+from evalrun.engines import logs
 from evalrun.pipeline.plan import Episode
 from evalrun.pipeline.raylocal import start_local
-from evalrun.pipeline.worker import BatchOutcome, EngineWorker, WorkerSpec
+from evalrun.pipeline.worker import BatchOutcome, CollectedLogs, EngineWorker, WorkerSpec
 from evalrun.records.canonical import canonical_hash
+
+LOG_TIMEOUT_S = 30.0  # how long the driver waits for a worker's log at the end of a run
 
 
 @dataclass
@@ -48,6 +51,8 @@ class Dispatcher(Protocol):
     def workers(self) -> list[dict[str, Any]]: ...
 
     def map(self, batches: list[list[Episode]], generator: dict[str, Any]) -> Iterator[BatchOutcome]: ...
+
+    def logs(self) -> CollectedLogs: ...
 
     def close(self) -> None: ...
 
@@ -91,6 +96,10 @@ class InlineDispatcher:
         for batch in batches:
             yield self.worker.run(batch, generator)
 
+    def logs(self) -> CollectedLogs:
+        """The worker's log: the records of this process, the driver's own among them."""
+        return CollectedLogs({"inline-0": self.worker.log_text()}, {})
+
     def close(self) -> None:
         pass
 
@@ -112,6 +121,7 @@ class RayDispatcher:
     def __init__(self, spec: WorkerSpec, cluster: ClusterConfig, *, wait: bool = True) -> None:
         import ray
 
+        self._driver_log = logs.route()  # Ray's driver-side records (Ray installed its handler on import)
         self.key = dispatcher_key(spec, cluster)
         self.stats = DispatchStats()
         self._spec = spec
@@ -235,6 +245,25 @@ class RayDispatcher:
                 continue
             fill(slot)
             yield outcome
+
+    def logs(self, timeout_s: float = LOG_TIMEOUT_S) -> CollectedLogs:
+        """Each live worker's log (fetched from its process, wherever it runs), and the driver's own records
+        when there are any; a worker that does not answer within ``timeout_s`` is named in ``failed``."""
+        import ray
+
+        driver = self._driver_log.text()
+        texts, failed = ({"driver": driver} if driver else {}), {}
+        refs = {slot.actor.log_text.remote(): f"ray-{slot.index}" for slot in self._slots if slot.live}
+        ready = ray.wait(list(refs), num_returns=len(refs), timeout=timeout_s)[0] if refs else []
+        for ref, name in refs.items():
+            if ref not in ready:
+                failed[name] = f"no answer within {timeout_s:g} s"
+                continue
+            try:
+                texts[name] = ray.get(ref)
+            except ray.exceptions.RayError as exc:
+                failed[name] = f"{type(exc).__name__}: {exc}".splitlines()[0]
+        return CollectedLogs(texts, failed)
 
     def close(self) -> None:
         import ray

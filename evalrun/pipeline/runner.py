@@ -36,6 +36,7 @@ from evalrun.pipeline.manifest import (
 from evalrun.pipeline.plan import Episode, build_plan
 from evalrun.pipeline.progress import RunProgress
 from evalrun.pipeline.provenance import Drift, DriftStopped, WorkerWatch
+from evalrun.pipeline.runlogs import write_logs
 from evalrun.pipeline.worker import WorkerSpec
 from evalrun.records.canonical import file_sha256
 from evalrun.records.formats import EpisodeCounts, Record, seal_of
@@ -383,6 +384,7 @@ def _complete(
     )
     seal = seal_of(record)
     clock.lap("records")
-    record = record.model_copy(update={"seal": seal, "timings": clock.record(dispatcher.workers())})
+    timings = clock.record(dispatcher.workers())
+    record = record.model_copy(update={"seal": seal, "timings": timings, "logs": write_logs(run, dispatcher)})
     writer.write_json(run.record, record)
     attest_finished_run(run.path)  # in-toto Statement over the record files (signed if EVALRUN_SIGNING_KEY)

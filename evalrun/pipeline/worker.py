@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -14,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from evalrun.config import DeterminismConfig, EngineConfig
-from evalrun.engines import build_engine
+from evalrun.engines import build_engine, logs
 from evalrun.errors import BadInput
 from evalrun.pipeline import determinism
 from evalrun.pipeline.agent import (
@@ -70,9 +71,22 @@ class BatchOutcome:
     worker: str
 
 
+@dataclass(frozen=True)
+class CollectedLogs:
+    """A dispatcher's logs at the end of a run: text by log name (a worker's, as ``inline-0`` or ``ray-1``, or
+    ``driver``), and why each one that could not be fetched was not."""
+
+    texts: dict[str, str]
+    failed: dict[str, str]
+
+
 class EngineWorker:
     def __init__(self, spec: WorkerSpec, name: str) -> None:
         self.name = f"{name}@{socket.gethostname()}:{os.getpid()}"
+        # A Ray actor's stderr is a log file of its own (Ray's worker-*.err): every record goes there, in
+        # order with what C++ code prints; inline, the driver's choice (-v or not) stands.
+        self._own_process = _in_ray_actor()
+        self._log = logs.route(stderr_is_a_log=self._own_process)
         settings = spec.determinism.as_record()
         self.determinism = determinism.apply(settings, seed=spec.engine.seed, engine=spec.engine.name)
         self.hardware = canonical_json(hardware_fingerprint())
@@ -107,6 +121,13 @@ class EngineWorker:
             "engine_load_s": self.engine_load_s,
         }
 
+    def log_text(self) -> str:
+        """This worker's log so far (RUN_DIR/logs/<worker>.log; docs/design.md "Logs"): in a Ray actor, what
+        its process wrote to stdout and stderr (C++ and print output included); else, or when those are
+        not files, the log records of its process."""
+        text = logs.stdio_files_text() if self._own_process else None
+        return self._log.text() if text is None else text
+
     def run(self, episodes: list[Episode] | list[AgentEpisode], generator: dict[str, Any]) -> BatchOutcome:
         started = time.perf_counter()
         if episodes and isinstance(episodes[0], AgentEpisode):
@@ -139,6 +160,12 @@ def canary_on_demand(spec: WorkerSpec) -> tuple[CanaryResult, dict[str, Any]]:
         notes = [n for n in worker.determinism["notes"] if n.startswith("determinism.canary")]
         raise BadInput("canary", "; ".join(notes))
     return worker.canary, worker.info()
+
+
+def _in_ray_actor() -> bool:
+    """Whether this worker is a Ray actor (in a process of its own), not inline in the driver."""
+    ray = sys.modules.get("ray")
+    return ray is not None and ray.is_initialized() and ray.get_runtime_context().get_actor_id() is not None
 
 
 def _build_engine(spec: WorkerSpec) -> Any:

@@ -170,7 +170,7 @@ class EpisodeCounts(RecordModel):
     written: Count
 
 
-PROVENANCE_FIELDS = ("dispatch", "ended_at", "timings")
+PROVENANCE_FIELDS = ("dispatch", "ended_at", "timings", "logs")
 """record.json's fields that legitimately differ between identical runs: under no hash and not in the seal."""
 
 
@@ -188,10 +188,11 @@ class Record(OptionalFields):
     dispatch: dict[str, Any] | None = None  # retries, restarts, events, resumed, kept_parts
     ended_at: str | None = None  # ISO 8601, UTC
     timings: dict[str, Any] | None = None  # seconds per phase of the invocation that finished the run
+    logs: dict[str, Any] | None = None  # files: the logs/ files written; failed: log name -> why it is missing
     seal: Hex64 | None = None  # :func:`seal_of` this record: the one value to keep elsewhere
 
     def claims(self) -> dict[str, Any]:
-        """What the run claims: every field but the seal and the provenance (dispatch, ended_at, timings)."""
+        """What the run claims: every field but the seal and the provenance (dispatch, ended_at, timings, logs)."""
         return {k: v for k, v in self.as_record().items() if k not in ("seal", *PROVENANCE_FIELDS)}
 
 

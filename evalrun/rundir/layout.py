@@ -27,6 +27,11 @@ REPORT = "report.html"
 # evalrun rescore writes RESCORE/<16 hex digits of the scoring hash>/{SCORES, SUMMARY, RESCORER}
 RESCORE = "rescore"
 RESCORER = "scorer.json"
+# The engine's and Ray's log lines, LOGS/<name>.log per worker (and "driver"): provenance, written before
+# record.json (which lists them in ``logs``), hashed nowhere, accepted by verify (docs/design.md "Logs").
+# Not to be confused with LOG, the episodes' chains.
+LOGS = "logs"
+LOG_FILE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*\.log$")
 PART_PATTERN = re.compile(r"^part-(\d{5})\.(parquet|jsonl)$")
 
 
@@ -45,6 +50,13 @@ class RunDir:
     record = property(lambda self: self.path / RECORD)
     rebaseline = property(lambda self: self.path / REBASELINE)
     report = property(lambda self: self.path / REPORT)
+    logs = property(lambda self: self.path / LOGS)
+
+    def log_file(self, name: str) -> Path:
+        """LOGS/<name>.log; a name that would not make a log file's name is a ValueError."""
+        if not LOG_FILE.match(f"{name}.log"):
+            raise ValueError(f"{name!r} cannot name a log file")
+        return self.logs / f"{name}.log"
 
     def output_part(self, index: int) -> Path:
         return self.outputs / f"part-{index:05d}.parquet"

@@ -109,8 +109,9 @@ def locked(run: RunDir) -> Iterator[None]:
 
 def remove_temporaries(run: RunDir) -> None:
     """Remove the temporary files a killed driver left (a failed write removes its own)."""
-    for stray in [*run.path.glob(".tmp-*"), *run.outputs.glob(".tmp-*"), *run.log.glob(".tmp-*")]:
-        stray.unlink()
+    for folder in (run.path, run.outputs, run.log, run.logs):
+        for stray in list(folder.glob(".tmp-*")):
+            stray.unlink()
 
 
 class PartWriter:
