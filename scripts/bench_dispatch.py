@@ -3,16 +3,30 @@
 (a) The default model, 1,000 episodes: Ray dispatch with one engine worker vs the inline
     dispatcher (engine in the driver), alternating rounds; prints the throughput ratio ray/inline.
 (b) A fixed-latency stand-in engine (sleeps LATENCY per batch, returns canned completions) on 1, 2,
-    4 and 8 Ray workers: parallel efficiency = throughput(N) / (N x throughput(1)), and the driver's
-    CPU time per episode (plan excluded; dispatch, chains arriving, parts, scoring, record included).
+    4 and 8 Ray workers: parallel efficiency = throughput(N) / (N x throughput(1)), the driver's
+    CPU time per episode (plan excluded; dispatch, chains arriving, parts, scoring, record included),
+    and the seconds the driver waited for parts to be committed and spent scoring (record.json's timings).
 
-    .venv/bin/python scripts/bench_dispatch.py [--rounds 3] [--latency 0.1] [--batch-size 64] [--seeds 20] [--skip-a]
+(c) ``--scale N,N,...``: the driver's memory and cost against the episode count. Each size runs in
+    its own process (the default task's 200 items x ceil(N / 200) seeds, inline dispatcher, the
+    stand-in engine with no latency: its harness and part encoding run in the driver and count);
+    prints the process's peak RSS (ru_maxrss) and its CPU time per episode, plan included. The
+    driver's memory must stay flat: peak RSS at 1M within 1.5x of the peak at 100k.
+
+    .venv/bin/python scripts/bench_dispatch.py [--rounds 3] [--latency 0.1] [--batch-size 64] [--seeds 20]
+        [--workers 1,2,4,8] [--skip-a] [--skip-b] [--scale 10000,100000,1000000]
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
+import json
+import math
+import resource
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -69,14 +83,12 @@ def part_a(rounds: int, tmp: Path) -> None:
         d.close()
 
 
-def part_b(latency: float, batch_size: int, seeds: int, tmp: Path) -> None:
-    import ray
-
+def part_b(latency: float, batch_size: int, seeds: int, worker_counts: list[int], tmp: Path) -> None:
     common = [f"cluster.batch_size={batch_size}", "cluster.cpus_per_worker=0.01", "run.progress=false",
               f"run.root={tmp}"]  # fmt: skip
     print(f"(b) stand-in engine, {latency * 1000:.0f} ms per batch of {batch_size}")
     base = None
-    for workers in (1, 2, 4, 8):
+    for workers in worker_counts:
 
         def stand_in(*overrides: str, workers: int = workers) -> Any:
             prepared = prepare(load([f"cluster.num_workers={workers}", *common, *overrides]))
@@ -87,17 +99,67 @@ def part_b(latency: float, batch_size: int, seeds: int, tmp: Path) -> None:
         dispatcher = RayDispatcher(prepared.worker_spec, prepared.config.cluster)
         execute(stand_in("limit=32"), dispatcher)  # warm-up: first calls, imports, part writer
         cpu, started = time.process_time(), time.perf_counter()
-        execute(prepared, dispatcher)
+        run = execute(prepared, dispatcher)
         wall, cpu = time.perf_counter() - started, time.process_time() - cpu
+        timings = json.loads((run / "record.json").read_text())["timings"]
         dispatcher.close()
         n = len(prepared.episodes)
         throughput = n / wall
         base = base or throughput
         print(
             f"    {workers} workers: {throughput:7.1f} episodes/s, parallel efficiency "
-            f"{throughput / (workers * base):.3f}, driver CPU {cpu / n * 1e6:4.0f} us/episode ({n} episodes)"
+            f"{throughput / (workers * base):.3f}, driver CPU {cpu / n * 1e6:4.0f} us/episode ({n} episodes; "
+            f"waiting on parts {timings.get('writing', 0):.2f} s, scoring {timings.get('scoring', 0):.2f} s of "
+            f"{wall:.2f} s)"
         )
-    ray.shutdown()
+
+
+def scale_child(episodes: int, batch_size: int, tmp: Path) -> None:
+    """One size of (c), in this process: prints one JSON line (peak RSS, CPU and wall time, phases)."""
+    seeds = math.ceil(episodes / 200)
+    limit = [f"limit={episodes}"] if episodes < 200 else []
+    rss_start = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    cpu, started = time.process_time(), time.perf_counter()
+    prepared = prepare(load([
+        "cluster=inline", f"cluster.batch_size={batch_size}", "run.progress=false", f"run.root={tmp}", *limit,
+        f"seeds.set=[{','.join(map(str, range(seeds)))}]",
+    ]))  # fmt: skip
+    spec = WorkerSpec(**{**prepared.worker_spec.__dict__, "engine_factory": stand_in_factory(0.0)})
+    prepared = type(prepared)(**{**prepared.__dict__, "worker_spec": spec})
+    planned = time.perf_counter() - started
+    dispatcher = open_for(prepared)
+    run = execute(prepared, dispatcher)
+    wall, cpu = time.perf_counter() - started, time.process_time() - cpu
+    record = json.loads((run / "record.json").read_text())
+    print(json.dumps({
+        "episodes": record["episodes"]["written"], "wall_s": wall, "cpu_s": cpu, "plan_s": planned,
+        "rss_start_kib": rss_start, "rss_peak_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
+        "timings": {k: v for k, v in record["timings"].items() if k != "engine_load"},
+    }))  # fmt: skip
+
+
+def part_c(sizes: list[int], batch_size: int) -> None:
+    print(f"(c) driver memory and cost by episode count: stand-in engine inline, no latency, batches of {batch_size}")
+    peaks: dict[int, float] = {}
+    for size in sizes:
+        done = subprocess.run(
+            [sys.executable, __file__, "--scale-child", str(size), "--batch-size", str(batch_size)],
+            capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        if done.returncode != 0:
+            raise SystemExit(f"(c) {size} episodes failed:\n{done.stderr[-3000:]}")
+        result = json.loads(done.stdout.strip().splitlines()[-1])
+        n = result["episodes"]
+        peaks[size] = result["rss_peak_kib"] / 1024
+        phases = ", ".join(f"{k} {v:.1f}" for k, v in result["timings"].items())
+        print(
+            f"    {n:>9,} episodes: peak RSS {peaks[size]:6.0f} MiB (at start {result['rss_start_kib'] / 1024:.0f}), "
+            f"driver CPU {result['cpu_s'] / n * 1e6:5.1f} us/episode, {n / result['wall_s']:7.0f} episodes/s "
+            f"(plan {result['plan_s']:.1f} s; {phases} s)"
+        )
+    sizes = sorted(peaks)
+    for smaller, larger in itertools.pairwise(sizes):
+        print(f"    peak RSS {larger:,} / {smaller:,} episodes: {peaks[larger] / peaks[smaller]:.2f}x")
 
 
 def main() -> None:
@@ -106,15 +168,30 @@ def main() -> None:
     parser.add_argument("--latency", type=float, default=0.1)
     parser.add_argument("--batch-size", type=int, default=64, help="(b) episodes per stand-in batch")
     parser.add_argument("--seeds", type=int, default=20, help="(b) seed-set size: episodes = 200 x seeds")
+    parser.add_argument("--workers", default="1,2,4,8", help="(b) worker counts, the first is the baseline")
     parser.add_argument("--skip-a", action="store_true")
+    parser.add_argument("--skip-b", action="store_true")
+    parser.add_argument("--scale", default="", help="(c) episode counts, e.g. 10000,100000,1000000")
+    parser.add_argument("--scale-batch-size", type=int, default=256, help="(c) episodes per batch")
+    parser.add_argument("--scale-child", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    import ray
+    if args.scale_child is not None:
+        with tempfile.TemporaryDirectory() as tmp:
+            scale_child(args.scale_child, args.batch_size, Path(tmp))
+        return
+    if not (args.skip_a and args.skip_b):
+        import ray
 
-    ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False)
-    with tempfile.TemporaryDirectory() as tmp:
-        if not args.skip_a:
-            part_a(args.rounds, Path(tmp))
-        part_b(args.latency, args.batch_size, args.seeds, Path(tmp))
+        ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False)
+        with tempfile.TemporaryDirectory() as tmp:
+            if not args.skip_a:
+                part_a(args.rounds, Path(tmp))
+            if not args.skip_b:
+                workers = [int(w) for w in args.workers.split(",")]
+                part_b(args.latency, args.batch_size, args.seeds, workers, Path(tmp))
+        ray.shutdown()
+    if args.scale:
+        part_c([int(size) for size in args.scale.split(",")], args.scale_batch_size)
 
 
 if __name__ == "__main__":

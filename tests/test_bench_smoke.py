@@ -40,3 +40,17 @@ def test_bench_startup_smoke() -> None:
     assert re.search(r"round 1 raw-tuned .* raw: 4 prompts, \d+ tokens", done.stdout), done.stdout
     assert re.search(r"round 1 inline .* timings: start-up", done.stdout), done.stdout
     assert re.search(r"^ratio inline/raw-tuned: \d+\.\d{3}$", done.stdout, re.MULTILINE), done.stdout
+
+
+def test_bench_dispatch_smoke() -> None:
+    """(b) the stand-in engine on 1 and 2 Ray workers and (c) the driver's memory at 2,000 episodes, in a
+    child process; (a) loads the real engine twice and is left out."""
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "bench_dispatch.py"), "--skip-a", "--seeds", "1", "--workers", "1,2",
+         "--scale", "2000"],
+        capture_output=True, text=True, timeout=600, cwd=ROOT,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert re.search(r"1 workers: .* parallel efficiency 1\.000, driver CPU .* \(200 episodes;", done.stdout)
+    assert re.search(r"2 workers: .* parallel efficiency \d\.\d{3}, driver CPU .* \(200 episodes;", done.stdout)
+    assert re.search(r"2,000 episodes: peak RSS +\d+ MiB .* driver CPU +[\d.]+ us/episode", done.stdout)

@@ -322,3 +322,32 @@ def test_verify_flags_a_symbolic_link(golden_copy: Path, capsys: pytest.CaptureF
     (golden_copy / "link").symlink_to(golden_copy / layout.RECORD)
     code, _out, err = cli(capsys, "verify", str(golden_copy))
     assert code == 1 and "link: a symbolic link" in one_line(err)
+
+
+def test_background_commit_writes_what_writing_each_part_in_turn_writes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The committer thread groups parts (here 3 at a time at most) yet writes the same files, hashes and heads as
+    committing each part in the dispatch loop; ``on_durable`` sees every part once it is on disk, in order."""
+    prepared = runner.prepare(load([*CONFIG[:2], "run.progress=false"]))
+    batches = [prepared.episodes[i : i + 1] for i in range(len(prepared.episodes))]
+    parts = [encode_part(run_episodes(StubEngine(), b, {}), Provenance("stub", "{}", 1, 0.0)) for b in batches]
+    monkeypatch.setattr(writer.PartWriter, "MAX_GROUP", 3)
+    each = writer.PartWriter(layout.create_run_dir(tmp_path, "each"))
+    durable: list[int] = []
+    background_run = layout.create_run_dir(tmp_path, "background")
+
+    def seen(index: int) -> None:
+        assert background_run.output_part(index).is_file() and background_run.log_part(index).is_file()
+        durable.append(index)
+
+    background = writer.PartWriter(background_run, background=True, on_durable=seen)
+    for part in parts:
+        assert each.write(part) and background.write(part)
+        assert not background.write(part)  # a batch is never written twice, queued or not
+    background.flush()
+    assert durable == list(range(len(parts)))
+    assert background.file_hashes == each.file_hashes and background.heads == each.heads
+    for name in each.file_hashes:
+        assert (background_run.path / name).read_bytes() == (each.run.path / name).read_bytes()
+    background.close()

@@ -17,7 +17,7 @@ from typing import Any, Protocol, TypeVar
 from evalrun.config.registry import Registry
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # one per episode: slots keep a large plan small
 class SamplingSpec:
     temperature: float
     top_p: float

@@ -209,7 +209,7 @@ def execute(prepared: Prepared, dispatcher: Dispatcher | None = None) -> Path:
                 raise WriteFailed(exc.where, f"{exc.message}; then remove {run.path} and run again") from exc
             with _resumable(run):
                 failpoints.hit("before-first-part")
-                _complete(run, prepared, dispatcher, writer.PartWriter(run), watch, clock)
+                _complete(run, prepared, dispatcher, writer.PartWriter(run, **_COMMITTING), watch, clock)
         return run.path
     finally:
         if own:
@@ -255,7 +255,7 @@ def resume(run_path: Path, overrides: list[str] | None = None, dispatcher: Dispa
         dispatcher, own = _checked_dispatcher(prepared, dispatcher)
         try:
             watch = _watch_workers(prepared.config, dispatcher, run)
-            _complete(run, prepared, dispatcher, writer.PartWriter.recover(run), watch, clock)
+            _complete(run, prepared, dispatcher, writer.PartWriter.recover(run, **_COMMITTING), watch, clock)
         finally:
             if own:
                 dispatcher.close()
@@ -296,8 +296,9 @@ class PhaseClock:
 
     ``start-up``: from the call to the first batch sent (engine load included when the run starts its
     own workers); ``generation``: batches dispatched and answered, the driver's writing excluded;
-    ``writing``: committing parts; ``scoring``: scores and summary; ``records``: the Merkle root and
-    the seal (record.json's own write and the attestation follow it and are not counted).
+    ``writing``: the driver waiting for parts to be committed (the part writer commits them in the
+    background); ``scoring``: scores and summary; ``records``: the Merkle root and the seal
+    (record.json's own write and the attestation follow it and are not counted).
     """
 
     def __init__(self) -> None:
@@ -315,6 +316,15 @@ class PhaseClock:
     def record(self, workers: list[dict[str, Any]]) -> dict[str, Any]:
         loads = {w["worker"]: w["engine_load_s"] for w in workers if w.get("engine_load_s") is not None}
         return {**{k: round(v, 3) for k, v in self.seconds.items()}, "engine_load": loads}
+
+
+def _part_durable(index: int) -> None:
+    failpoints.hit(f"after-part-{index}")
+
+
+# Parts are committed by the part writer's thread while the next batches arrive; the failpoint
+# after-part-K fires once part K is durable.
+_COMMITTING: dict[str, Any] = {"background": True, "on_durable": _part_durable}
 
 
 def _complete(
@@ -336,7 +346,7 @@ def _complete(
     )  # fmt: skip
     clock.lap("start-up")
     writing = 0.0
-    with progress:
+    with progress, contextlib.closing(parts):
         for outcome in dispatcher.map(batches, generator):
             if outcome.worker not in watch.workers:  # a replacement worker: checked before its results count
                 for info in dispatcher.workers():
@@ -344,21 +354,23 @@ def _complete(
                         _see(watch, info, run)
             started = time.perf_counter()
             if parts.write(outcome.part):
-                failpoints.hit(f"after-part-{parts.next_index - 1}")
                 progress.advance(outcome.episodes, outcome.part.output_tokens)
             writing += time.perf_counter() - started
+        started = time.perf_counter()
+        parts.flush()  # every part durable before anything is scored
+        writing += time.perf_counter() - started
     clock.lap("generation")
     clock.add("generation", -writing)
     clock.add("writing", writing)
 
-    planned = {e.episode_id for e in prepared.episodes}
-    if set(parts.heads) != planned:
-        raise RuntimeError(f"{len(planned - set(parts.heads))} planned episodes have no result")
+    planned = len(prepared.episodes)  # episode ids are unique: every one written and no other means the same set
+    missing = sum(e.episode_id not in parts.heads for e in prepared.episodes)
+    if missing or len(parts.heads) != planned:
+        raise RuntimeError(f"{missing} planned episodes have no result ({len(parts.heads)} written of {planned})")
 
     spec = config.task.scorer
     context = scoring_context(config, prepared.task, prepared.model, prepared.judge_model)
-    outputs = reader.read_outputs(run, score_columns(spec))
-    scores = score_outputs(outputs, spec, context)
+    scores = score_outputs(reader.read_outputs(run, score_columns(spec)), spec, context)  # outputs freed here
     files = {name: file_sha256(run.path / name) for name in (layout.CONFIG, layout.MANIFEST)}
     files[layout.SCORES] = writer.write_atomic(run.scores, writer.table_bytes(scores))
     files[layout.SUMMARY] = writer.write_json(run.summary, summarize(scores))  # failed episodes: see `error`
@@ -367,7 +379,7 @@ def _complete(
     clock.lap("scoring")
 
     record = Record(
-        episodes=EpisodeCounts(planned=len(planned), written=len(parts.heads)),
+        episodes=EpisodeCounts(planned=planned, written=len(parts.heads)),
         parts=len(parts.file_hashes) // 2,
         output_tokens=parts.output_tokens,
         merkle_root=merkle_root(parts.heads.items()),

@@ -2,6 +2,8 @@
 
 A part is complete or absent: its bytes go to a temporary name, are fsynced, then renamed. The
 log part is renamed before its output part, so an output part on disk always has its log.
+A run's parts are committed by a background thread, several at a time when they queue up
+(docs/design.md "The run directory"), so the driver never waits on the disk between batches.
 """
 
 from __future__ import annotations
@@ -9,6 +11,8 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import queue
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,6 +59,28 @@ def write_atomic(path: Path, data: bytes) -> str:
             tmp.unlink(missing_ok=True)
         raise write_failed(path, exc) from exc
     return sha256_hex(data)
+
+
+def _commit_group(paths: list[tuple[Path, bytes]]) -> list[str]:
+    """Commit files into one directory: every temporary written and fsynced, then renamed, then the
+    directory fsynced once; returns their sha256s. A failure removes the temporaries not yet renamed."""
+    temporaries = [(path.with_name(f".tmp-{path.name}"), path) for path, _ in paths]
+    at = paths[0][0]
+    try:
+        for (tmp, path), (_, data) in zip(temporaries, paths, strict=True):
+            at = path
+            _write_synced(tmp, data)
+        for tmp, path in temporaries:
+            at = path
+            os.replace(tmp, path)
+        at = paths[0][0].parent
+        _fsync_dir(at)
+    except OSError as exc:
+        for tmp, _ in temporaries:
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)
+        raise write_failed(at, exc) from exc
+    return [sha256_hex(data) for _, data in paths]
 
 
 def table_bytes(table: pa.Table) -> bytes:
@@ -115,18 +141,39 @@ def remove_temporaries(run: RunDir) -> None:
 
 
 class PartWriter:
-    """Writes result batches as numbered parts and keeps what record.json needs."""
+    """Writes result batches as numbered parts and keeps what record.json needs.
 
-    def __init__(self, run: RunDir) -> None:
+    ``background=True``: :meth:`write` numbers the part and queues its bytes; a committer thread
+    makes queued parts durable in arrival order, a group at a time (all log parts of the group
+    renamed and their directory fsynced before any of its output parts), and calls ``on_durable``
+    with each part's index once it is. :meth:`flush` waits for every queued part; :meth:`close`
+    drops what is queued (an interrupted run's resume writes it again) and stops the thread.
+    A failed write is raised by the next :meth:`write` or :meth:`flush`.
+    """
+
+    MAX_QUEUED = 64  # parts waiting for the committer before write() waits too: bounds the driver's memory
+    MAX_GROUP = 16  # parts committed with one directory fsync each for log/ and outputs/
+
+    def __init__(
+        self, run: RunDir, *, background: bool = False, on_durable: Callable[[int], None] | None = None
+    ) -> None:
         self.run = run
         self.next_index = 0
         self.heads: dict[str, str] = {}
         self.file_hashes: dict[str, str] = {}
         self.output_tokens = 0
         self.kept_parts = 0
+        self._background = background
+        self._on_durable = on_durable
+        self._queue: queue.Queue[tuple[int, EncodedPart] | None] = queue.Queue(self.MAX_QUEUED)
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self._stopping = False
 
     @classmethod
-    def recover(cls, run: RunDir) -> PartWriter:
+    def recover(
+        cls, run: RunDir, *, background: bool = False, on_durable: Callable[[int], None] | None = None
+    ) -> PartWriter:
         """Keep every complete part of an interrupted run and discard everything else.
 
         A part is complete when its output part exists (it is renamed into place after its log
@@ -136,7 +183,7 @@ class PartWriter:
         remove_temporaries(run)
         for name in (SCORES, SUMMARY, RECORD, ATTESTATION):
             (run.path / name).unlink(missing_ok=True)
-        writer = cls(run)
+        writer = cls(run, background=background, on_durable=on_durable)
         indices = []
         for log_part in sorted(run.log.glob("part-*.jsonl")):
             index = int(PART_PATTERN.match(log_part.name).group(1))  # type: ignore[union-attr]
@@ -164,20 +211,88 @@ class PartWriter:
         return writer
 
     def write(self, part: EncodedPart) -> bool:
-        """Commit one part: log part first, then output part. False for a batch already written."""
+        """Commit one part (or queue it, in the background): log part first, then output part.
+        False for a batch already written."""
+        self._raise_failure()
         written = sum(episode in self.heads for episode, _ in part.heads)
         if written == len(part.heads):
             return False  # never written twice
         if written:
             raise RuntimeError(f"a batch overlaps {written} episodes that are already written")
         index = self.next_index
-        log_path, out_path = self.run.log_part(index), self.run.output_part(index)
-        self.file_hashes[f"{LOG}/{log_path.name}"] = write_atomic(log_path, part.log)
-        self.file_hashes[f"{OUTPUTS}/{out_path.name}"] = write_atomic(out_path, part.table)
         self.heads.update(part.heads)
         self.output_tokens += part.output_tokens
         self.next_index += 1
-        return True
+        if not self._background:
+            self._commit([(index, part)])
+            return True
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._committer, name="evalrun-part-committer", daemon=True)
+            self._thread.start()
+        while True:  # waits while the queue is full, but not on a committer that has failed
+            try:
+                self._queue.put((index, part), timeout=0.5)
+                return True
+            except queue.Full:
+                self._raise_failure()
+
+    def flush(self) -> None:
+        """Wait until every part written so far is durable (raises a failed write)."""
+        if self._thread is not None:
+            self._stop(drop_queued=False)
+        self._raise_failure()
+
+    def close(self) -> None:
+        """Stop the committer: the part being committed is finished, queued ones are dropped."""
+        if self._thread is not None:
+            self._stop(drop_queued=True)
+
+    def _stop(self, drop_queued: bool) -> None:
+        assert self._thread is not None
+        self._stopping = drop_queued
+        while self._thread.is_alive():
+            try:
+                self._queue.put(None, timeout=0.5)
+                break
+            except queue.Full:
+                continue
+        self._thread.join()
+        self._thread = None
+        self._stopping = False
+        self._queue = queue.Queue(self.MAX_QUEUED)
+
+    def _raise_failure(self) -> None:
+        if self._error is not None:
+            raise self._error
+
+    def _committer(self) -> None:
+        while True:
+            first = self._queue.get()
+            group = [first]
+            while first is not None and group[-1] is not None and len(group) < self.MAX_GROUP:
+                try:
+                    group.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            parts = [item for item in group if item is not None]
+            if parts and not self._stopping and self._error is None:
+                try:
+                    self._commit(parts)
+                except BaseException as exc:  # raised in the driver's thread by its next write() or flush()
+                    self._error = exc
+            if group[-1] is None:
+                return
+
+    def _commit(self, parts: list[tuple[int, EncodedPart]]) -> None:
+        logs = [(self.run.log_part(index), part.log) for index, part in parts]
+        tables = [(self.run.output_part(index), part.table) for index, part in parts]
+        for (path, _), digest in zip(logs, _commit_group(logs), strict=True):
+            self.file_hashes[f"{LOG}/{path.name}"] = digest
+        for (path, _), digest in zip(tables, _commit_group(tables), strict=True):
+            self.file_hashes[f"{OUTPUTS}/{path.name}"] = digest
+        if self._on_durable is not None:
+            for index, _ in parts:
+                self._on_durable(index)
 
 
 def write_json(path: Path, value: RecordModel | Any) -> str:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from evalrun.config import ScorerConfig
 from evalrun.records.outputs import FAILED_FINISH_REASON, SCORE_ERROR_COLUMN, SCORES_SCHEMA
@@ -30,49 +32,84 @@ def make_scorer(spec: ScorerConfig, context: ScoringContext | None = None) -> Ro
     return SCORERS.get(spec.name).build(spec, context or ScoringContext())
 
 
+SCORE_CHUNK_ROWS = 16384  # output rows turned into Python values at a time: bounds scoring's memory
+
+
 def score_outputs(outputs: pa.Table, spec: ScorerConfig, context: ScoringContext | None = None) -> pa.Table:
     """Rows per (episode, metric), sorted by episode id so the table never depends on part order.
 
     An episode that failed, or whose row the scorer raised on, scores 0 on every metric with the
     reason in ``error`` (docs/design.md "Failed episodes"): one bad row never costs the others.
     Its metrics are those the scorer gives the first episode scored (the scorer's name when none was).
+    Rows are scored in episode-id order, ``SCORE_CHUNK_ROWS`` at a time, so that only the tables
+    (Arrow) hold every row (docs/design.md "Scores").
     """
     entry = SCORERS.get(spec.name)
     score_row = make_scorer(spec, context)
     # finish_reason tells failed episodes apart; a table without it (made by hand) has none
     marked = "finish_reason" in outputs.column_names
-    columns = outputs.select(sorted({*entry.columns, "finish_reason"} if marked else set(entry.columns))).to_pydict()
-    read = [columns[name] for name in entry.reads]
-    rows = [dict(zip(entry.reads, values, strict=True)) for values in zip(*read, strict=True)]
-    order = sorted(range(len(rows)), key=columns["episode_id"].__getitem__)
-    failed = [reason == FAILED_FINISH_REASON for reason in columns["finish_reason"]] if marked else [False] * len(rows)
-    scored: dict[int, list[Score]] = {}
-    errors: dict[int, str] = {}
-    for i in order:
-        if failed[i]:
-            errors[i] = EPISODE_FAILED
-            continue
-        try:
-            scored[i] = score_row(rows[i])
-        except Exception as exc:  # any fault of the scorer on this row is this episode's, recorded as its error
-            errors[i] = scorer_error(spec.name, exc)
-    metrics = [score.metric for score in next(iter(scored.values()))] if scored else [spec.name]
-    source: list[int] = []  # the output row of each score
-    scores: list[Score] = []
-    for i in order:
-        for score in scored[i] if i in scored else [Score(metric, 0.0, None) for metric in metrics]:
-            source.append(i)
-            scores.append(score)
-    table: dict[str, list[Any]] = {name: [columns[name][i] for i in source] for name in IDENTITY_COLUMNS}
-    table["metric"] = [score.metric for score in scores]
-    table["value"] = [score.value for score in scores]
-    table["extracted"] = [score.extracted for score in scores]
-    table["scorer"] = [spec.name] * len(scores)
-    table["scorer_version"] = [entry.version] * len(scores)
-    if not errors:  # left out when no episode has one, so runs without errors keep their bytes
-        return pa.table(table, schema=SCORES_SCHEMA.remove(SCORES_SCHEMA.get_field_index(SCORE_ERROR_COLUMN)))
-    table[SCORE_ERROR_COLUMN] = [errors.get(i) for i in source]
-    return pa.table(table, schema=SCORES_SCHEMA)
+    selected = outputs.select(sorted({*entry.columns, "finish_reason"} if marked else set(entry.columns)))
+    order = pc.sort_indices(selected, sort_keys=[("episode_id", "ascending")])  # stable, as sorted() was
+
+    def rows(chunk: pa.Table) -> Iterator[tuple[bool, dict[str, Any], dict[str, list[Any]]]]:
+        columns = chunk.to_pydict()
+        failed = [r == FAILED_FINISH_REASON for r in columns["finish_reason"]] if marked else [False] * chunk.num_rows
+        for i, values in enumerate(zip(*(columns[name] for name in entry.reads), strict=True)):
+            yield failed[i], dict(zip(entry.reads, values, strict=True)), columns
+
+    def chunks() -> Iterator[pa.Table]:
+        for start in range(0, len(order), SCORE_CHUNK_ROWS):
+            yield selected.take(order[start : start + SCORE_CHUNK_ROWS])
+
+    metrics = _first_metrics(chunks(), rows, score_row)
+    metrics = [spec.name] if metrics is None else metrics
+    tables: list[pa.Table] = []
+    any_error = False
+    for chunk in chunks():
+        table: dict[str, list[Any]] = {name: [] for name in (*IDENTITY_COLUMNS, "metric", "value", "extracted")}
+        errors: list[str | None] = []
+        for i, (failed, row, columns) in enumerate(rows(chunk)):
+            error = EPISODE_FAILED if failed else None
+            scores: list[Score] = []
+            if error is None:
+                try:
+                    scores = score_row(row)
+                except Exception as exc:  # any fault of the scorer on this row is this episode's, recorded as its error
+                    error = scorer_error(spec.name, exc)
+            if error is not None:
+                scores = [Score(metric, 0.0, None) for metric in metrics]
+                any_error = True
+            for score in scores:
+                for name in IDENTITY_COLUMNS:
+                    table[name].append(columns[name][i])
+                table["metric"].append(score.metric)
+                table["value"].append(score.value)
+                table["extracted"].append(score.extracted)
+                errors.append(error)
+        n = len(errors)
+        tables.append(pa.table({**table, "scorer": [spec.name] * n, "scorer_version": [entry.version] * n,
+                                SCORE_ERROR_COLUMN: errors}, schema=SCORES_SCHEMA))  # fmt: skip
+    scores = pa.concat_tables(tables).combine_chunks() if tables else SCORES_SCHEMA.empty_table()
+    if not any_error:  # left out when no episode has one, so runs without errors keep their bytes
+        return scores.drop_columns([SCORE_ERROR_COLUMN])
+    return scores
+
+
+def _first_metrics(
+    chunks: Iterator[pa.Table],
+    rows: Callable[[pa.Table], Iterator[tuple[bool, dict[str, Any], dict[str, list[Any]]]]],
+    score_row: RowScorer,
+) -> list[str] | None:
+    """The metrics of the first episode (in episode-id order) the scorer scores; None when it scores none."""
+    for chunk in chunks:
+        for failed, row, _ in rows(chunk):
+            if failed:
+                continue
+            try:
+                return [score.metric for score in score_row(row)]
+            except Exception:  # this row scores 0 with its error; the next one may give the metrics
+                continue
+    return None
 
 
 EPISODE_FAILED = "episode failed: its chain's end entry gives the reason"
