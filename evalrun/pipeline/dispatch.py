@@ -88,8 +88,7 @@ class InlineDispatcher:
 
     def map(self, batches: list[list[Episode]], generator: dict[str, Any]) -> Iterator[BatchOutcome]:
         self.stats = DispatchStats()
-        for batch in batches:
-            yield self.worker.run(batch, generator)
+        yield from self.worker.run_batches(batches, generator)
 
     def close(self) -> None:
         pass
