@@ -24,7 +24,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 from evalrun.config import REPO_ROOT, EngineConfig, load
-from evalrun.engines import build_engine
+from evalrun.engines import Engine, build_engine
 from evalrun.pipeline.agent import (
     AgentResult,
     ModelAgent,
@@ -44,15 +44,20 @@ def main() -> None:
     parser.add_argument("--model", type=Path, default=REPO_ROOT / "models" / "tiny-invoice-agent")
     parser.add_argument("--max-model-len", type=int, default=2048)
     args = parser.parse_args()
-
-    config = agent_decoding(load(["task=invoice_desk", "task.world.agent=model"]))
-    task = load_agent_task(config.task, None, args.model)
-    repeats = -(-args.episodes // len(task.tasks))  # enough repeats of the held-out split for N live episodes
-    seeds = replace(config.seeds, repeats=repeats)
-    episodes = plan_agent_episodes(task.name, task.tasks, config.decoding, seeds, "model", task.budget)[: args.episodes]
     settings = EngineConfig(max_model_len=args.max_model_len, max_num_seqs=max(256, args.episodes)).as_record()
     engine = build_engine("vllm", args.model, "float32", settings)
-    render = chat_template_renderer(str(args.model))
+    print("\n".join(measure(engine, args.model, args.episodes, args.baseline)))
+
+
+def measure(engine: Engine, model: Path, episodes_live: int, baseline: int) -> list[str]:
+    """Lockstep against one at a time on ``engine`` (serving ``model``, with room for ``episodes_live``
+    sequences at once); the lines to print."""
+    config = agent_decoding(load(["task=invoice_desk", "task.world.agent=model"]))
+    task = load_agent_task(config.task, None, model)
+    repeats = -(-episodes_live // len(task.tasks))  # enough repeats of the held-out split for N live episodes
+    seeds = replace(config.seeds, repeats=repeats)
+    episodes = plan_agent_episodes(task.name, task.tasks, config.decoding, seeds, "model", task.budget)[:episodes_live]
+    render = chat_template_renderer(str(model))
     generator = generator_info()
 
     run_agent_episodes(episodes[:2], ModelAgent(engine, render), generator)  # warm-up
@@ -63,22 +68,23 @@ def main() -> None:
 
     alone_agent = ModelAgent(engine, render)
     started = time.perf_counter()
-    alone = [run_agent_episodes([e], alone_agent, generator)[0] for e in episodes[: args.baseline]]
+    alone = [run_agent_episodes([e], alone_agent, generator)[0] for e in episodes[:baseline]]
     alone_s = time.perf_counter() - started
 
     same = sum(a.head == b.head for a, b in zip(alone, together, strict=False))
     same_replies = sum(replies(a) == replies(b) for a, b in zip(alone, together, strict=False))
     passed = sum(r.scores.get("pass", 0.0) for r in together)
-    print(f"episodes: {len(episodes)} live, lockstep; baseline: first {len(alone)} one at a time")
-    print(f"model calls per engine call: {lockstep.model_calls / lockstep.engine_calls:.1f} "
-          f"({lockstep.model_calls} model calls in {lockstep.engine_calls} engine calls; first turn: "
-          f"{len(episodes)})")  # fmt: skip
-    print(f"baseline model calls per engine call: {alone_agent.model_calls / alone_agent.engine_calls:.1f}")
     lockstep_rate, alone_rate = len(together) / lockstep_s, len(alone) / alone_s
-    ratio = lockstep_rate / alone_rate
-    print(f"episodes/s: lockstep {lockstep_rate:.2f}, one at a time {alone_rate:.2f}, ratio {ratio:.1f}x")
-    print(f"same replies both ways: {same_replies}/{len(alone)}; same head (replies, tokens and logprobs): "
-          f"{same}/{len(alone)}; pass rate (lockstep): {passed / len(together):.3f}")  # fmt: skip
+    return [
+        f"episodes: {len(episodes)} live, lockstep; baseline: first {len(alone)} one at a time",
+        f"model calls per engine call: {lockstep.model_calls / lockstep.engine_calls:.1f} ({lockstep.model_calls} "
+        f"model calls in {lockstep.engine_calls} engine calls; first turn: {len(episodes)})",
+        f"baseline model calls per engine call: {alone_agent.model_calls / alone_agent.engine_calls:.1f}",
+        f"episodes/s: lockstep {lockstep_rate:.2f}, one at a time {alone_rate:.2f}, "
+        f"ratio {lockstep_rate / alone_rate:.1f}x",
+        f"same replies both ways: {same_replies}/{len(alone)}; same head (replies, tokens and logprobs): "
+        f"{same}/{len(alone)}; pass rate (lockstep): {passed / len(together):.3f}",
+    ]
 
 
 def replies(result: AgentResult) -> list[str]:

@@ -34,22 +34,28 @@ def main() -> None:
     started, cpu = time.perf_counter(), time.process_time()
     worker = EngineWorker(spec, "bench-0")
     start_s, start_cpu = time.perf_counter() - started, time.process_time() - cpu
+    print("\n".join(measure(worker, start_s, start_cpu, args.rounds, " ".join(args.overrides) or "defaults")))
+
+
+def measure(worker: EngineWorker, start_s: float, start_cpu: float, rounds: int, label: str) -> list[str]:
+    """The canary ``rounds`` times on the worker's engine, against its start (wall and CPU seconds); the lines."""
     engine = worker.engine.describe()
-    print(f"engine {engine['name']} {engine['version']} ({' '.join(args.overrides) or 'defaults'}); "
-          f"worker start without the canary: {start_s:.2f} s ({start_cpu:.2f} s CPU)")  # fmt: skip
+    lines = [f"engine {engine['name']} {engine['version']} ({label}); "
+             f"worker start without the canary: {start_s:.2f} s ({start_cpu:.2f} s CPU)"]  # fmt: skip
     seconds, cpu_seconds = [], []
-    for k in range(args.rounds):
+    for k in range(rounds):
         started, cpu = time.perf_counter(), time.process_time()
         result = run_canary(worker.engine)
         seconds.append(time.perf_counter() - started)
         cpu_seconds.append(time.process_time() - cpu)
-        print(f"  canary {k}: {seconds[-1]:.3f} s ({cpu_seconds[-1]:.3f} s CPU), {result.engine_calls} engine calls; "
-              f"{describe(result)}")  # fmt: skip
+        lines.append(f"  canary {k}: {seconds[-1]:.3f} s ({cpu_seconds[-1]:.3f} s CPU), {result.engine_calls} engine "
+                     f"calls; {describe(result)}")  # fmt: skip
     wall, cpu_median = statistics.median(seconds), statistics.median(cpu_seconds)
-    print(
-        f"median canary over {args.rounds} rounds: {wall:.3f} s ({100 * wall / start_s:.1f}% of the worker start), "
+    lines.append(
+        f"median canary over {rounds} rounds: {wall:.3f} s ({100 * wall / start_s:.1f}% of the worker start), "
         f"{cpu_median:.3f} s CPU ({100 * cpu_median / start_cpu:.1f}% of the start's CPU time)"
     )
+    return lines
 
 
 if __name__ == "__main__":

@@ -15,7 +15,8 @@ from evalrun.config import load
 from evalrun.pipeline.dispatch import Dispatcher
 from evalrun.pipeline.runner import Prepared, execute, open_for, prepare
 
-ENGINE_FIXTURES = frozenset({"ray_session", "dispatcher", "run_eval", "two_workers", "audit_run"})
+ENGINE_FIXTURES = frozenset({"ray_session", "dispatcher", "run_eval", "two_workers", "audit_run", "inline_dispatcher",
+                             "agent_dispatcher"})  # fmt: skip
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -69,3 +70,23 @@ def audit_run(dispatcher: Dispatcher, tmp_path_factory: pytest.TempPathFactory) 
     root = tmp_path_factory.mktemp("audit")
     prepared = prepare(load([f"run.root={root}", "run.progress=false", "limit=12", "cluster.batch_size=5"]))
     return execute(prepared, dispatcher)
+
+
+@pytest.fixture(scope="session")
+def inline_dispatcher() -> Iterator[Dispatcher]:
+    """One engine in this process (``cluster=inline``) on the default model and engine settings: for tests
+    that need the engine itself (``inline_dispatcher.worker.engine``) or the inline run path."""
+    d = open_for(prepare(load(["limit=1", "cluster=inline"])))
+    yield d
+    d.close()
+
+
+AGENT_MODEL = ("task=invoice_desk", "task.world.agent=model", "model=tiny_invoice_agent", "cluster=inline")
+
+
+@pytest.fixture(scope="session")
+def agent_dispatcher() -> Iterator[Dispatcher]:
+    """One engine in this process on the shipped agent model (``AGENT_MODEL`` configs)."""
+    d = open_for(prepare(load([*AGENT_MODEL, "limit=1"])))
+    yield d
+    d.close()

@@ -14,6 +14,7 @@ from evalrun.audit.replay import replay_run
 from evalrun.audit.rescore import rescore_run
 from evalrun.audit.verify import verify_run
 from evalrun.config import load
+from evalrun.pipeline.dispatch import Dispatcher
 from evalrun.pipeline.runner import execute, prepare
 
 pytestmark = pytest.mark.e2e
@@ -23,9 +24,9 @@ MODEL_AGENT = ["task=invoice_desk", "task.world.agent=model", "model=tiny_invoic
 
 
 @pytest.fixture(scope="module")
-def model_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def model_run(agent_dispatcher: Dispatcher, tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("model-agent")
-    return execute(prepare(load([*MODEL_AGENT, f"run.root={root}"])))
+    return execute(prepare(load([*MODEL_AGENT, f"run.root={root}"])), agent_dispatcher)
 
 
 def test_model_agent_episodes_are_recorded_verified_replayed_and_rescored(model_run: Path) -> None:

@@ -1,15 +1,21 @@
-"""The benchmarks at a smoke size, so that a change that breaks one fails the suite
-(the figures they print are not checked: machines here are noisy). bench_report's smoke test is in
-tests/test_report.py."""
+"""The benchmarks at a smoke size, so that a change that breaks one fails the suite (the figures they
+print are not checked: machines here are noisy). The engine benchmarks run in this process on the
+session's shared engines (tests/conftest.py). bench_report's smoke test is in tests/test_report.py."""
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
 
 import pytest
+
+from evalrun.config import load
+from evalrun.pipeline.dispatch import InlineDispatcher
+from evalrun.pipeline.runner import prepare
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -54,3 +60,45 @@ def test_bench_dispatch_smoke() -> None:
     assert re.search(r"1 workers: .* parallel efficiency 1\.000, driver CPU .* \(200 episodes;", done.stdout)
     assert re.search(r"2 workers: .* parallel efficiency \d\.\d{3}, driver CPU .* \(200 episodes;", done.stdout)
     assert re.search(r"2,000 episodes: peak RSS +\d+ MiB .* driver CPU +[\d.]+ us/episode", done.stdout)
+
+
+def _script(name: str) -> ModuleType:
+    """A benchmark script imported from its path (scripts/ is not a package)."""
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", ROOT / "scripts" / f"bench_{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.e2e
+def test_bench_overhead_smoke(inline_dispatcher: InlineDispatcher, tmp_path: Path) -> None:
+    """Raw vLLM generate against the run path on the shared in-process engine, 20 episodes, one round."""
+    bench = _script("overhead")
+    prepared = prepare(load(bench.overrides_for(1, tmp_path, ["limit=20"])))
+    out = "\n".join(bench.measure(prepared, inline_dispatcher, 1))
+    assert "episodes per round: 20, rounds: 1" in out
+    assert re.search(r"raw vllm.LLM.generate +: +[\d.]+ episodes/s", out)
+    assert re.search(r"evalrun run path +: +[\d.]+ episodes/s", out)
+    assert re.search(r"ratio evalrun/raw +: [\d.]+", out)
+
+
+@pytest.mark.e2e
+def test_bench_canary_smoke(inline_dispatcher: InlineDispatcher) -> None:
+    """One canary round on the shared in-process engine."""
+    worker = inline_dispatcher.worker
+    out = "\n".join(_script("canary").measure(worker, worker.engine_load_s, worker.engine_load_s, 1, "defaults"))
+    assert re.search(r"engine vllm \S+ \(defaults\); worker start without the canary", out)
+    assert re.search(r"canary 0: [\d.]+ s \([\d.]+ s CPU\), \d+ engine calls; .*batch-invariant", out), out
+    assert "median canary over 1 rounds" in out
+
+
+@pytest.mark.e2e
+def test_bench_agents_smoke(agent_dispatcher: InlineDispatcher) -> None:
+    """Four live agent episodes in lockstep and one alone on the shared agent-model engine."""
+    out = "\n".join(_script("agents").measure(agent_dispatcher.worker.engine, ROOT / "models" / "tiny-invoice-agent",
+                                              4, 1))  # fmt: skip
+    assert "episodes: 4 live, lockstep; baseline: first 1 one at a time" in out
+    assert re.search(r"model calls per engine call: [\d.]+ \(\d+ model calls in \d+ engine calls; first turn: 4\)", out)
+    assert re.search(r"episodes/s: lockstep [\d.]+, one at a time [\d.]+, ratio [\d.]+x", out)
+    assert re.search(r"same replies both ways: \d/1; same head .*: \d/1; pass rate \(lockstep\): [\d.]+", out)

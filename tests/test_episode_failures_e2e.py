@@ -13,14 +13,17 @@ import pytest
 from evalrun.audit.replay import replay_run
 from evalrun.audit.verify import verify_run
 from evalrun.config import BUILTIN_TASKS, load
-from evalrun.pipeline.harness import run_episodes
+from evalrun.pipeline.dispatch import InlineDispatcher
+from evalrun.pipeline.harness import run_batches, run_episodes
 from evalrun.pipeline.manifest import generator_info
-from evalrun.pipeline.runner import execute, open_for, prepare
+from evalrun.pipeline.runner import execute, prepare
 
 pytestmark = pytest.mark.e2e  # starts the engine
 
 
-def test_too_long_prompts_fail_their_episodes_on_vllm_and_the_run_completes(tmp_path: Path) -> None:
+def test_too_long_prompts_fail_their_episodes_on_vllm_and_the_run_completes(
+    inline_dispatcher: InlineDispatcher, tmp_path: Path
+) -> None:
     dataset = tmp_path / "data.jsonl"
     long_items = {3, 8}
     rows = [{"id": f"q-{i:03d}", "question": ("1+" * 150 + "1") if i in long_items else f"{i}+1", "answer": str(i + 1)}
@@ -31,14 +34,14 @@ def test_too_long_prompts_fail_their_episodes_on_vllm_and_the_run_completes(tmp_
                              "cluster.batch_size=6", f"run.root={tmp_path / 'runs'}",
                              "run.progress=false"]))  # fmt: skip
     assert sum(e.rejection is not None for e in prepared.episodes) == 2  # found before any engine call
-    dispatcher = open_for(prepared)
-    try:
-        run = execute(prepared, dispatcher)
-        # Without the check, vLLM refuses them itself: the batch is split and the good episodes still run.
-        unchecked = [replace(e, rejection=None) for e in prepared.episodes[:6]]
-        results = run_episodes(dispatcher.worker.engine, unchecked, generator_info())  # type: ignore[attr-defined]
-    finally:
-        dispatcher.close()
+    run = execute(prepared, inline_dispatcher)
+    # Without the check, vLLM refuses them itself: the batch is split and the good episodes still run.
+    unchecked = [replace(e, rejection=None) for e in prepared.episodes[:6]]
+    results = run_episodes(inline_dispatcher.worker.engine, unchecked, generator_info())
+    # The same through the inline stream (requests queued ahead): the refused batch runs alone, split.
+    streamed = [r for batch in run_batches(inline_dispatcher.worker.engine, [unchecked[:2], unchecked[2:], unchecked],
+                                           generator_info()) for r in batch]  # fmt: skip
+    assert [r.head for r in streamed] == [r.head for r in results] * 2
     refused = [r for r in results if r.error is not None]
     assert [r.episode.item_id for r in refused] == ["q-003"]
     assert "maximum context length is 128 tokens" in (refused[0].error or "")

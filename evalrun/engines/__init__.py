@@ -12,7 +12,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from evalrun.config.registry import Registry
 
@@ -137,6 +137,33 @@ class Engine(Protocol):
 
     def describe(self) -> dict[str, Any]:
         """Engine name, version and effective settings, for the manifest and output rows."""
+        ...
+
+
+@runtime_checkable
+class QueueingEngine(Engine, Protocol):
+    """An engine that takes generation requests ahead of being asked for their completions, so that the
+    harness can keep it busy across batch boundaries (docs/design.md "Data flow": the inline stream).
+
+    Between :meth:`submit` and :meth:`collect` of the same requests, only ``submit``, ``collect`` and
+    ``cancel`` may be called; ``generate`` and ``loglikelihood`` first drop requests left uncollected.
+    """
+
+    @property
+    def queue_depth(self) -> int:
+        """How many requests to keep submitted for the engine to stay fully occupied."""
+        ...
+
+    def submit(self, requests: list[GenerationRequest]) -> list[str]:
+        """Queue requests; their ids. :class:`RequestRejected` if one is refused (then none stays queued)."""
+        ...
+
+    def collect(self, ids: list[str]) -> list[Completion]:
+        """The completions of submitted requests, in ``ids`` order, running the engine until they are done."""
+        ...
+
+    def cancel(self) -> None:
+        """Drop every submitted request not collected yet."""
         ...
 
 

@@ -52,6 +52,18 @@ def _finite(value: float) -> float | None:
     return value if math.isfinite(value) else None
 
 
+def _completion(out: Any) -> Completion:
+    """A vLLM ``RequestOutput`` as a completion: its first (only) choice."""
+    choice = out.outputs[0]
+    token_ids = tuple(int(t) for t in choice.token_ids)
+    logprobs: tuple[float, ...] = ()
+    if choice.logprobs is not None:
+        steps = zip(choice.logprobs, token_ids, strict=True)
+        logprobs = tuple(_finite(float(step[tok].logprob)) for step, tok in steps)
+    return Completion(text=choice.text, token_ids=token_ids, logprobs=logprobs, finish_reason=str(choice.finish_reason),
+                      prompt_tokens=len(out.prompt_token_ids or ()))  # fmt: skip
+
+
 @engine("vllm")
 class VLLMEngine:
     def __init__(self, model_path: Path, model_dtype: str, settings: dict[str, Any]) -> None:
@@ -88,6 +100,9 @@ class VLLMEngine:
         if settings["max_model_len"]:
             kwargs["max_model_len"] = settings["max_model_len"]
         self.llm = LLM(**kwargs)
+        self._max_num_seqs = settings["max_num_seqs"]
+        self._queued: set[str] = set()  # submitted, not collected
+        self._finished: dict[str, Any] = {}  # request id -> vLLM's output, until collected
         self._description = {
             "name": "vllm",
             "version": vllm.__version__,
@@ -99,7 +114,52 @@ class VLLMEngine:
         return self._description
 
     def generate(self, requests: list[GenerationRequest]) -> list[Completion]:
-        params = [
+        self.cancel()  # requests an abandoned stream left queued would otherwise come back with these
+        return [_completion(out) for out in self._generate([r.prompt for r in requests], self._params(requests))]
+
+    def submit(self, requests: list[GenerationRequest]) -> list[str]:
+        """Queue requests in the engine without running it (:meth:`collect` runs it); their ids.
+
+        The requests go through the path ``LLM.generate`` takes (``LLM.enqueue``): the same validation
+        and tokenization. A refused request raises :class:`RequestRejected`, and vLLM aborts those of
+        the call already queued, so nothing of a refused call stays in the engine.
+        """
+        try:
+            internal = self.llm.enqueue([r.prompt for r in requests], self._params(requests), use_tqdm=False)
+        except self._rejections as exc:
+            raise RequestRejected(f"{type(exc).__name__}: {exc}") from exc
+        # vLLM suffixes the ids it was given to make them unique; outputs carry the ids as given
+        states = self.llm.llm_engine.output_processor.request_states
+        ids = [states[i].external_req_id for i in internal]
+        self._queued.update(ids)
+        return ids
+
+    def collect(self, ids: list[str]) -> list[Completion]:
+        """The completions of submitted requests, in ``ids`` order: the engine steps until all are finished,
+        advancing every queued request alike (finished others are kept for their own ``collect``)."""
+        while not all(i in self._finished for i in ids):
+            if not self.llm.llm_engine.has_unfinished_requests():
+                raise RuntimeError("vLLM has no unfinished request left, but submitted requests have no output")
+            for out in self.llm.llm_engine.step():
+                if out.finished and out.request_id in self._queued:
+                    self._finished[out.request_id] = out
+        self._queued.difference_update(ids)
+        return [_completion(self._finished.pop(i)) for i in ids]
+
+    def cancel(self) -> None:
+        """Abort every submitted request not collected yet (a stream stopped midway)."""
+        if self._queued:
+            self.llm.llm_engine.abort_request(list(self._queued), internal=False)
+        self._queued.clear()
+        self._finished.clear()
+
+    @property
+    def queue_depth(self) -> int:
+        """Requests to keep queued for the scheduler to stay full: a second wave behind the running one."""
+        return 2 * self._max_num_seqs
+
+    def _params(self, requests: list[GenerationRequest]) -> list[Any]:
+        return [
             self._sampling_params(
                 temperature=r.sampling.temperature,
                 top_p=r.sampling.top_p,
@@ -111,25 +171,6 @@ class VLLMEngine:
             )
             for r in requests
         ]
-        outputs = self._generate([r.prompt for r in requests], params)
-        completions = []
-        for out in outputs:
-            choice = out.outputs[0]
-            token_ids = tuple(int(t) for t in choice.token_ids)
-            logprobs: tuple[float, ...] = ()
-            if choice.logprobs is not None:
-                steps = zip(choice.logprobs, token_ids, strict=True)
-                logprobs = tuple(_finite(float(step[tok].logprob)) for step, tok in steps)
-            completions.append(
-                Completion(
-                    text=choice.text,
-                    token_ids=token_ids,
-                    logprobs=logprobs,
-                    finish_reason=str(choice.finish_reason),
-                    prompt_tokens=len(out.prompt_token_ids or ()),
-                )
-            )
-        return completions
 
     def _generate(self, prompts: list[Any], params: Any) -> list[Any]:
         """``LLM.generate``; a request vLLM refuses (it validates each while adding them, and aborts those
@@ -148,6 +189,7 @@ class VLLMEngine:
         """
         if not requests:
             return []
+        self.cancel()
         tokenizer = self.llm.get_tokenizer()
         encoded = [loglikelihood_tokens(tokenizer, r) for r in requests]
         results: dict[int, Loglikelihood] = {}

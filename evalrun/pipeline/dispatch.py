@@ -93,8 +93,7 @@ class InlineDispatcher:
 
     def map(self, batches: list[list[Episode]], generator: dict[str, Any]) -> Iterator[BatchOutcome]:
         self.stats = DispatchStats()
-        for batch in batches:
-            yield self.worker.run(batch, generator)
+        yield from self.worker.run_batches(batches, generator)
 
     def logs(self) -> CollectedLogs:
         """The worker's log: the records of this process, the driver's own among them."""

@@ -6,6 +6,9 @@ depend only on the episodes and the engine's completions: no clocks, workers or 
 
 from __future__ import annotations
 
+import contextlib
+from collections import deque
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from hashlib import sha256 as _sha256
 from json.encoder import encode_basestring  # type: ignore[attr-defined]
@@ -17,6 +20,7 @@ from evalrun.engines import (
     GenerationRequest,
     Loglikelihood,
     LoglikelihoodRequest,
+    QueueingEngine,
     RequestRejected,
     SamplingSpec,
 )
@@ -181,17 +185,68 @@ def run_episodes(engine: Engine, episodes: list[Episode], generator: dict[str, A
     if all(e.single_call for e in episodes):
         live = [e for e in episodes if e.rejection is None]
         requests = [GenerationRequest(prompt=e.prompt, sampling=e.sampling, episode_id=e.episode_id) for e in live]
-        outcomes = dict(zip((e.episode_id for e in live), generate_each(engine, requests), strict=True))
-        results = []
-        for e in episodes:
-            outcome = outcomes.get(e.episode_id, e.rejection)
-            if isinstance(outcome, Completion):
-                results.append(record_episode(e, outcome, encoded))
-            else:
-                assert outcome is not None
-                results.append(record_failed_call(e, outcome, encoded))
-        return results
+        return _record_single_calls(episodes, live, generate_each(engine, requests), encoded)
     return _run_staged_each(engine, episodes, encoded, judge_engine or engine)
+
+
+def run_batches(engine: Engine, batches: Iterable[list[Episode]], generator: dict[str, Any] | Canonical,
+                judge_engine: Engine | None = None) -> Iterator[list[EpisodeResult]]:  # fmt: skip
+    """:func:`run_episodes` over each batch, in batch order, with the same results.
+
+    A :class:`QueueingEngine` gets the generations of the next batches submitted before a batch's
+    completions are collected (up to its ``queue_depth`` requests), so that it never drains between
+    batches; what it computes for a request does not depend on its batch (docs/design.md
+    "Determinism layer"). A batch that is not single-call, or whose submission is refused, runs
+    through :func:`run_episodes` once every batch before it is collected (the engine idle).
+    """
+    if not isinstance(engine, QueueingEngine):
+        for batch in batches:
+            yield run_episodes(engine, batch, generator, judge_engine)
+        return
+    encoded = encode_generator(generator)
+    source = iter(batches)
+    queued: deque[tuple[list[Episode], list[Episode], list[str] | None]] = deque()  # batch, live, request ids
+    depth = 0  # requests submitted, not collected
+    engine.cancel()  # what a stream abandoned without being closed left queued
+    try:
+        while True:
+            while depth < engine.queue_depth and (not queued or queued[-1][2] is not None):
+                batch = next(source, None)
+                if batch is None:
+                    break
+                live = [e for e in batch if e.rejection is None]
+                ids = None
+                if all(e.single_call for e in batch):
+                    with contextlib.suppress(RequestRejected):  # found again, request by request, alone
+                        ids = engine.submit([GenerationRequest(prompt=e.prompt, sampling=e.sampling,
+                                                               episode_id=e.episode_id) for e in live])  # fmt: skip
+                queued.append((batch, live, ids))
+                depth += len(ids or ())
+            if not queued:
+                return
+            batch, live, ids = queued.popleft()
+            if ids is None:
+                yield run_episodes(engine, batch, encoded, judge_engine)
+                continue
+            depth -= len(ids)
+            yield _record_single_calls(batch, live, engine.collect(ids), encoded)
+    finally:
+        engine.cancel()
+
+
+def _record_single_calls(episodes: list[Episode], live: list[Episode], outcomes: Sequence[Completion | str],
+                         generator: Canonical) -> list[EpisodeResult]:  # fmt: skip
+    """The chains of single-call episodes from the outcomes of the live ones' calls (in their order)."""
+    by_episode = dict(zip((e.episode_id for e in live), outcomes, strict=True))
+    results = []
+    for e in episodes:
+        outcome = by_episode.get(e.episode_id, e.rejection)
+        if isinstance(outcome, Completion):
+            results.append(record_episode(e, outcome, generator))
+        else:
+            assert outcome is not None
+            results.append(record_failed_call(e, outcome, generator))
+    return results
 
 
 def generate_each(engine: Engine, requests: list[GenerationRequest]) -> list[Completion | str]:

@@ -5,14 +5,15 @@ The same class runs inline in the driver or as a Ray actor; it never writes file
 
 from __future__ import annotations
 
+import itertools
 import os
 import socket
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from evalrun.config import DeterminismConfig, EngineConfig
 from evalrun.engines import build_engine, logs
@@ -29,7 +30,7 @@ from evalrun.pipeline.agent import (
 from evalrun.pipeline.canary import CanaryResult, canary_at_start
 from evalrun.pipeline.encode import Provenance, encode_agent_part, encode_part
 from evalrun.pipeline.environment import hardware_fingerprint, library_versions, python_version
-from evalrun.pipeline.harness import run_episodes
+from evalrun.pipeline.harness import run_batches, run_episodes
 from evalrun.pipeline.plan import Episode
 from evalrun.records.canonical import canonical_json
 from evalrun.rundir.writer import EncodedPart
@@ -139,6 +140,26 @@ class EngineWorker:
                               self.judge_engine)  # fmt: skip
         provenance = Provenance(self.name, self.hardware, len(single), time.perf_counter() - started)
         return BatchOutcome(encode_part(single, provenance), len(single), self.name)
+
+    def run_batches(self, batches: Iterable[list[Episode]] | Iterable[list[AgentEpisode]],
+                    generator: dict[str, Any]) -> Iterator[BatchOutcome]:  # fmt: skip
+        """:meth:`run` over each batch, in order, with the same parts; single-turn episodes go through
+        :func:`evalrun.pipeline.harness.run_batches`, which keeps a queueing engine busy between batches.
+        A part's ``latency_s`` is then the time from the previous part's hand-over to its own results."""
+        source = iter(batches)
+        first = next(source, None)
+        if first is None:
+            return
+        if first and isinstance(first[0], AgentEpisode):
+            for batch in itertools.chain([first], source):
+                yield self.run(batch, generator)
+            return
+        episodes = cast(Iterator[list[Episode]], itertools.chain([first], source))
+        started = time.perf_counter()
+        for results in run_batches(self.engine, episodes, generator, self.judge_engine):
+            provenance = Provenance(self.name, self.hardware, len(results), time.perf_counter() - started)
+            yield BatchOutcome(encode_part(results, provenance), len(results), self.name)
+            started = time.perf_counter()
 
     def _agent(self, kind: str) -> Agent:
         """The agent of ``task.world.agent``: the world's scripted policy, or this worker's model
