@@ -17,7 +17,7 @@ from typing import Any, Protocol, TypeVar, runtime_checkable
 from evalrun.config.registry import Registry
 
 
-@dataclass(frozen=True, slots=True)  # one per episode: slots keep a large plan small
+@dataclass(frozen=True)
 class SamplingSpec:
     temperature: float
     top_p: float

@@ -34,7 +34,7 @@ class JudgeCall:
     sampling: SamplingSpec  # letter mode: how the judge generates (its seed derived per episode and call)
 
 
-@dataclass(frozen=True, slots=True)  # a plan holds one per episode: slots keep it small
+@dataclass(frozen=True)
 class Episode:
     episode_id: str
     task: str
