@@ -47,3 +47,8 @@ class Interrupted(KeyboardInterrupt):
     def __init__(self, run: Path) -> None:
         super().__init__(str(run))
         self.run = run
+
+
+def first_line(exc: BaseException) -> str:
+    """An exception as one line, its type first (for a record that names why something was not done)."""
+    return (f"{type(exc).__name__}: {exc}".splitlines() or [type(exc).__name__])[0]

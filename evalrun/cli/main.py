@@ -17,9 +17,9 @@ import re
 import signal
 import sys
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar
 
 import click
 
@@ -63,6 +63,7 @@ from evalrun.worlds.freeze import build_references, check_reference_set, raise_p
 from evalrun.worlds.solver import SolverSettings
 
 PROG = "evalrun"
+T = TypeVar("T")
 DEBUG = "evalrun.debug"  # ctx.meta key: --debug was given
 HEX64 = re.compile(r"[0-9a-fA-F]{64}")
 INTERVALS = ("clustered", "bootstrap")
@@ -197,19 +198,8 @@ def run(multirun: bool, overrides: tuple[str, ...]) -> None:
     if flags:
         raise BadInput(flags[0], "unknown option (overrides are KEY=VALUE; -m for a multirun)")
     jobs = config.expand_multirun(list(overrides)) if multirun else [list(overrides)]
-    loaded: list[config.EvalConfig] = []
-    with _in_job(jobs, multirun) as job_of:
-        for job in jobs:
-            job_of(job)
-            loaded.append(config.load(job))
-            if loaded[-1].seeds.master_generated:  # seeds.master=auto: which seed, before anything runs
-                where = f" (job {' '.join(job)})" if multirun else ""
-                click.echo(f"evalrun run: seeds.master=auto: generated master seed {loaded[-1].seeds.master}{where}",
-                           err=True)  # fmt: skip
-            runner.check_plugins(loaded[-1])
-            runner.check_before_engine(loaded[-1])
-        job_of(jobs[0])
-        spec = runner.worker_spec(loaded[0])
+    loaded = [_in_job(job, multirun, lambda job=job: _load_job(job, multirun)) for job in jobs]
+    spec = _in_job(jobs[0], multirun, lambda: runner.worker_spec(loaded[0]))
     console = render.stdout_console()
     run_dirs: list[Path] = []
     # The first job's workers start now, while every job's pins, dataset and plan are checked (on Ray they
@@ -220,11 +210,7 @@ def run(multirun: bool, overrides: tuple[str, ...]) -> None:
         early = dispatch.start_early(spec, loaded[0].cluster)
         if early is not None:
             current = (dispatch.dispatcher_key(spec, loaded[0].cluster), early)
-        prepared = []
-        with _in_job(jobs, multirun) as job_of:
-            for job, job_config in zip(jobs, loaded, strict=True):
-                job_of(job)
-                prepared.append(runner.prepare(job_config))
+        prepared = [_in_job(job, multirun, lambda c=c: runner.prepare(c)) for job, c in zip(jobs, loaded, strict=True)]
         for job in prepared:
             key = dispatch.dispatcher_key(job.worker_spec, job.config.cluster)
             if current is None or current[0] != key:
@@ -242,21 +228,26 @@ def run(multirun: bool, overrides: tuple[str, ...]) -> None:
         click.echo(str(run_dir))
 
 
-@contextlib.contextmanager
-def _in_job(jobs: list[list[str]], multirun: bool) -> Iterator[Callable[[list[str]], None]]:
-    """A BadInput raised inside names the job it was raised for (a multirun's): call the yielded function
-    with each job before its checks."""
-    current: list[list[str]] = [jobs[0]]
-
-    def job_of(job: list[str]) -> None:
-        current[0] = job
-
+def _in_job(job: list[str], multirun: bool, step: Callable[[], T]) -> T:
+    """``step()``; a BadInput it raises names the job (a multirun's) it was raised for."""
     try:
-        yield job_of
+        return step()
     except BadInput as exc:
         if multirun:
-            raise BadInput(exc.where, f"{exc.message} (in job {' '.join(current[0]) or '<defaults>'})") from exc
+            raise BadInput(exc.where, f"{exc.message} (in job {' '.join(job) or '<defaults>'})") from exc
         raise
+
+
+def _load_job(job: list[str], multirun: bool) -> config.EvalConfig:
+    """A job's config, composed and checked with what needs no file read beyond it: plug-in names, the
+    destination, the install record and image."""
+    loaded = config.load(job)
+    if loaded.seeds.master_generated:  # seeds.master=auto: which seed, before anything runs
+        where = f" (job {' '.join(job)})" if multirun else ""
+        click.echo(f"evalrun run: seeds.master=auto: generated master seed {loaded.seeds.master}{where}", err=True)
+    runner.check_plugins(loaded)
+    runner.check_before_engine(loaded)
+    return loaded
 
 
 @cli.command(short_help="Finish an interrupted run, keeping its complete parts.")

@@ -24,6 +24,7 @@ from typing import Any, Protocol, TypeVar
 from evalrun.config import ClusterConfig
 from evalrun.config.registry import Registry
 from evalrun.engines import logs
+from evalrun.errors import first_line
 from evalrun.pipeline.plan import Episode
 from evalrun.pipeline.raylocal import start_local
 from evalrun.pipeline.worker import BatchOutcome, CollectedLogs, EngineWorker, WorkerSpec
@@ -261,7 +262,7 @@ class RayDispatcher:
             try:
                 texts[name] = ray.get(ref)
             except ray.exceptions.RayError as exc:
-                failed[name] = f"{type(exc).__name__}: {exc}".splitlines()[0]
+                failed[name] = first_line(exc)
         return CollectedLogs(texts, failed)
 
     def close(self) -> None:

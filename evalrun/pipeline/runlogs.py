@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from evalrun.errors import WriteFailed
+from evalrun.errors import WriteFailed, first_line
 from evalrun.pipeline.dispatch import Dispatcher
 from evalrun.pipeline.worker import CollectedLogs
 from evalrun.rundir import layout, writer
@@ -27,7 +27,7 @@ def write_logs(run: layout.RunDir, dispatcher: Dispatcher) -> dict[str, Any]:
     try:
         collected = fetch()
     except Exception as exc:  # a log must never fail a run: recorded instead
-        collected = CollectedLogs({}, {"dispatcher": _why(exc)})
+        collected = CollectedLogs({}, {"dispatcher": first_line(exc)})
     failed.update(collected.failed)
     for name, text in sorted(collected.texts.items()):
         try:
@@ -35,14 +35,10 @@ def write_logs(run: layout.RunDir, dispatcher: Dispatcher) -> dict[str, Any]:
             path.parent.mkdir(exist_ok=True)
             writer.write_atomic(path, text.encode("utf-8", errors="replace"))
         except (ValueError, OSError, WriteFailed) as exc:
-            failed[name] = _why(exc)
+            failed[name] = first_line(exc)
             continue
         files.append(path.relative_to(run.path).as_posix())
     for name, why in sorted(failed.items()):
         print(f"evalrun: warning: the log of {name} was not kept ({why}); record.json names it in logs.failed",
               file=sys.stderr)  # fmt: skip
     return {"files": files, "failed": dict(sorted(failed.items()))}
-
-
-def _why(exc: BaseException) -> str:
-    return (f"{type(exc).__name__}: {exc}".splitlines() or [type(exc).__name__])[0]

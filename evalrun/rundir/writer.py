@@ -49,16 +49,7 @@ def write_atomic(path: Path, data: bytes) -> str:
 
     A failed write (WriteFailed, naming ``path``) leaves no temporary file behind and ``path`` as it was.
     """
-    tmp = path.with_name(f".tmp-{path.name}")
-    try:
-        _write_synced(tmp, data)
-        os.replace(tmp, path)
-        _fsync_dir(path.parent)
-    except OSError as exc:
-        with contextlib.suppress(OSError):
-            tmp.unlink(missing_ok=True)
-        raise write_failed(path, exc) from exc
-    return sha256_hex(data)
+    return _commit_group([(path, data)])[0]
 
 
 def _commit_group(paths: list[tuple[Path, bytes]]) -> list[str]:
@@ -73,8 +64,7 @@ def _commit_group(paths: list[tuple[Path, bytes]]) -> list[str]:
         for tmp, path in temporaries:
             at = path
             os.replace(tmp, path)
-        at = paths[0][0].parent
-        _fsync_dir(at)
+        _fsync_dir(at.parent)  # ``at``: the last file renamed, which this makes durable
     except OSError as exc:
         for tmp, _ in temporaries:
             with contextlib.suppress(OSError):
