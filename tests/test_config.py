@@ -13,7 +13,9 @@ import pytest
 from evalrun.config import BUILTIN_TASKS, REPO_ROOT, load, load_stored, to_yaml, validate
 from evalrun.errors import BadInput
 from evalrun.pipeline.manifest import seed_set_record, seeds_identity, seeds_section
+from evalrun.pipeline.plan import episode_id
 from evalrun.pipeline.runner import prepare
+from evalrun.records.seeds import derive_seed
 
 MODEL_DIR = REPO_ROOT / "models" / "tiny-adder"
 GOLDEN = Path(__file__).resolve().parent / "golden"
@@ -142,6 +144,21 @@ def test_plan_is_items_times_seed_set_times_repeats() -> None:
     assert len({e.sampling.seed for e in prepared.episodes}) == 30
     again = prepare(load(["limit=5", "seeds.set=[3,4]", "seeds.repeats=3"]))
     assert [e.episode_id for e in again.episodes] == [e.episode_id for e in prepared.episodes]
+    # made on demand: seeds x repeats x items, the same episode by index, by slice and in a pass
+    plan = prepared.episodes
+    episodes = list(plan)
+    assert [(e.seed, e.repeat, e.item_id) for e in episodes[:6]] == [
+        (3, 0, "add-000"), (3, 0, "add-001"), (3, 0, "add-002"), (3, 0, "add-003"), (3, 0, "add-004"),
+        (3, 1, "add-000"),
+    ]  # fmt: skip
+    assert [plan[i] for i in range(len(plan))] == episodes == plan[:] and plan[-1] == episodes[-1]
+    assert plan[7:20:3] == episodes[7:20:3]
+    master = prepared.config.seeds.master
+    for e in episodes:  # the plan's templates give what the generic functions give
+        assert e.sampling.seed == derive_seed(master, "sampling", e.task, e.item_id, e.seed, e.repeat)
+        assert e.episode_id == episode_id(e.task, e.item_id, e.seed, e.repeat, {"sampling": str(e.sampling.seed)})
+    with pytest.raises(IndexError):
+        plan[len(plan)]
 
 
 def test_hub_id_and_revision_resolve_from_the_local_cache_only(tmp_path: Path) -> None:

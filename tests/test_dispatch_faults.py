@@ -62,11 +62,37 @@ def run_on(dispatcher: Dispatcher, tmp_path: Path, *overrides: str) -> Path:
     return execute(prepare(cfg), dispatcher)
 
 
+class CountingTaken(KillAfterFirstOutcome):
+    """The real dispatcher; notes how many batches it had taken from the run each time one came back."""
+
+    def __init__(self, inner: RayDispatcher) -> None:
+        super().__init__(inner, lambda d: None)
+        self.taken_at_outcome: list[int] = []
+
+    def map(self, batches, generator) -> Iterator[Any]:
+        taken = 0
+
+        def counted() -> Iterator[Any]:
+            nonlocal taken
+            for batch in batches:
+                taken += 1
+                yield batch
+
+        for outcome in self.inner.map(counted(), generator):
+            self.taken_at_outcome.append(taken)
+            yield outcome
+
+
 def test_two_workers_and_any_batch_size_give_the_same_root(two_workers, reference_root, tmp_path) -> None:
-    run = run_on(two_workers, tmp_path, "cluster.batch_size=3")
+    counting = CountingTaken(two_workers)
+    run = run_on(counting, tmp_path, "cluster.batch_size=3")
     assert record(run)["merkle_root"] == reference_root
     workers = set(read_outputs(RunDir(run), ["worker"]).column("worker").to_pylist())
     assert len(workers) == 2  # both workers served batches
+    # batches are taken as workers can take them: never more than 2 workers x max_in_flight ahead
+    in_flight = 2 * load([]).cluster.max_in_flight
+    assert len(counting.taken_at_outcome) == 27  # 80 episodes in batches of 3
+    assert all(taken - done <= in_flight for done, taken in enumerate(counting.taken_at_outcome, start=1))
 
 
 def _ray_kill(d: RayDispatcher) -> None:

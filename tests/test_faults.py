@@ -9,7 +9,8 @@ from __future__ import annotations
 import errno
 import json
 import shutil
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ from evalrun.pipeline.encode import Provenance, encode_part
 from evalrun.pipeline.harness import run_episodes
 from evalrun.pipeline.plan import Episode
 from evalrun.pipeline.worker import BatchOutcome
+from evalrun.records.canonical import sha256_hex
 from evalrun.rundir import layout, writer
 
 GOLDEN = Path(__file__).parent / "golden" / "addition-v1"
@@ -52,7 +54,7 @@ class StubDispatcher:
         return [{"worker": "stub", "hardware": "{}", "determinism": determinism, "engine": StubEngine().describe(),
                  "judge_engine": None}]  # fmt: skip
 
-    def map(self, batches: list[list[Episode]], generator: dict[str, Any]) -> Iterator[BatchOutcome]:
+    def map(self, batches: Iterable[list[Episode]], generator: dict[str, Any]) -> Iterator[BatchOutcome]:
         for number, batch in enumerate(batches):
             if number == self.interrupt_after:
                 raise KeyboardInterrupt
@@ -156,6 +158,34 @@ def test_disk_full_during_a_run_says_so_and_resume_completes_it(
     assert f"report: {run / layout.REPORT}" in out.splitlines()  # the finished run's report, as `run` writes it
     code, _out, err = cli(capsys, "verify", str(run), "--expect-root", reference_root)
     assert code == 0, err
+
+
+class LosingDispatcher(StubDispatcher):
+    """Loses batch 1's results, or answers it with one episode the plan does not hold in place of its last."""
+
+    def __init__(self, key: str, swap: bool) -> None:
+        super().__init__(key)
+        self.swap = swap
+
+    def map(self, batches: Iterable[list[Episode]], generator: dict[str, Any]) -> Iterator[BatchOutcome]:
+        def tampered() -> Iterator[list[Episode]]:
+            for number, batch in enumerate(batches):
+                if number == 1 and self.swap:
+                    yield [*batch[:-1], replace(batch[-1], episode_id=sha256_hex("an unplanned episode"))]
+                elif number != 1:
+                    yield batch
+
+        yield from super().map(tampered(), generator)
+
+
+@pytest.mark.parametrize("swap", [False, True], ids=["lost", "unplanned"])
+def test_a_run_whose_results_are_not_its_plan_fails_before_its_record(tmp_path: Path, swap: bool) -> None:
+    prepared = runner.prepare(load([*CONFIG, f"run.root={tmp_path}"]))
+    dispatcher = LosingDispatcher(dispatcher_key(prepared.worker_spec, prepared.config.cluster), swap)
+    with pytest.raises(RuntimeError, match="the written episodes are not the planned ones"):
+        runner.execute(prepared, dispatcher)
+    (run,) = tmp_path.iterdir()
+    assert not (run / layout.RECORD).exists() and not (run / layout.ATTESTATION).exists()
 
 
 def test_disk_full_before_the_manifest_says_remove_and_run_again(

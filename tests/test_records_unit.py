@@ -11,10 +11,19 @@ import rfc8785
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from evalrun.records.canonical import CanonicalJSONError, canonical_hash, canonical_json, combine
+from evalrun.records.canonical import (
+    SLOT,
+    CanonicalJSONError,
+    canonical_hash,
+    canonical_integer,
+    canonical_json,
+    canonical_template,
+    combine,
+)
 from evalrun.records.chain import GENESIS, ChainBuilder, chain_head
 from evalrun.records.entries import EndEntry, EpisodeSeeds, HeaderEntry
 from evalrun.records.formats import Generator
+from evalrun.records.heads import Heads
 from evalrun.records.merkle import EMPTY_ROOT, merkle_root
 from evalrun.records.seeds import derive_seed
 
@@ -61,15 +70,32 @@ def _reference_root(leaves: list[bytes]) -> bytes:
     return hashlib.sha256(b"\x01" + _reference_root(leaves[:k]) + _reference_root(leaves[k:])).digest()
 
 
-@pytest.mark.parametrize("n", [1, 2, 3, 5, 8, 13, 64, 100])
+@pytest.mark.parametrize("n", [1, 2, 3, 5, 7, 8, 9, 13, 16, 31, 33, 64, 100, 257])
 def test_merkle_root_is_rfc6962_over_sorted_leaves(n: int) -> None:
-    pairs = [(f"{i:064x}", hashlib.sha256(str(i).encode()).hexdigest()) for i in range(n)]
+    pairs = [(hashlib.sha256(f"episode {i}".encode()).hexdigest(), hashlib.sha256(str(i).encode()).hexdigest())
+             for i in range(n)]  # fmt: skip
     expected = _reference_root([f"{e}:{h}".encode() for e, h in sorted(pairs)]).hex()
     shuffled = pairs[:]
     random.Random(n).shuffle(shuffled)
-    assert merkle_root(pairs) == merkle_root(shuffled) == expected
+    heads = Heads()
+    for start in range(0, n, 7):  # parts arrive in any order, the root is the same
+        heads.add(shuffled[start : start + 7])
+    assert merkle_root(pairs) == merkle_root(shuffled) == heads.merkle_root() == expected
+    assert len(heads) == n and heads == Heads(pairs) and heads.ids() == {e for e, _ in pairs}
+    assert heads.id_sum == sum(int(e, 16) for e, _ in pairs) % 2**256
     changed = [*pairs[:-1], (pairs[-1][0], "0" * 64)]
-    assert merkle_root(changed) != expected
+    assert merkle_root(changed) != expected and Heads(changed).merkle_root() != expected
+
+
+def test_heads_refuse_a_repeated_episode_and_anything_but_sha256_hex() -> None:
+    pairs = [(hashlib.sha256(str(i).encode()).hexdigest(), "ab" * 32) for i in range(5)]
+    heads = Heads(pairs)
+    heads.add(pairs[3:4])
+    with pytest.raises(ValueError, match=f"episode {pairs[3][0]} was written more than once"):
+        heads.merkle_root()
+    for episode, head in (("AB" * 32, "0" * 64), ("ab" * 31, "0" * 64), ("e1", "0" * 64), ("ab" * 32, "xyz")):
+        with pytest.raises(ValueError, match="is not a sha256 hex digest"):
+            Heads([(episode, head)])
 
 
 def test_empty_merkle_root() -> None:
@@ -101,3 +127,17 @@ def test_canonical_json_refuses_what_jcs_cannot_represent() -> None:
     for bad in (float("nan"), float("inf"), 2**53, {1: "x"}, object()):
         with pytest.raises(CanonicalJSONError):
             canonical_json(bad)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(json_scalars, max_size=4), st.dictionaries(st.text(), json_scalars, max_size=3),
+       st.integers(-(2**53) + 1, 2**53 - 1), st.text())  # fmt: skip
+def test_canonical_template_gives_the_canonical_json_of_the_filled_value(
+    items: list[object], fields: dict[str, object], number: int, text: str
+) -> None:
+    value = {**fields, "~a": [*items, SLOT], "~b": {"x": SLOT}}  # slots in key order: ~a's, then ~b's
+    pieces = canonical_template(value, 2)
+    filled = f"{pieces[0]}{canonical_integer(number)}{pieces[1]}{canonical_json(text)}{pieces[2]}"
+    assert filled == canonical_json({**fields, "~a": [*items, number], "~b": {"x": text}})
+    with pytest.raises(ValueError, match="expected 3 slots"):
+        canonical_template(value, 3)

@@ -23,7 +23,7 @@ from typing import Any
 
 from evalrun.config import TRUNCATE_LEFT
 from evalrun.errors import BadInput
-from evalrun.pipeline.plan import Episode
+from evalrun.pipeline.plan import Plan, PlannedItem
 
 TOKENIZER_FILE = "tokenizer.json"
 
@@ -50,38 +50,39 @@ def load_tokenizer(model_path: Path) -> Any | None:
     return Tokenizer.from_file(str(path))
 
 
-def apply_context_limit(episodes: list[Episode], model_path: Path, max_model_len: int | None,
-                        on_overlong: str) -> list[Episode]:  # fmt: skip
-    """The episodes with every prompt that cannot fit handled as ``on_overlong`` says; unchanged
-    when the context or the tokenizer is unknown (the engine then refuses such a request itself)."""
+def apply_context_limit(plan: Plan, model_path: Path, max_model_len: int | None, on_overlong: str) -> Plan:
+    """The plan with every prompt that cannot fit handled as ``on_overlong`` says; unchanged when the
+    context or the tokenizer is unknown (the engine then refuses such a request itself)."""
     context = context_length(model_path, max_model_len)
     tokenizer = load_tokenizer(model_path) if context is not None else None
     if context is None or tokenizer is None:
-        return episodes
-    prompts = sorted({e.prompt for e in episodes})
+        return plan
+    prompts = sorted({planned.prompt for planned in plan.items})
     counts = dict(zip(prompts, (len(enc.ids) for enc in tokenizer.encode_batch(prompts)), strict=True))
-    overlong = [e for e in episodes if counts[e.prompt] >= context]
+    overlong = [planned for planned in plan.items if counts[planned.prompt] >= context]
     if not overlong:
-        return episodes
+        return plan
     if on_overlong == "error":
-        items = sorted({e.item_id for e in overlong})
+        items = sorted({planned.item.id for planned in overlong})
         shown = ", ".join(items[:10]) + (f" and {len(items) - 10} more" if len(items) > 10 else "")
         raise BadInput(
             "task.on_overlong",
             f"{len(items)} items have prompts of {context} tokens or more, the model's context: {shown} "
             "(task.on_overlong=fail_episode records them as failed episodes, truncate_left shortens them)",
         )
-    changed: dict[str, Episode] = {}
-    for e in overlong:
+
+    def fitted(planned: PlannedItem) -> PlannedItem:
+        if counts[planned.prompt] < context:
+            return planned
         if on_overlong == TRUNCATE_LEFT:
-            changed[e.episode_id] = replace(e, prompt=_keep_last_tokens(tokenizer, e.prompt, context - 1))
-        else:
-            reason = (
-                f"prompt of {counts[e.prompt]} tokens does not fit the model's context of {context} tokens "
-                "(task.on_overlong=fail_episode)"
-            )
-            changed[e.episode_id] = replace(e, rejection=reason)
-    return [changed.get(e.episode_id, e) for e in episodes]
+            return replace(planned, prompt=_keep_last_tokens(tokenizer, planned.prompt, context - 1))
+        reason = (
+            f"prompt of {counts[planned.prompt]} tokens does not fit the model's context of {context} tokens "
+            "(task.on_overlong=fail_episode)"
+        )
+        return replace(planned, rejection=reason)
+
+    return plan.with_items(tuple(fitted(planned) for planned in plan.items))
 
 
 def _keep_last_tokens(tokenizer: Any, prompt: str, keep: int) -> str:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol, TypeVar
 
@@ -51,7 +51,9 @@ class Dispatcher(Protocol):
 
     def workers(self) -> list[dict[str, Any]]: ...
 
-    def map(self, batches: list[list[Episode]], generator: dict[str, Any]) -> Iterator[BatchOutcome]: ...
+    def map(self, batches: Iterable[list[Episode]], generator: dict[str, Any]) -> Iterator[BatchOutcome]:
+        """Each batch's outcome as it arrives; batches are taken from ``batches`` only as workers can take them."""
+        ...
 
     def logs(self) -> CollectedLogs: ...
 
@@ -92,7 +94,7 @@ class InlineDispatcher:
     def workers(self) -> list[dict[str, Any]]:
         return [self.worker.info()]
 
-    def map(self, batches: list[list[Episode]], generator: dict[str, Any]) -> Iterator[BatchOutcome]:
+    def map(self, batches: Iterable[list[Episode]], generator: dict[str, Any]) -> Iterator[BatchOutcome]:
         self.stats = DispatchStats()
         yield from self.worker.run_batches(batches, generator)
 
@@ -171,21 +173,31 @@ class RayDispatcher:
         """The live actors, in worker order (for tests and operators that need to reach one)."""
         return [slot.actor for slot in self._slots if slot.live]
 
-    def map(self, batches: list[list[Episode]], generator: dict[str, Any]) -> Iterator[BatchOutcome]:
+    def map(self, batches: Iterable[list[Episode]], generator: dict[str, Any]) -> Iterator[BatchOutcome]:
         import ray
 
         self.ready()
         self.stats = stats = DispatchStats()
-        pending: deque[tuple[int, list[Episode]]] = deque(enumerate(batches))
-        attempts = [0] * len(batches)
+        source = enumerate(batches)  # taken as workers can take batches: the driver holds those in flight
+        pending: deque[tuple[int, list[Episode]]] = deque()  # batches to run again
+        attempts: dict[int, int] = {}  # batch number -> attempts, while it is in flight or pending
+        unsent = True  # batches may be left in source
         in_flight: dict[Any, tuple[_Slot, Any, int, list[Episode]]] = {}  # ref -> slot, actor, batch
         starting = self._starting  # info() refs of replacement actors, kept across runs
         self._restarts_total = 0  # the restart budget is per run
 
+        def take() -> tuple[int, list[Episode]] | None:
+            nonlocal unsent
+            if pending:
+                return pending.popleft()
+            taken = next(source, None) if unsent else None
+            unsent = taken is not None
+            return taken
+
         def fill(slot: _Slot) -> None:
-            while slot.live and pending and slot.load < self._max_in_flight:
-                number, batch = pending.popleft()
-                attempts[number] += 1
+            while slot.live and slot.load < self._max_in_flight and (taken := take()) is not None:
+                number, batch = taken
+                attempts[number] = attempts.get(number, 0) + 1
                 in_flight[slot.actor.run.remote(batch, generator)] = (slot, slot.actor, number, batch)
                 slot.load += 1
 
@@ -205,10 +217,10 @@ class RayDispatcher:
         for slot in self._slots:
             fill(slot)
         waiting_since = time.monotonic()
-        while in_flight or pending:
+        while in_flight or pending or unsent:
             refs = list(in_flight) + list(starting)
             if not refs:
-                raise RuntimeError(f"no engine worker is left to run {len(pending)} batches (restart budget spent)")
+                raise RuntimeError("no engine worker is left to run the remaining batches (restart budget spent)")
             ready, _ = ray.wait(refs, num_returns=1, timeout=10.0)
             if not ready:
                 if not in_flight and time.monotonic() - waiting_since > self._start_timeout:
@@ -243,6 +255,7 @@ class RayDispatcher:
                 for other in self._slots:
                     fill(other)
                 continue
+            del attempts[number]
             fill(slot)
             yield outcome
 

@@ -10,16 +10,16 @@ repeats differ only in sampling.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, overload
 
 from evalrun.config import DecodingConfig, SeedsConfig
 from evalrun.engines import SamplingSpec
 from evalrun.errors import BadInput
-from evalrun.records.canonical import canonical_hash, sha256_hex
-from evalrun.records.seeds import derive_seed
-from evalrun.tasks import Task, prompt_variables, render_prompt
+from evalrun.records.canonical import SLOT, canonical_hash, canonical_integer, canonical_template, sha256_hex
+from evalrun.records.seeds import derive_seed, seed_of
+from evalrun.tasks import Item, Task, prompt_variables, render_prompt
 from evalrun.tasks.rubric import Rubric
 from evalrun.tasks.selection import select_fewshot, shuffle_order
 
@@ -89,17 +89,141 @@ def sampling_spec(decoding: DecodingConfig, seed: int) -> SamplingSpec:
     )
 
 
-def build_plan(task: Task, decoding: DecodingConfig, seeds: SeedsConfig) -> list[Episode]:
+@dataclass(frozen=True)
+class PlannedItem:
+    """What every episode of one item shares: drawn once per item, whatever the seed and repeat."""
+
+    item: Item
+    prompt: str
+    fewshot_ids: tuple[str, ...]
+    options: tuple[str, ...]
+    shuffle_order: tuple[int, ...]
+    judge_orders: tuple[tuple[str, str, tuple[int, ...]], ...]  # (criterion, judge, shown order)
+    rejection: str | None = None  # see Episode.rejection
+
+
+class Plan(Sequence[Episode]):
+    """Every episode of a run, seeds x repeats x items in that order, each made when it is asked for.
+
+    Only the per-item part is held, so a plan of a million episodes takes the memory of its items
+    (docs/design.md "Start-up and exit": driver memory); an episode is the same object whenever it is made.
+    """
+
+    def __init__(self, task: Task, items: tuple[PlannedItem, ...], decoding: DecodingConfig, seeds: SeedsConfig,
+                 judge_decoding: DecodingConfig) -> None:  # fmt: skip
+        self.task_name = task.name
+        self.items = items
+        self._decoding, self._judge_decoding = decoding, judge_decoding
+        self._seeds_config = seeds
+        self._master = seeds.master
+        self._seeds = tuple(seeds.set)
+        self._repeats = seeds.repeats
+        self._scoring = task.choices.scoring if task.multiple_choice else ""
+        self._rubric = task.rubric
+        self._task = task
+        self._templates = [_EpisodeTemplates.of(seeds.master, task.name, planned.item.id) for planned in items]
+
+    def with_items(self, items: tuple[PlannedItem, ...]) -> Plan:
+        """The same plan over changed items (prompts cut to fit, or rejected: pipeline.context)."""
+        if len(items) != len(self.items):
+            raise ValueError(f"{len(items)} items for a plan of {len(self.items)}")
+        return Plan(self._task, items, self._decoding, self._seeds_config, self._judge_decoding)
+
+    def __len__(self) -> int:
+        return len(self._seeds) * self._repeats * len(self.items)
+
+    @overload
+    def __getitem__(self, index: int) -> Episode: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[Episode]: ...
+
+    def __getitem__(self, index: int | slice) -> Episode | list[Episode]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        n = len(self)
+        if not -n <= index < n:
+            raise IndexError("plan index out of range")
+        index %= n
+        per_seed = self._repeats * len(self.items)
+        seed_index, within = divmod(index, per_seed)
+        repeat, item_index = divmod(within, len(self.items))
+        return self._episode(self._seeds[seed_index], repeat, item_index)
+
+    def __iter__(self) -> Iterator[Episode]:
+        for seed in self._seeds:
+            for repeat in range(self._repeats):
+                for item_index in range(len(self.items)):
+                    yield self._episode(seed, repeat, item_index)
+
+    def _episode(self, seed: int, repeat: int, item_index: int) -> Episode:
+        planned, templates = self.items[item_index], self._templates[item_index]
+        name, item, master = self.task_name, planned.item, self._master
+        sampling = sampling_spec(self._decoding, templates.sampling_seed(seed, repeat))
+        judge_calls = tuple(
+            JudgeCall(criterion, judge, shown_order, sampling_spec(
+                self._judge_decoding, derive_seed(master, "judge", name, item.id, seed, repeat, criterion, judge)
+            ))
+            for criterion, judge, shown_order in planned.judge_orders
+        )  # fmt: skip
+        rubric = self._rubric
+        return Episode(
+            episode_id=templates.episode_id(seed, repeat, sampling.seed),
+            task=name,
+            item_id=item.id,
+            seed=seed,
+            repeat=repeat,
+            prompt=planned.prompt,
+            target=item.target,
+            sampling=sampling,
+            fewshot_ids=planned.fewshot_ids,
+            options=planned.options,
+            shuffle_order=planned.shuffle_order,
+            choice_scoring=self._scoring,
+            judging=rubric,
+            judge_calls=judge_calls,
+            fields=item.fields if rubric is not None else None,
+            rejection=planned.rejection,
+        )
+
+
+@dataclass(frozen=True)
+class _EpisodeTemplates:
+    """One item's :func:`episode_id` and sampling :func:`derive_seed` texts with the seed and repeat left
+    open: an episode is made in a few microseconds, not thirty (tests/test_config.py checks them against
+    the two functions)."""
+
+    seed_text: tuple[str, ...]  # [master, "sampling", task, item, SEED, REPEAT]
+    id_text: tuple[str, ...]  # {"item", "repeat": REPEAT, "seed": SEED, "seeds": {"sampling": SAMPLING}, "task"}
+
+    @classmethod
+    def of(cls, master: int, task: str, item: str) -> _EpisodeTemplates:
+        seeds = canonical_template([master, "sampling", task, item, SLOT, SLOT], 2)
+        ids = canonical_template({"task": task, "item": item, "seed": SLOT, "repeat": SLOT,
+                                  "seeds": {"sampling": SLOT}}, 3)  # fmt: skip
+        return cls(seeds, ids)
+
+    def sampling_seed(self, seed: int, repeat: int) -> int:
+        pre, mid, post = self.seed_text
+        return seed_of(f"{pre}{canonical_integer(seed)}{mid}{canonical_integer(repeat)}{post}")
+
+    def episode_id(self, seed: int, repeat: int, sampling_seed: int) -> str:
+        pre, after_repeat, after_seed, post = self.id_text
+        return sha256_hex(
+            f'{pre}{canonical_integer(repeat)}{after_repeat}{canonical_integer(seed)}{after_seed}"{sampling_seed}"{post}'
+        )
+
+
+def build_plan(task: Task, decoding: DecodingConfig, seeds: SeedsConfig) -> Plan:
     """Few-shot examples draw from ``seeds.fewshot_seed``; option orders, sampling and judge seeds from
     the master seed (docs/design.md "Seeds")."""
     master, fewshot_seed = seeds.master, seeds.fewshot_seed
     pool = task.pack.fewshot
     if pool is None and seeds.fewshot is not None:
         raise BadInput("seeds.fewshot", f"task {task.name}'s prompt pack has no few-shot pool: expected null")
-    scoring = task.choices.scoring if task.multiple_choice else ""
     rubric = task.rubric
     criteria, judges = (rubric.criteria, rubric.judges) if rubric is not None else ((), ())
-    prepared = []
+    items = []
     for item in task.items:
         fewshot: tuple[int, ...] = ()
         if pool is not None:
@@ -112,42 +236,11 @@ def build_plan(task: Task, decoding: DecodingConfig, seeds: SeedsConfig) -> list
         examples = [pool.examples[i] for i in fewshot] if pool is not None else []
         prompt = render_prompt(task.pack, item.id, prompt_variables(item, examples, shown))
         ids = tuple(pool.ids[i] for i in fewshot) if pool is not None else ()
-        judge_orders = [
+        judge_orders = tuple(
             (c.id, judge, shuffle_order(len(c.labels), master, task.name, item.id, c.id, judge))
             for c in criteria
             for judge in judges
-        ]
-        prepared.append((item, prompt, ids, options, order, judge_orders))
+        )
+        items.append(PlannedItem(item, prompt, ids, options, order, judge_orders))
     judge_decoding = JUDGE_DECODING.with_overrides(rubric.judge_pack.decoding) if rubric is not None else JUDGE_DECODING
-    episodes = []
-    for seed in seeds.set:
-        for repeat in range(seeds.repeats):
-            for item, prompt, ids, options, order, judge_orders in prepared:
-                sampling = sampling_spec(decoding, derive_seed(master, "sampling", task.name, item.id, seed, repeat))
-                judge_calls = tuple(
-                    JudgeCall(criterion, judge, shown_order, sampling_spec(
-                        judge_decoding, derive_seed(master, "judge", task.name, item.id, seed, repeat, criterion, judge)
-                    ))
-                    for criterion, judge, shown_order in judge_orders
-                )  # fmt: skip
-                eid = episode_id(task.name, item.id, seed, repeat, {"sampling": str(sampling.seed)})
-                episodes.append(
-                    Episode(
-                        episode_id=eid,
-                        task=task.name,
-                        item_id=item.id,
-                        seed=seed,
-                        repeat=repeat,
-                        prompt=prompt,
-                        target=item.target,
-                        sampling=sampling,
-                        fewshot_ids=ids,
-                        options=options,
-                        shuffle_order=order,
-                        choice_scoring=scoring,
-                        judging=rubric,
-                        judge_calls=judge_calls,
-                        fields=item.fields if rubric is not None else None,
-                    )
-                )
-    return episodes
+    return Plan(task, tuple(items), decoding, seeds, judge_decoding)

@@ -8,9 +8,10 @@ too); record.json and then the attestation are written last, and a run is comple
 from __future__ import annotations
 
 import contextlib
+import itertools
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -40,7 +41,7 @@ from evalrun.pipeline.runlogs import write_logs
 from evalrun.pipeline.worker import WorkerSpec
 from evalrun.records.canonical import file_sha256
 from evalrun.records.formats import EpisodeCounts, Record, seal_of
-from evalrun.records.merkle import merkle_root
+from evalrun.records.heads import Heads
 from evalrun.rundir import layout, reader, writer
 from evalrun.rundir.attest import attest_finished_run
 from evalrun.scoring import NORMALIZERS, SCORERS, make_scorer, score_columns, score_outputs
@@ -56,7 +57,7 @@ class Prepared:
     model: ResolvedModel
     task: Task | AgentTask
     digest: Digest
-    episodes: list[Episode] | list[AgentEpisode]
+    episodes: Sequence[Episode] | list[AgentEpisode]  # a Plan for single-turn tasks: episodes made on demand
     worker_spec: WorkerSpec
     judge_model: ResolvedModel | None = None  # None: the judges (if any) run on the run's model
 
@@ -164,8 +165,11 @@ def open_for(prepared: Prepared) -> Dispatcher:
     return open_dispatcher(prepared.worker_spec, prepared.config.cluster)
 
 
-def _batches(episodes: list[Any], size: int) -> list[list[Any]]:
-    return [episodes[i : i + size] for i in range(0, len(episodes), size)]
+def _batches(episodes: Iterable[Any], size: int) -> Iterator[list[Any]]:
+    """Batches as the dispatcher asks for them, so the driver never holds more of the plan than is in flight."""
+    source = iter(episodes)
+    while batch := list(itertools.islice(source, size)):
+        yield batch
 
 
 def _checked_dispatcher(prepared: Prepared, dispatcher: Dispatcher | None) -> tuple[Dispatcher, bool]:
@@ -327,6 +331,34 @@ def _part_durable(index: int) -> None:
 _COMMITTING: dict[str, Any] = {"background": True, "on_durable": _part_durable}
 
 
+class _PlanPass:
+    """One pass over the plan for a run's dispatch: the episodes not yet written, and what the end of the
+    run checks the written episodes against (their count and the sum of their ids: a pass that never
+    holds the plan's ids; ids are sha256 digests, and a repeated one fails the Merkle root)."""
+
+    def __init__(self, kept: frozenset[str]) -> None:
+        self._kept = kept
+        self.id_sum = 0
+        self.kept_seen = 0
+
+    def remaining(self, episodes: Iterable[Episode] | Iterable[AgentEpisode]) -> Iterator[Any]:
+        total = 0
+        for e in episodes:
+            total += int(e.episode_id, 16)
+            if e.episode_id in self._kept:
+                self.kept_seen += 1
+                continue
+            yield e
+        self.id_sum = total % (1 << 256)
+
+    def check(self, heads: Heads, planned: int) -> None:
+        if len(heads) != planned or heads.id_sum != self.id_sum or self.kept_seen != len(self._kept):
+            raise RuntimeError(
+                f"the written episodes are not the planned ones ({len(heads)} written of {planned}, "
+                f"{self.kept_seen} of {len(self._kept)} kept ones planned)"
+            )
+
+
 def _complete(
     run: layout.RunDir,
     prepared: Prepared,
@@ -337,13 +369,11 @@ def _complete(
 ) -> None:
     """Run every planned episode the part writer does not have yet, then score, summarise and record."""
     config = prepared.config
-    remaining = [e for e in prepared.episodes if e.episode_id not in parts.heads]
+    planned = len(prepared.episodes)
+    plan = _PlanPass(parts.kept_ids)
     generator = generator_info()
-    batches = _batches(remaining, config.cluster.batch_size)
-    progress = RunProgress(
-        len(prepared.episodes), prepared.task.name, enabled=config.run.progress,
-        done=len(prepared.episodes) - len(remaining),
-    )  # fmt: skip
+    batches = _batches(plan.remaining(prepared.episodes), config.cluster.batch_size)
+    progress = RunProgress(planned, prepared.task.name, enabled=config.run.progress, done=len(parts.kept_ids))
     clock.lap("start-up")
     writing = 0.0
     with progress, contextlib.closing(parts):
@@ -363,10 +393,7 @@ def _complete(
     clock.add("generation", -writing)
     clock.add("writing", writing)
 
-    planned = len(prepared.episodes)  # episode ids are unique: every one written and no other means the same set
-    missing = sum(e.episode_id not in parts.heads for e in prepared.episodes)
-    if missing or len(parts.heads) != planned:
-        raise RuntimeError(f"{missing} planned episodes have no result ({len(parts.heads)} written of {planned})")
+    plan.check(parts.heads, planned)
 
     spec = config.task.scorer
     context = scoring_context(config, prepared.task, prepared.model, prepared.judge_model)
@@ -378,11 +405,16 @@ def _complete(
     failpoints.hit("before-record")
     clock.lap("scoring")
 
+    try:
+        root = parts.heads.merkle_root()
+    except ValueError as exc:  # an episode id written twice
+        raise RuntimeError(str(exc)) from None
+
     record = Record(
         episodes=EpisodeCounts(planned=planned, written=len(parts.heads)),
         parts=len(parts.file_hashes) // 2,
         output_tokens=parts.output_tokens,
-        merkle_root=merkle_root(parts.heads.items()),
+        merkle_root=root,
         digest=prepared.digest.digest,
         manifest_sha256=files[layout.MANIFEST],
         files=dict(sorted(files.items())),

@@ -166,6 +166,26 @@ def canonical_json(value: Any) -> str:
     return "".join(out)
 
 
+SLOT = Canonical("\x00")
+"""A place in :func:`canonical_template`'s value (a NUL never appears literally in canonical JSON: strings
+escape it)."""
+
+
+def canonical_template(value: Any, slots: int) -> tuple[str, ...]:
+    """The canonical JSON of ``value`` cut at each of its ``slots`` :data:`SLOT` s, in the order the text holds
+    them (object keys sorted): joined with the canonical texts of values (:func:`canonical_integer`, a
+    string through the encoder), the pieces are the canonical JSON of ``value`` with those values in place.
+    For many values alike but in a few places (the plan's episode ids and seeds)."""
+    pieces = tuple(canonical_json(value).split(SLOT))
+    if len(pieces) != slots + 1:
+        raise ValueError(f"expected {slots} slots, the value holds {len(pieces) - 1}")
+    return pieces
+
+
+def canonical_integer(value: int) -> str:
+    return _int(value)
+
+
 def sha256_hex(data: bytes | str) -> str:
     if isinstance(data, str):
         data = data.encode("utf-8")

@@ -32,9 +32,23 @@ def _tree_hash(hashes: Sequence[bytes]) -> bytes:
     return _node_hash(_tree_hash(hashes[:split]), _tree_hash(hashes[split:]))
 
 
-def root_of_leaf_hashes(leaf_hashes: Sequence[bytes]) -> str:
-    """Root over leaf hashes already in episode-id order."""
-    return _tree_hash(leaf_hashes).hex() if leaf_hashes else EMPTY_ROOT
+def root_of_leaf_hashes(leaf_hashes: Iterable[bytes]) -> str:
+    """Root over leaf hashes already in episode-id order, folded as they come: memory is one hash per
+    level. RFC 6962's tree splits at the largest power of two below n, so it is the perfect subtrees
+    of n's binary digits, largest first, joined from the right."""
+    subtrees: list[tuple[int, bytes]] = []  # (leaves, hash) of perfect subtrees, sizes strictly decreasing
+    for node in leaf_hashes:
+        size = 1
+        while subtrees and subtrees[-1][0] == size:
+            node = _node_hash(subtrees.pop()[1], node)
+            size *= 2
+        subtrees.append((size, node))
+    if not subtrees:
+        return EMPTY_ROOT
+    root = subtrees.pop()[1]
+    while subtrees:
+        root = _node_hash(subtrees.pop()[1], root)
+    return root.hex()
 
 
 def merkle_root(heads: Iterable[tuple[str, str]]) -> str:

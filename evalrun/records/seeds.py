@@ -22,8 +22,12 @@ MASTER_SEED_LIMIT = 2**53  # master seeds are recorded as JSON numbers: integers
 
 def derive_seed(master: int, purpose: str, *keys: SeedKey) -> int:
     """An unsigned 64-bit seed for ``purpose`` under ``keys``."""
-    digest = hashlib.sha256(canonical_json([master, purpose, *keys]).encode("utf-8")).digest()
-    return int.from_bytes(digest[:8], "big")
+    return seed_of(canonical_json([master, purpose, *keys]))
+
+
+def seed_of(canonical: str) -> int:
+    """The seed of ``[master, purpose, *keys]`` already encoded as canonical JSON."""
+    return int.from_bytes(hashlib.sha256(canonical.encode("utf-8")).digest()[:8], "big")
 
 
 def derive_rng(master: int, purpose: str, *keys: SeedKey) -> random.Random:

@@ -24,6 +24,7 @@ import pyarrow.parquet as pq
 from evalrun.errors import BadInput, write_failed
 from evalrun.records.canonical import canonical_json, file_sha256, sha256_hex
 from evalrun.records.formats import RecordModel
+from evalrun.records.heads import Heads
 from evalrun.rundir.layout import ATTESTATION, LOCK, LOG, OUTPUTS, PART_PATTERN, RECORD, SCORES, SUMMARY, RunDir
 
 T = TypeVar("T")
@@ -149,7 +150,9 @@ class PartWriter:
     ) -> None:
         self.run = run
         self.next_index = 0
-        self.heads: dict[str, str] = {}
+        self.heads = Heads()
+        self.kept_ids: frozenset[str] = frozenset()  # the episodes of the parts recover() kept
+        self._parts: dict[str, str] = {}  # a part's first episode id -> the digest of all its ids
         self.file_hashes: dict[str, str] = {}
         self.output_tokens = 0
         self.kept_parts = 0
@@ -174,7 +177,7 @@ class PartWriter:
         for name in (SCORES, SUMMARY, RECORD, ATTESTATION):
             (run.path / name).unlink(missing_ok=True)
         writer = cls(run, background=background, on_durable=on_durable)
-        indices = []
+        indices, kept = [], set()
         for log_part in sorted(run.log.glob("part-*.jsonl")):
             index = int(PART_PATTERN.match(log_part.name).group(1))  # type: ignore[union-attr]
             if not run.output_part(index).exists():
@@ -188,15 +191,20 @@ class PartWriter:
                 cols = pq.read_table(out_part, columns=["episode_id", "head", "output_tokens"]).to_pydict()
             except (pa.ArrowException, OSError) as exc:
                 raise BadInput(str(out_part), f"unreadable output part ({exc})") from exc
-            for episode, head in zip(cols["episode_id"], cols["head"], strict=True):
-                if episode in writer.heads:
+            for episode in cols["episode_id"]:
+                if episode in kept:
                     raise BadInput(str(out_part), f"episode {episode} appears in more than one part")
-                writer.heads[episode] = head
+                kept.add(episode)
+            try:
+                writer.heads.add(zip(cols["episode_id"], cols["head"], strict=True))
+            except ValueError as exc:
+                raise BadInput(str(out_part), str(exc)) from None
             writer.output_tokens += sum(cols["output_tokens"])
             writer.file_hashes[f"{LOG}/{log_part.name}"] = file_sha256(log_part)
             writer.file_hashes[f"{OUTPUTS}/{out_part.name}"] = file_sha256(out_part)
             indices.append(index)
         writer.kept_parts = len(indices)
+        writer.kept_ids = frozenset(kept)
         writer.next_index = max(indices, default=-1) + 1
         return writer
 
@@ -204,13 +212,17 @@ class PartWriter:
         """Commit one part (or queue it, in the background): log part first, then output part.
         False for a batch already written."""
         self._raise_failure()
-        written = sum(episode in self.heads for episode, _ in part.heads)
-        if written == len(part.heads):
-            return False  # never written twice
-        if written:
-            raise RuntimeError(f"a batch overlaps {written} episodes that are already written")
+        if not part.heads:
+            return False
+        ids = sha256_hex("\n".join(episode for episode, _ in part.heads))
+        first = part.heads[0][0]
+        if first in self.kept_ids or first in self._parts:
+            if self._parts.get(first) == ids:
+                return False  # never written twice
+            raise RuntimeError(f"a batch overlaps episodes that are already written (episode {first})")
+        self._parts[first] = ids  # other overlaps show as a repeated episode id in heads.merkle_root()
         index = self.next_index
-        self.heads.update(part.heads)
+        self.heads.add(part.heads)
         self.output_tokens += part.output_tokens
         self.next_index += 1
         if not self._background:

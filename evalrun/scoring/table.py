@@ -89,7 +89,8 @@ def score_outputs(outputs: pa.Table, spec: ScorerConfig, context: ScoringContext
         n = len(errors)
         tables.append(pa.table({**table, "scorer": [spec.name] * n, "scorer_version": [entry.version] * n,
                                 SCORE_ERROR_COLUMN: errors}, schema=SCORES_SCHEMA))  # fmt: skip
-    scores = pa.concat_tables(tables).combine_chunks() if tables else SCORES_SCHEMA.empty_table()
+    # chunked: a copy into one chunk would double the peak, and Parquet writes the same bytes either way
+    scores = pa.concat_tables(tables) if tables else SCORES_SCHEMA.empty_table()
     if not any_error:  # left out when no episode has one, so runs without errors keep their bytes
         return scores.drop_columns([SCORE_ERROR_COLUMN])
     return scores
