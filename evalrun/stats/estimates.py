@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections import defaultdict
 from collections.abc import Hashable, Iterable
 from dataclasses import dataclass
 from typing import Literal
+
+import numpy as np
 
 Z_95 = 1.959963984540054
 
@@ -42,18 +43,79 @@ class Estimate:
     interval: IntervalKind  # how ci95 was computed ("none": one item, no interval)
 
 
+_FSUM_ZERO = math.fsum([-0.0])  # the zero fsum gives for a sum of negative zeros (+0.0 here, where IEEE has -0.0)
+
+
+@dataclass(frozen=True)
+class GroupedValues:
+    """Values in groups (one per item, or one per trial), as an Arrow list array holds them: group ``g``
+    is ``values[offsets[g]:offsets[g + 1]]``. Eight bytes a value and no Python object per value, so a
+    scores table of millions of rows is summarised in NumPy arrays (evalrun.stats.summary)."""
+
+    values: np.ndarray  # float64
+    offsets: np.ndarray  # int64, ascending from 0 to len(values); no group is empty
+
+    @classmethod
+    def by_key(cls, values: np.ndarray, keys: np.ndarray) -> GroupedValues:
+        """``values`` grouped by ``keys`` (integers, one per value), groups in ascending key order."""
+        order = np.argsort(keys, kind="stable")
+        sorted_keys = keys[order]
+        starts = np.flatnonzero(sorted_keys[1:] != sorted_keys[:-1]) + 1
+        offsets = np.concatenate(([0], starts, [len(keys)])) if len(keys) else np.zeros(1, dtype=np.int64)
+        return cls(np.asarray(values, dtype=np.float64)[order], offsets)
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def sizes(self) -> np.ndarray:
+        return np.diff(self.offsets)
+
+    def sums(self) -> np.ndarray:
+        """Each group's sum as ``math.fsum`` gives it: exactly rounded, so no order of the values changes it.
+
+        NumPy adds where that is exact: integers whose partial sums stay below 2**53, and groups of one
+        or two values (a single IEEE addition is correctly rounded); ``math.fsum`` adds the rest, and
+        any sum that is not finite, so an overflow raises as fsum raises."""
+        if not len(self):
+            return np.zeros(0)
+        values, offsets = self.values, self.offsets
+        with np.errstate(over="ignore", invalid="ignore"):  # a sum that is not finite goes to fsum below
+            sums = np.add.reduceat(values, offsets[:-1]) + _FSUM_ZERO  # -0.0 + _FSUM_ZERO: the zero fsum gives
+        if _small_integers(values):
+            return sums
+        for group in np.flatnonzero((self.sizes() > 2) | ~np.isfinite(sums)).tolist():
+            sums[group] = math.fsum(values[offsets[group] : offsets[group + 1]])
+        return sums
+
+    def means(self) -> list[float]:
+        """Each group's ``fsum(values) / len(values)``."""
+        return (self.sums() / self.sizes()).tolist()
+
+
+def _small_integers(values: np.ndarray) -> bool:
+    """Every value is an integer and any sum of them stays below 2**53, so floats add them exactly."""
+    return bool(
+        np.all(np.isfinite(values))
+        and np.all(np.trunc(values) == values)
+        and float(np.max(np.abs(values))) * len(values) < 2.0**53
+    )
+
+
 def pass_all_trials(observations: Iterable[tuple[Hashable, Hashable, float]]) -> float | None:
     """pass^k: the share of items whose every one of k trials passed (value 1), with items as the
     unit; None unless every value is 0 or 1 and every item has the same k > 1 trials."""
-    by_item: dict[Hashable, list[float]] = defaultdict(list)
-    for item, _trial, value in observations:
-        if value not in (0.0, 1.0):
-            return None
-        by_item[item].append(value)
-    trials = {len(v) for v in by_item.values()}
-    if len(trials) != 1 or trials.pop() < 2:
+    return grouped_pass_all_trials(_grouped(observations).by_item)
+
+
+def grouped_pass_all_trials(by_item: GroupedValues) -> float | None:
+    """:func:`pass_all_trials` of values grouped by item."""
+    values = by_item.values
+    if not np.all((values == 0.0) | (values == 1.0)):
         return None
-    return sum(all(v == 1.0 for v in values) for values in by_item.values()) / len(by_item)
+    sizes = by_item.sizes()
+    if not len(sizes) or np.any(sizes != sizes[0]) or sizes[0] < 2:
+        return None
+    return int(np.count_nonzero(by_item.sums() == sizes)) / len(sizes)
 
 
 def wilson_interval(proportion: float, n: int) -> tuple[float, float]:
@@ -71,20 +133,22 @@ def wilson_interval(proportion: float, n: int) -> tuple[float, float]:
 def estimate(observations: Iterable[tuple[Hashable, Hashable, float]], method: IntervalMethod = "bounded") -> Estimate:
     """``observations``: (item, trial, value). Mean over item means; 95% interval over items by
     ``method`` (see the module docstring); no interval with a single item."""
-    if method not in ("clustered", "bounded"):
-        raise ValueError(f"unknown interval method {method!r}")
-    by_item: dict[Hashable, list[float]] = defaultdict(list)
-    by_trial: dict[Hashable, list[float]] = defaultdict(list)
-    n = 0
-    unit = True  # every value lies in [0, 1]
-    for item, trial, value in observations:
-        by_item[item].append(value)
-        by_trial[trial].append(value)
-        unit = unit and 0.0 <= value <= 1.0
-        n += 1
+    _check_method(method)
+    grouped = _grouped(observations)
+    return grouped_estimate(grouped.by_item, grouped.by_trial, method)
+
+
+def grouped_estimate(by_item: GroupedValues, by_trial: GroupedValues, method: IntervalMethod = "bounded") -> Estimate:
+    """:func:`estimate` of the same values grouped by item and by trial. Every sum is exactly rounded
+    and the deviations are exact (``statistics``), so neither the order of the groups nor of the values
+    within them changes a bit of the result."""
+    _check_method(method)
+    n = len(by_item.values)
     if n == 0:
         raise ValueError("no observations")
-    item_means = [math.fsum(v) / len(v) for v in by_item.values()]
+    values = by_item.values
+    unit = bool(np.all((values >= 0.0) & (values <= 1.0)))  # every value lies in [0, 1]
+    item_means = by_item.means()
     mean = math.fsum(item_means) / len(item_means)
     se = None
     ci = None
@@ -96,7 +160,7 @@ def estimate(observations: Iterable[tuple[Hashable, Hashable, float]], method: I
             ci, kind = wilson_interval(mean, len(item_means)), "wilson"
         elif method == "bounded" and unit:
             ci, kind = (max(0.0, ci[0]), min(1.0, ci[1])), "clustered-clipped"
-    trial_means = [math.fsum(v) / len(v) for v in by_trial.values()]
+    trial_means = by_trial.means()
     return Estimate(
         mean=mean,
         se=se,
@@ -109,6 +173,38 @@ def estimate(observations: Iterable[tuple[Hashable, Hashable, float]], method: I
     )
 
 
+def _check_method(method: str) -> None:
+    if method not in ("clustered", "bounded"):
+        raise ValueError(f"unknown interval method {method!r}")
+
+
+@dataclass(frozen=True)
+class _Observations:
+    items: list[Hashable]  # in the order first seen; item ``g`` is group ``g`` of by_item
+    trials: list[Hashable]
+    by_item: GroupedValues
+    by_trial: GroupedValues
+
+
+def _grouped(observations: Iterable[tuple[Hashable, Hashable, float]]) -> _Observations:
+    items: dict[Hashable, int] = {}
+    trials: dict[Hashable, int] = {}
+    item_codes: list[int] = []
+    trial_codes: list[int] = []
+    values: list[float] = []
+    for item, trial, value in observations:
+        item_codes.append(items.setdefault(item, len(items)))
+        trial_codes.append(trials.setdefault(trial, len(trials)))
+        values.append(float(value))
+    array = np.array(values, dtype=np.float64)
+    return _Observations(
+        items=list(items),
+        trials=list(trials),
+        by_item=GroupedValues.by_key(array, np.array(item_codes, dtype=np.int64)),
+        by_trial=GroupedValues.by_key(array, np.array(trial_codes, dtype=np.int64)),
+    )
+
+
 # --- paired statistics: two runs on the same items ------------------------------------------------
 
 BOOTSTRAP_RESAMPLES = 2000
@@ -117,18 +213,14 @@ PERMUTATION_RESAMPLES = 10000
 
 def item_means(observations: Iterable[tuple[Hashable, Hashable, float]]) -> dict[Hashable, float]:
     """``(item, trial, value)`` -> each item's mean over its trials (repeats averaged first)."""
-    by_item: dict[Hashable, list[float]] = defaultdict(list)
-    for item, _trial, value in observations:
-        by_item[item].append(value)
-    return {item: math.fsum(v) / len(v) for item, v in by_item.items()}
+    grouped = _grouped(observations)
+    return dict(zip(grouped.items, grouped.by_item.means(), strict=True))
 
 
 def trial_means(observations: Iterable[tuple[Hashable, Hashable, float]]) -> dict[Hashable, float]:
     """``(item, trial, value)`` -> each trial's (seed, repeat) mean over items."""
-    by_trial: dict[Hashable, list[float]] = defaultdict(list)
-    for _item, trial, value in observations:
-        by_trial[trial].append(value)
-    return {trial: math.fsum(v) / len(v) for trial, v in by_trial.items()}
+    grouped = _grouped(observations)
+    return dict(zip(grouped.trials, grouped.by_trial.means(), strict=True))
 
 
 def _normal_ci(mean: float, se: float | None) -> tuple[float, float] | None:
@@ -144,8 +236,6 @@ def bootstrap_ci(values: list[float], seed: int, resamples: int = BOOTSTRAP_RESA
 
     ``seed`` comes from :func:`evalrun.records.seeds.derive_seed`; the interval depends on nothing else.
     """
-    import numpy as np
-
     if len(values) < 2:
         return None
     data = np.asarray(values, dtype=np.float64)
@@ -189,8 +279,6 @@ def sign_flip_test(diffs: list[float], seed: int, resamples: int = PERMUTATION_R
     p = (1 + #{|mean of flipped| >= |observed mean|}) / (1 + resamples); exact enumeration when
     2**n <= resamples.
     """
-    import numpy as np
-
     n = len(diffs)
     data = np.asarray(diffs, dtype=np.float64)
     observed = abs(float(data.mean())) if n else 0.0

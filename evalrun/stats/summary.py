@@ -7,15 +7,17 @@ summary in the format it declares, so a ``/1`` summary is recomputed with the ``
 
 from __future__ import annotations
 
-from collections import Counter
-from collections.abc import Collection
+import itertools
+from collections.abc import Collection, Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from evalrun.records.formats import SUMMARY_FORMAT, SUMMARY_FORMATS, Summary
-from evalrun.stats.estimates import IntervalMethod, estimate, pass_all_trials
+from evalrun.stats.estimates import GroupedValues, IntervalMethod, grouped_estimate, grouped_pass_all_trials
 
 
 @dataclass(frozen=True)
@@ -57,16 +59,61 @@ METHODS = {
 METHOD = METHODS[SUMMARY_FORMAT].method
 
 
-def _as_record(values: list[tuple[Any, Any, float]], fmt: SummaryFormat, errors: int) -> dict[str, Any]:
-    record = asdict(estimate(values, fmt.interval))
+def _as_record(by_item: GroupedValues, by_trial: GroupedValues, fmt: SummaryFormat, errors: int) -> dict[str, Any]:
+    record = asdict(grouped_estimate(by_item, by_trial, fmt.interval))
     record["ci95"] = list(record["ci95"]) if record["ci95"] is not None else None
     if not fmt.names_interval:
         del record["interval"]
     if errors:  # left out when none failed, so summaries of runs without failures are as before
         record["errors"] = errors
-    if fmt.pass_all_trials and (all_passed := pass_all_trials(values)) is not None:
+    if fmt.pass_all_trials and (all_passed := grouped_pass_all_trials(by_item)) is not None:
         record["pass_all_trials"] = all_passed  # pass^k: repeats of a 0/1 metric
     return record
+
+
+def _codes(column: pa.ChunkedArray) -> tuple[np.ndarray, pa.Array]:
+    """A column as dense int32 codes (equal values, nulls included, share one) and the value of each code."""
+    encoded = pc.dictionary_encode(column, null_encoding="encode").unify_dictionaries()
+    if not encoded.num_chunks:
+        return np.zeros(0, dtype=np.int32), pa.array([], column.type)
+    codes = np.concatenate([chunk.indices.to_numpy(zero_copy_only=False) for chunk in encoded.chunks])
+    return codes, encoded.chunk(0).dictionary
+
+
+def _failed_rows(scores: pa.Table, failed: Collection[str]) -> np.ndarray | None:
+    """Which rows belong to a failed episode: one in ``failed`` or one with an ``error`` on any of its
+    rows (a scorer that raised); None when none can."""
+    episodes = []
+    if "error" in scores.column_names:
+        episodes.append(pc.filter(scores.column("episode_id"), pc.is_valid(scores.column("error"))).combine_chunks())
+    if failed:
+        episodes.append(pa.array(list(failed), scores.column("episode_id").type))
+    if not sum(len(e) for e in episodes):
+        return None
+    return pc.is_in(scores.column("episode_id"), value_set=pa.concat_arrays(episodes)).to_numpy(zero_copy_only=False)
+
+
+Rows = slice | np.ndarray  # every row, or the indices of some
+
+
+def _groups(*keys: np.ndarray) -> Iterator[tuple[tuple[int, ...], Rows]]:
+    """Each distinct combination of ``keys`` (code arrays of one length) and the rows that have it."""
+    if not len(keys[0]):
+        return
+    if all(np.all(key == key[0]) for key in keys):  # one group (one task, one metric): no copy of the columns
+        yield tuple(int(key[0]) for key in keys), slice(None)
+        return
+    order = np.lexsort(keys[::-1])
+    change = np.zeros(len(order), dtype=bool)
+    change[0] = True
+    for key in keys:
+        sorted_key = key[order]
+        change[1:] |= sorted_key[1:] != sorted_key[:-1]
+    del sorted_key
+    starts = np.flatnonzero(change).tolist()
+    for start, end in itertools.pairwise([*starts, len(order)]):
+        rows = order[start:end]
+        yield tuple(int(key[rows[0]]) for key in keys), rows
 
 
 def summarize(scores: pa.Table, summary_format: str = SUMMARY_FORMAT, failed: Collection[str] = ()) -> dict[str, Any]:
@@ -74,40 +121,45 @@ def summarize(scores: pa.Table, summary_format: str = SUMMARY_FORMAT, failed: Co
 
     ``failed``: episodes that failed (scored 0); each metric counts their observations as ``errors``,
     as it counts every row whose ``error`` column says why it scores 0 (a scorer that raised).
+    The columns are read as NumPy arrays of integer codes and values, with no Python object per row
+    (docs/design.md "Summary").
     """
     if summary_format not in METHODS:
         raise ValueError(f"unknown summary format {summary_format!r}; expected one of {sorted(METHODS)}")
     fmt = METHODS[summary_format]
-    failed = frozenset(failed)
-    cols = scores.select(["task", "item_id", "seed", "repeat", "metric", "value"]).to_pydict()
-    if "error" in scores.column_names:
-        failed |= {e for e, err in zip(scores.column("episode_id").to_pylist(), scores.column("error").to_pylist(),
-                                       strict=True) if err is not None}  # fmt: skip
-    episodes = scores.column("episode_id").to_pylist() if failed else [None] * scores.num_rows
-    grouped: dict[tuple[str, str], list[tuple[Any, Any, float]]] = {}
-    overall: dict[str, list[tuple[Any, Any, float]]] = {}
-    errors: Counter[tuple[str, str]] = Counter()
-    overall_errors: Counter[str] = Counter()
-    for episode, task, item, seed, repeat, metric, value in zip(
-        episodes, cols["task"], cols["item_id"], cols["seed"], cols["repeat"], cols["metric"], cols["value"],
-        strict=True,
-    ):  # fmt: skip
-        grouped.setdefault((task, metric), []).append((item, (seed, repeat), value))
-        overall.setdefault(metric, []).append(((task, item), (seed, repeat), value))
-        if episode in failed:
-            errors[(task, metric)] += 1
-            overall_errors[metric] += 1
+    value_column = scores.column("value")
+    if value_column.null_count:
+        raise ValueError(f"scores: {value_column.null_count} rows have no value")
+    values = value_column.to_numpy().astype(np.float64, copy=False)
+    if not np.all(np.isfinite(values)):  # summary.json holds finite numbers only
+        raise ValueError(f"scores: {int(np.count_nonzero(~np.isfinite(values)))} values are not finite numbers")
+    task, task_names = _codes(scores.column("task"))
+    metric, metric_names = _codes(scores.column("metric"))
+    task_names, metric_names = task_names.to_pylist(), metric_names.to_pylist()
+    item = _codes(scores.column("item_id"))[0]
+    seed, repeat = _codes(scores.column("seed"))[0], _codes(scores.column("repeat"))[0]
+    trial = seed.astype(np.int64) * (int(repeat.max(initial=0)) + 1) + repeat  # (seed, repeat)
+    del seed, repeat
+    errored = _failed_rows(scores, failed)
+
+    def record(rows: Rows, items: np.ndarray) -> dict[str, Any]:
+        group_values = values[rows]
+        by_item = GroupedValues.by_key(group_values, items[rows])
+        by_trial = GroupedValues.by_key(group_values, trial[rows])
+        errors = 0 if errored is None else int(np.count_nonzero(errored[rows]))
+        return _as_record(by_item, by_trial, fmt, errors)
+
+    per_task = {(task_names[t], metric_names[m]): rows for (t, m), rows in _groups(task, metric)}
     tasks: dict[str, dict[str, Any]] = {}
-    for (task, metric), values in sorted(grouped.items()):
-        tasks.setdefault(task, {})[metric] = _as_record(values, fmt, errors[(task, metric)])
-    summary = {
-        "format": summary_format,
-        "method": fmt.method,
-        "tasks": tasks,
-        "overall": {
-            metric: _as_record(values, fmt, overall_errors[metric]) for metric, values in sorted(overall.items())
-        },
-    }
+    for task_name, metric_name in sorted(per_task):
+        tasks.setdefault(task_name, {})[metric_name] = record(per_task[task_name, metric_name], item)
+    del per_task
+    per_metric = {metric_names[m]: rows for (m,), rows in _groups(metric)}
+    # the overall unit, (task, item): the item's code where there is one task
+    task_item = item if len(task_names) <= 1 else task.astype(np.int64) * (int(item.max(initial=0)) + 1) + item
+    del task
+    overall = {name: record(per_metric[name], task_item) for name in sorted(per_metric)}
+    summary = {"format": summary_format, "method": fmt.method, "tasks": tasks, "overall": overall}
     return Summary.model_validate(summary).as_record()
 
 
