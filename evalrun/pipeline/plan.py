@@ -132,6 +132,13 @@ class Plan(Sequence[Episode]):
     def __len__(self) -> int:
         return len(self._seeds) * self._repeats * len(self.items)
 
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Plan):
+            return NotImplemented
+        return len(self) == len(other) and all(a == b for a, b in zip(self, other, strict=True))
+
+    __hash__ = None  # type: ignore[assignment]
+
     @overload
     def __getitem__(self, index: int) -> Episode: ...
 

@@ -14,8 +14,11 @@ import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from functools import partial
 from pathlib import Path
 from typing import Any
+
+import pyarrow as pa
 
 from evalrun.config import REPO_ROOT, EvalConfig, ModelConfig, load_stored, parse_overrides, to_yaml, validate
 from evalrun.config.model import ResolvedModel, model_directory, resolve_model
@@ -44,8 +47,8 @@ from evalrun.records.formats import EpisodeCounts, Record, seal_of
 from evalrun.records.heads import Heads
 from evalrun.rundir import layout, reader, writer
 from evalrun.rundir.attest import attest_finished_run
-from evalrun.scoring import NORMALIZERS, SCORERS, make_scorer, score_columns, score_outputs
-from evalrun.stats.summary import summarize
+from evalrun.scoring import NORMALIZERS, SCORERS, make_scorer, score_columns, stream_scores
+from evalrun.stats.summary import summarize, summary_columns
 from evalrun.tasks import Task, load_task
 
 
@@ -331,6 +334,11 @@ def _part_durable(index: int) -> None:
 _COMMITTING: dict[str, Any] = {"background": True, "on_durable": _part_durable}
 
 
+def _write_scores(run: layout.RunDir, schema: pa.Schema, chunks: Iterator[pa.Table]) -> str:
+    """scores.parquet written a chunk at a time as the chunks are scored: the run never holds it whole."""
+    return writer.write_atomic_streamed(run.scores, lambda file: writer.write_parquet(file, schema, chunks))
+
+
 class _PlanPass:
     """One pass over the plan for a run's dispatch: the episodes not yet written, and what the end of the
     run checks the written episodes against (their count and the sum of their ids: a pass that never
@@ -397,10 +405,12 @@ def _complete(
 
     spec = config.task.scorer
     context = scoring_context(config, prepared.task, prepared.model, prepared.judge_model)
-    scores = score_outputs(reader.read_outputs(run, score_columns(spec)), spec, context)  # outputs freed here
     files = {name: file_sha256(run.path / name) for name in (layout.CONFIG, layout.MANIFEST)}
-    files[layout.SCORES] = writer.write_atomic(run.scores, writer.table_bytes(scores))
+    files[layout.SCORES] = stream_scores(reader.read_outputs(run, score_columns(spec)), spec, context,
+                                         partial(_write_scores, run))  # fmt: skip
+    scores = reader.read_scores(run, summary_columns(reader.scores_columns(run)), compact=True)
     files[layout.SUMMARY] = writer.write_json(run.summary, summarize(scores))  # failed episodes: see `error`
+    del scores
     files.update(parts.file_hashes)
     failpoints.hit("before-record")
     clock.lap("scoring")

@@ -121,18 +121,42 @@ def read_outputs(run: layout.RunDir, columns: list[str] | None = None) -> pa.Tab
         empty = OUTPUT_SCHEMA.empty_table()
         return empty if columns is None else empty.select(columns)
     try:
-        return pq.read_table([str(p) for p in parts], columns=columns, schema=OUTPUT_SCHEMA)
+        # a group of parts at a time, each group made one chunk: a chunk per part keeps (in the allocator)
+        # several times the memory of its rows when a run has thousands of small parts
+        groups = [parts[start : start + READ_GROUP_PARTS] for start in range(0, len(parts), READ_GROUP_PARTS)]
+        return pa.concat_tables([
+            pq.read_table([str(p) for p in group], columns=columns, schema=OUTPUT_SCHEMA).combine_chunks()
+            for group in groups
+        ])  # fmt: skip
     except (pa.ArrowException, OSError) as exc:
         raise _fail(layout.OUTPUTS, f"unreadable output parts ({exc})") from exc
 
 
-def read_scores(run: layout.RunDir, columns: list[str] | None = None) -> pa.Table:
-    """scores.parquet (``columns``, or all of them in today's schema: see :func:`with_error_column`)."""
+READ_GROUP_PARTS = 64
+
+
+REPEATED_SCORE_COLUMNS = ("task", "item_id", "metric")  # a few distinct values over many rows
+
+
+def scores_columns(run: layout.RunDir) -> list[str]:
+    """The columns scores.parquet holds."""
+    try:
+        return pq.read_schema(run.scores).names
+    except FileNotFoundError:
+        raise _fail(layout.SCORES, "missing") from None
+    except (pa.ArrowException, OSError) as exc:
+        raise _fail(layout.SCORES, f"unreadable ({exc})") from exc
+
+
+def read_scores(run: layout.RunDir, columns: list[str] | None = None, compact: bool = False) -> pa.Table:
+    """scores.parquet (``columns``, or all of them in today's schema: see :func:`with_error_column`);
+    ``compact``: the columns of few distinct values as dictionary arrays (the same values, a few bytes a row)."""
+    dictionary = list(REPEATED_SCORE_COLUMNS) if compact else None
     try:
         if columns is None:
-            return with_error_column(pq.read_table(run.scores))
+            return with_error_column(pq.read_table(run.scores, read_dictionary=dictionary))
         wanted = [c for c in columns if c != SCORE_ERROR_COLUMN or c in pq.read_schema(run.scores).names]
-        table = pq.read_table(run.scores, columns=wanted)
+        table = pq.read_table(run.scores, columns=wanted, read_dictionary=dictionary)
         return table if wanted == columns else with_error_column(table).select(columns)
     except FileNotFoundError:
         raise _fail(layout.SCORES, "missing") from None

@@ -13,10 +13,10 @@ import fcntl
 import os
 import queue
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, BinaryIO, TypeVar
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -38,9 +38,13 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _write_synced(path: Path, data: bytes) -> None:
+def _write_synced(path: Path, data: bytes | Callable[[BinaryIO], None]) -> None:
+    """``data``, or what ``data(file)`` writes, in ``path``, fsynced."""
     with open(path, "wb") as fh:
-        fh.write(data)
+        if callable(data):
+            data(fh)
+        else:
+            fh.write(data)
         fh.flush()
         os.fsync(fh.fileno())
 
@@ -53,7 +57,13 @@ def write_atomic(path: Path, data: bytes) -> str:
     return _commit_group([(path, data)])[0]
 
 
-def _commit_group(paths: list[tuple[Path, bytes]]) -> list[str]:
+def write_atomic_streamed(path: Path, write: Callable[[BinaryIO], None]) -> str:
+    """:func:`write_atomic` for a file written piece by piece by ``write(file)``, never whole in memory.
+    Whatever ``write`` raises leaves no temporary file behind."""
+    return _commit_group([(path, write)])[0]
+
+
+def _commit_group(paths: list[tuple[Path, bytes | Callable[[BinaryIO], None]]]) -> list[str]:
     """Commit files into one directory: every temporary written and fsynced, then renamed, then the
     directory fsynced once; returns their sha256s. A failure removes the temporaries not yet renamed."""
     temporaries = [(path.with_name(f".tmp-{path.name}"), path) for path, _ in paths]
@@ -66,17 +76,34 @@ def _commit_group(paths: list[tuple[Path, bytes]]) -> list[str]:
             at = path
             os.replace(tmp, path)
         _fsync_dir(at.parent)  # ``at``: the last file renamed, which this makes durable
-    except OSError as exc:
+    except BaseException as exc:
         for tmp, _ in temporaries:
             with contextlib.suppress(OSError):
                 tmp.unlink(missing_ok=True)
-        raise write_failed(at, exc) from exc
-    return [sha256_hex(data) for _, data in paths]
+        if isinstance(exc, OSError):
+            raise write_failed(at, exc) from exc
+        raise
+    return [file_sha256(path) if callable(data) else sha256_hex(data) for path, data in paths]
+
+
+def write_parquet(sink: Any, schema: pa.Schema, tables: Iterable[pa.Table]) -> None:
+    """Parquet (zstd) of ``tables`` in order, one row group per record batch (a run's scores are written
+    a chunk at a time: docs/design.md "Start-up and exit", driver memory); a table of one batch, or
+    none, is what ``pyarrow.parquet.write_table`` writes."""
+    with pq.ParquetWriter(sink, schema, compression="zstd") as out:
+        written = False
+        for table in tables:
+            for batch in table.to_batches():
+                if batch.num_rows:
+                    out.write_batch(batch)
+                    written = True
+        if not written:
+            out.write_table(schema.empty_table())
 
 
 def table_bytes(table: pa.Table) -> bytes:
     sink = pa.BufferOutputStream()
-    pq.write_table(table, sink, compression="zstd")
+    write_parquet(sink, table.schema, [table])
     return sink.getvalue().to_pybytes()
 
 

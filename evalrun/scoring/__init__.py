@@ -26,6 +26,7 @@ from evalrun.scoring.table import (
     score_columns,
     score_outputs,
     scorer_version,
+    stream_scores,
 )
 
 BUILTIN = (choice, normalizers, rubric, text, verifier)  # imported for their registrations
@@ -45,4 +46,5 @@ __all__ = [
     "scorer_version",
     "scoring_hash",
     "scoring_record",
+    "stream_scores",
 ]

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, TypeVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -32,17 +32,38 @@ def make_scorer(spec: ScorerConfig, context: ScoringContext | None = None) -> Ro
     return SCORERS.get(spec.name).build(spec, context or ScoringContext())
 
 
+T = TypeVar("T")
+
 SCORE_CHUNK_ROWS = 16384  # output rows turned into Python values at a time: bounds scoring's memory
 
 
 def score_outputs(outputs: pa.Table, spec: ScorerConfig, context: ScoringContext | None = None) -> pa.Table:
-    """Rows per (episode, metric), sorted by episode id so the table never depends on part order.
+    """Rows per (episode, metric), sorted by episode id so the table never depends on part order: the
+    chunks of :func:`stream_scores` as one (chunked) table."""
+    return stream_scores(outputs, spec, context, _one_table)
+
+
+def _one_table(schema: pa.Schema, chunks: Iterable[pa.Table]) -> pa.Table:
+    tables = list(chunks)
+    return pa.concat_tables(tables) if tables else schema.empty_table()
+
+
+class _ErrorColumnNeeded(Exception):
+    """A row scored 0 with an error after chunks were handed over without the ``error`` column."""
+
+
+def stream_scores(outputs: pa.Table, spec: ScorerConfig, context: ScoringContext | None,
+                  into: Callable[[pa.Schema, Iterator[pa.Table]], T]) -> T:  # fmt: skip
+    """``into(schema, chunks)`` with the scores of ``outputs`` as they are computed, ``SCORE_CHUNK_ROWS``
+    episodes at a time in episode-id order (so a run never holds its whole scores table; docs/design.md
+    "Scores"), and its result.
 
     An episode that failed, or whose row the scorer raised on, scores 0 on every metric with the
     reason in ``error`` (docs/design.md "Failed episodes"): one bad row never costs the others.
     Its metrics are those the scorer gives the first episode scored (the scorer's name when none was).
-    Rows are scored in episode-id order, ``SCORE_CHUNK_ROWS`` at a time, so that only the tables
-    (Arrow) hold every row (docs/design.md "Scores").
+    The ``error`` column is left out when no row has one, so runs without errors keep their bytes: when
+    a scorer raises after chunks went to ``into`` without it, ``into`` is called again from the start
+    with it (the iterator it had raises, and what it made of it is to be discarded).
     """
     entry = SCORERS.get(spec.name)
     score_row = make_scorer(spec, context)
@@ -63,37 +84,45 @@ def score_outputs(outputs: pa.Table, spec: ScorerConfig, context: ScoringContext
 
     metrics = _first_metrics(chunks(), rows, score_row)
     metrics = [spec.name] if metrics is None else metrics
-    tables: list[pa.Table] = []
-    any_error = False
-    for chunk in chunks():
-        table: dict[str, list[Any]] = {name: [] for name in (*IDENTITY_COLUMNS, "metric", "value", "extracted")}
-        errors: list[str | None] = []
-        for i, (failed, row, columns) in enumerate(rows(chunk)):
-            error = EPISODE_FAILED if failed else None
-            scores: list[Score] = []
-            if error is None:
-                try:
-                    scores = score_row(row)
-                except Exception as exc:  # any fault of the scorer on this row is this episode's, recorded as its error
-                    error = scorer_error(spec.name, exc)
-            if error is not None:
-                scores = [Score(metric, 0.0, None) for metric in metrics]
-                any_error = True
-            for score in scores:
-                for name in IDENTITY_COLUMNS:
-                    table[name].append(columns[name][i])
-                table["metric"].append(score.metric)
-                table["value"].append(score.value)
-                table["extracted"].append(score.extracted)
-                errors.append(error)
-        n = len(errors)
-        tables.append(pa.table({**table, "scorer": [spec.name] * n, "scorer_version": [entry.version] * n,
-                                SCORE_ERROR_COLUMN: errors}, schema=SCORES_SCHEMA))  # fmt: skip
-    # chunked: a copy into one chunk would double the peak, and Parquet writes the same bytes either way
-    scores = pa.concat_tables(tables) if tables else SCORES_SCHEMA.empty_table()
-    if not any_error:  # left out when no episode has one, so runs without errors keep their bytes
-        return scores.drop_columns([SCORE_ERROR_COLUMN])
-    return scores
+
+    def scored(with_error: bool) -> Iterator[pa.Table]:
+        schema = SCORES_SCHEMA if with_error else _WITHOUT_ERROR
+        for chunk in chunks():
+            table: dict[str, list[Any]] = {name: [] for name in (*IDENTITY_COLUMNS, "metric", "value", "extracted")}
+            errors: list[str | None] = []
+            for i, (failed, row, columns) in enumerate(rows(chunk)):
+                error = EPISODE_FAILED if failed else None
+                scores: list[Score] = []
+                if error is None:
+                    try:
+                        scores = score_row(row)
+                    except Exception as exc:  # any fault of the scorer on this row is this episode's, its error
+                        error = scorer_error(spec.name, exc)
+                if error is not None:
+                    if not with_error:
+                        raise _ErrorColumnNeeded
+                    scores = [Score(metric, 0.0, None) for metric in metrics]
+                for score in scores:
+                    for name in IDENTITY_COLUMNS:
+                        table[name].append(columns[name][i])
+                    table["metric"].append(score.metric)
+                    table["value"].append(score.value)
+                    table["extracted"].append(score.extracted)
+                    errors.append(error)
+            n = len(errors)
+            common = {**table, "scorer": [spec.name] * n, "scorer_version": [entry.version] * n}
+            yield pa.table({**common, SCORE_ERROR_COLUMN: errors} if with_error else common, schema=schema)
+
+    any_failed = marked and pc.any(pc.equal(selected.column("finish_reason"), FAILED_FINISH_REASON)).as_py()
+    if not any_failed:
+        try:
+            return into(_WITHOUT_ERROR, scored(with_error=False))
+        except _ErrorColumnNeeded:
+            pass
+    return into(SCORES_SCHEMA, scored(with_error=True))
+
+
+_WITHOUT_ERROR = SCORES_SCHEMA.remove(SCORES_SCHEMA.get_field_index(SCORE_ERROR_COLUMN))
 
 
 def _first_metrics(

@@ -116,6 +116,12 @@ def _groups(*keys: np.ndarray) -> Iterator[tuple[tuple[int, ...], Rows]]:
         yield tuple(int(key[rows[0]]) for key in keys), rows
 
 
+def summary_columns(available: Collection[str]) -> list[str]:
+    """The columns of a scores table :func:`summarize` reads, of those ``available``."""
+    wanted = ["task", "item_id", "seed", "repeat", "metric", "value"]
+    return [*wanted, "episode_id", "error"] if "error" in available else wanted
+
+
 def summarize(scores: pa.Table, summary_format: str = SUMMARY_FORMAT, failed: Collection[str] = ()) -> dict[str, Any]:
     """The summary of a scores table in ``summary_format`` (ValueError for a format this code does not know).
 
