@@ -2,14 +2,18 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from evalrun.config import ScorerConfig
-from evalrun.records.outputs import SCORES_SCHEMA
-from evalrun.scoring import Score, make_scorer, score_outputs
+from evalrun.records.outputs import SCORE_ERROR_COLUMN, SCORES_SCHEMA
+from evalrun.rundir import writer
+from evalrun.scoring import Score, make_scorer, score_outputs, stream_scores, table
 from evalrun.stats.estimates import Z_95, estimate, pass_all_trials
 from evalrun.stats.summary import summarize
 
@@ -57,6 +61,47 @@ def test_scores_do_not_depend_on_row_order() -> None:
     assert a.equals(b)
     assert a.column("episode_id").to_pylist() == ["a", "b", "c"]
     assert a.column("value").to_pylist() == [0.0, 1.0, 1.0]
+
+
+def test_scores_stream_a_row_group_per_chunk_and_start_again_when_a_scorer_raises_late(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A run writes its scores a chunk at a time; a scorer that raises on the 6th of 8 episodes, after chunks
+    went out without the error column, makes the file start again with it; a rescore writes the same bytes."""
+    monkeypatch.setattr(table, "SCORE_CHUNK_ROWS", 2)
+    rows = {
+        "episode_id": [f"e{i}" for i in range(8)], "task": ["t"] * 8, "item_id": [str(i) for i in range(8)],
+        "seed": [0] * 8, "repeat": [0] * 8, "output": [" 1"] * 5 + [" boom"] + [" 1"] * 2, "target": ["1"] * 8,
+    }  # fmt: skip
+    settings = spec(name="number")
+
+    real_scorer = table.make_scorer
+
+    def raising_on_boom(*args: Any) -> Callable[[dict[str, Any]], list[Score]]:
+        score_row = real_scorer(*args)
+
+        def score(row: dict[str, Any]) -> list[Score]:
+            if "boom" in row["output"]:
+                raise ValueError("no number")
+            return score_row(row)
+
+        return score
+
+    monkeypatch.setattr(table, "make_scorer", raising_on_boom)
+    path = tmp_path / "scores.parquet"
+    calls: list[pa.Schema] = []
+
+    def write(schema: pa.Schema, chunks: Iterator[pa.Table]) -> None:
+        calls.append(schema)
+        with path.open("wb") as file:
+            writer.write_parquet(file, schema, chunks)
+
+    stream_scores(pa.table(rows), settings, None, write)
+    assert [SCORE_ERROR_COLUMN in schema.names for schema in calls] == [False, True]
+    assert pq.read_metadata(path).num_row_groups == 4
+    whole = score_outputs(pa.table(rows), settings)
+    assert pq.read_table(path).equals(whole) and writer.table_bytes(whole) == path.read_bytes()
+    assert whole.column(SCORE_ERROR_COLUMN).to_pylist()[5].startswith("scorer number raised ValueError")
 
 
 def test_estimate_uses_items_as_the_unit() -> None:
