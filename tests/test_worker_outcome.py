@@ -5,17 +5,37 @@ limit for returning a result inline (docs/design.md "Data flow")."""
 from __future__ import annotations
 
 import pickle
+from typing import Any
 
+from evalrun.engines import Completion, GenerationRequest, SamplingSpec
 from evalrun.pipeline.encode import Provenance, encode_part
 from evalrun.pipeline.harness import run_episodes
+from evalrun.pipeline.plan import Episode, episode_id
 from evalrun.pipeline.worker import BatchOutcome
-from tests.test_harness_stream import GENERATOR, Queueing, episodes
 
 RAY_INLINE_RESULT_LIMIT = 100 * 1024  # Ray's max_direct_call_object_size default
 
 
+class Answers:
+    """Completions that depend on the prompt alone."""
+
+    def generate(self, requests: list[GenerationRequest]) -> list[Completion]:
+        return [Completion(f" {len(r.prompt)}", (len(r.prompt), 2), (-0.5, -0.015625), "stop", 9) for r in requests]
+
+    def loglikelihood(self, requests: list[Any]) -> list[Any]:
+        raise NotImplementedError
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": "answers", "version": "1", "settings": {}}
+
+
 def outcome(n: int) -> BatchOutcome:
-    results = run_episodes(Queueing(), episodes([f"What is {i} + {i}?" for i in range(n)]), GENERATOR)
+    planned = []
+    for i in range(n):
+        spec = SamplingSpec(0.0, 1.0, 0, 8, ("\n",), 1000 + i, True)
+        planned.append(Episode(episode_id("t", f"i-{i}", 0, 0, {"sampling": str(spec.seed)}), "t", f"i-{i}", 0, 0,
+                               f"What is {i} + {i}?", str(2 * i), spec))  # fmt: skip
+    results = run_episodes(Answers(), planned, {"name": "evalrun", "version": "outcome-test", "git_commit": None})
     part = encode_part(results, Provenance("ray-0@host:1", '{"cpu":"test"}', n, 0.1))
     return BatchOutcome(part, n, "ray-0@host:1")
 
