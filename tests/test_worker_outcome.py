@@ -5,13 +5,14 @@ limit for returning a result inline (docs/design.md "Data flow")."""
 from __future__ import annotations
 
 import pickle
+from dataclasses import dataclass, replace
 from typing import Any
 
 from evalrun.engines import Completion, GenerationRequest, SamplingSpec
 from evalrun.pipeline.encode import Provenance, encode_part
 from evalrun.pipeline.harness import run_episodes
 from evalrun.pipeline.plan import Episode, episode_id
-from evalrun.pipeline.worker import BatchOutcome
+from evalrun.pipeline.worker import BatchOutcome, pack_batch
 
 RAY_INLINE_RESULT_LIMIT = 100 * 1024  # Ray's max_direct_call_object_size default
 
@@ -29,13 +30,18 @@ class Answers:
         return {"name": "answers", "version": "1", "settings": {}}
 
 
-def outcome(n: int) -> BatchOutcome:
+def outcome_episodes(n: int) -> list[Episode]:
     planned = []
     for i in range(n):
         spec = SamplingSpec(0.0, 1.0, 0, 8, ("\n",), 1000 + i, True)
         planned.append(Episode(episode_id("t", f"i-{i}", 0, 0, {"sampling": str(spec.seed)}), "t", f"i-{i}", 0, 0,
                                f"What is {i} + {i}?", str(2 * i), spec))  # fmt: skip
-    results = run_episodes(Answers(), planned, {"name": "evalrun", "version": "outcome-test", "git_commit": None})
+    return planned
+
+
+def outcome(n: int) -> BatchOutcome:
+    generator = {"name": "evalrun", "version": "outcome-test", "git_commit": None}
+    results = run_episodes(Answers(), outcome_episodes(n), generator)
     part = encode_part(results, Provenance("ray-0@host:1", '{"cpu":"test"}', n, 0.1))
     return BatchOutcome(part, n, "ray-0@host:1")
 
@@ -53,3 +59,15 @@ def test_a_batch_of_64_is_returned_inline_by_ray() -> None:
     size = len(pickle.dumps(sent))
     assert size < RAY_INLINE_RESULT_LIMIT
     assert size < (len(sent.part.log) + len(sent.part.table)) / 2  # the log, most of it, travels compressed
+
+
+def test_a_packed_batch_unpacks_to_the_same_episodes_even_with_a_class_pickle_cannot_name() -> None:
+    batch = outcome_episodes(3)
+    assert pickle.loads(pack_batch(batch)) == batch
+
+    @dataclass(frozen=True)
+    class Local:  # a class plain pickle cannot find by name: Ray's cloudpickle ships it by value
+        n: int
+
+    odd = [replace(batch[0], fields={"local": Local(1)})]
+    assert pickle.loads(pack_batch(odd)) == odd
