@@ -3,9 +3,11 @@
 (a) The default model, 1,000 episodes: Ray dispatch with one engine worker vs the inline
     dispatcher (engine in the driver), alternating rounds; prints the throughput ratio ray/inline.
 (b) A fixed-latency stand-in engine (sleeps LATENCY per batch, returns canned completions) on 1, 2,
-    4 and 8 Ray workers: parallel efficiency = throughput(N) / (N x throughput(1)), the driver's
-    CPU time per episode (plan excluded; dispatch, chains arriving, parts, scoring, record included),
-    and the seconds the driver waited for parts to be committed and spent scoring (record.json's timings).
+    4 and 8 Ray workers (each warmed with a batch first): parallel efficiency = throughput(N) /
+    (N x throughput(1)) over the whole run (plan excluded; dispatch, chains arriving, parts, scoring,
+    record included: the issue's figure), the driver's CPU time per episode, and on a second line the
+    same efficiency of the dispatch loop alone (record.json's timings generation + writing: batches
+    sent, answered and committed; the serial scoring and records phases left out) with every phase.
 
 (c) ``--scale N,N,...``: the driver's memory and cost against the episode count. Each size runs in
     its own process (the default task's 200 items x ceil(N / 200) seeds, inline dispatcher, the
