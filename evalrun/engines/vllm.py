@@ -55,13 +55,18 @@ def _finite(value: float) -> float | None:
 def _completion(out: Any) -> Completion:
     """A vLLM ``RequestOutput`` as a completion: its first (only) choice."""
     choice = out.outputs[0]
-    token_ids = tuple(int(t) for t in choice.token_ids)
-    logprobs: tuple[float, ...] = ()
+    token_ids = tuple(map(int, choice.token_ids))
+    logprobs: tuple[float | None, ...] = ()
     if choice.logprobs is not None:
-        steps = zip(choice.logprobs, token_ids, strict=True)
-        logprobs = tuple(_finite(float(step[tok].logprob)) for step, tok in steps)
+        if len(choice.logprobs) != len(token_ids):
+            raise ValueError(f"vLLM returned {len(choice.logprobs)} logprobs for {len(token_ids)} tokens")
+        logprobs = tuple(map(_finite, map(float, map(_chosen_logprob, choice.logprobs, token_ids))))
     return Completion(text=choice.text, token_ids=token_ids, logprobs=logprobs, finish_reason=str(choice.finish_reason),
                       prompt_tokens=len(out.prompt_token_ids or ()))  # fmt: skip
+
+
+def _chosen_logprob(step: Any, token: int) -> float:
+    return step[token].logprob
 
 
 @engine("vllm")
@@ -159,6 +164,9 @@ class VLLMEngine:
         return 2 * self._max_num_seqs
 
     def _params(self, requests: list[GenerationRequest]) -> list[Any]:
+        """One ``SamplingParams`` per request, made for it alone: ``skip_clone`` spares vLLM's deep copy of
+        each (its guard for params shared between requests, about 30-55 us a request on a CPU core); vLLM
+        then resolves defaults on this object itself, which nothing else uses. No output changes."""
         return [
             self._sampling_params(
                 temperature=r.sampling.temperature,
@@ -168,6 +176,7 @@ class VLLMEngine:
                 stop=list(r.sampling.stop),
                 seed=r.sampling.seed,
                 logprobs=0 if r.sampling.logprobs else None,
+                skip_clone=True,
             )
             for r in requests
         ]

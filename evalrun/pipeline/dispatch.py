@@ -27,7 +27,7 @@ from evalrun.engines import logs
 from evalrun.errors import first_line
 from evalrun.pipeline.plan import Episode
 from evalrun.pipeline.raylocal import start_local
-from evalrun.pipeline.worker import BatchOutcome, CollectedLogs, EngineWorker, WorkerSpec
+from evalrun.pipeline.worker import BatchOutcome, CollectedLogs, EngineWorker, WorkerSpec, pack_batch
 from evalrun.records.canonical import canonical_hash
 
 LOG_TIMEOUT_S = 30.0  # how long the driver waits for a worker's log at the end of a run
@@ -198,7 +198,8 @@ class RayDispatcher:
             while slot.live and slot.load < self._max_in_flight and (taken := take()) is not None:
                 number, batch = taken
                 attempts[number] = attempts.get(number, 0) + 1
-                in_flight[slot.actor.run.remote(batch, generator)] = (slot, slot.actor, number, batch)
+                ref = slot.actor.run_packed.remote(pack_batch(batch), generator)
+                in_flight[ref] = (slot, slot.actor, number, batch)
                 slot.load += 1
 
         def replace(slot: _Slot, actor: Any, error: BaseException) -> None:
