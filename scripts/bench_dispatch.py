@@ -98,6 +98,7 @@ def part_b(latency: float, batch_size: int, seeds: int, worker_counts: list[int]
             return type(prepared)(**{**prepared.__dict__, "worker_spec": spec})
 
         prepared = stand_in(f"seeds.set=[{','.join(map(str, range(seeds)))}]")
+        prepared = type(prepared)(**{**prepared.__dict__, "episodes": list(prepared.episodes)})  # plan excluded
         dispatcher = RayDispatcher(prepared.worker_spec, prepared.config.cluster)
         # Warm-up: first calls, imports (a worker's first part imports pandas through pyarrow: about 0.5 s of
         # CPU), part writer. Every worker gets a batch: the dispatcher hands max_in_flight to each in turn.

@@ -37,6 +37,10 @@ def measure(prepared: Prepared, dispatcher: InlineDispatcher, rounds: int) -> li
     engine = dispatcher.worker.engine
     from vllm import SamplingParams
 
+    # The raw side starts from its prompts in a list; the run path makes its episodes from the plan as it
+    # dispatches them (pipeline.plan.Plan), and that counts.
+    episodes = list(prepared.episodes)
+
     def raw_generate() -> None:
         # What a raw vLLM user writes for the same work: per-request seeded params, one call.
         params = [
@@ -48,9 +52,9 @@ def measure(prepared: Prepared, dispatcher: InlineDispatcher, rounds: int) -> li
                 seed=e.sampling.seed,
                 logprobs=0,
             )
-            for e in prepared.episodes
+            for e in episodes
         ]
-        engine.llm.generate([e.prompt for e in prepared.episodes], params, use_tqdm=False)
+        engine.llm.generate([e.prompt for e in episodes], params, use_tqdm=False)
 
     def run_path() -> None:
         execute(prepared, dispatcher)

@@ -124,8 +124,10 @@ def read_outputs(run: layout.RunDir, columns: list[str] | None = None) -> pa.Tab
         # a group of parts at a time, each group made one chunk: a chunk per part keeps (in the allocator)
         # several times the memory of its rows when a run has thousands of small parts
         groups = [parts[start : start + READ_GROUP_PARTS] for start in range(0, len(parts), READ_GROUP_PARTS)]
+        # pre_buffer=False: the files are local; coalescing reads is for object stores
         return pa.concat_tables([
-            pq.read_table([str(p) for p in group], columns=columns, schema=OUTPUT_SCHEMA).combine_chunks()
+            pq.read_table([str(p) for p in group], columns=columns, schema=OUTPUT_SCHEMA,
+                          pre_buffer=False).combine_chunks()
             for group in groups
         ])  # fmt: skip
     except (pa.ArrowException, OSError) as exc:

@@ -72,25 +72,26 @@ def stream_scores(outputs: pa.Table, spec: ScorerConfig, context: ScoringContext
     selected = outputs.select(sorted({*entry.columns, "finish_reason"} if marked else set(entry.columns)))
     order = pc.sort_indices(selected, sort_keys=[("episode_id", "ascending")])  # stable, as sorted() was
 
-    def rows(chunk: pa.Table) -> Iterator[tuple[bool, dict[str, Any], dict[str, list[Any]]]]:
-        columns = chunk.to_pydict()
-        failed = [r == FAILED_FINISH_REASON for r in columns["finish_reason"]] if marked else [False] * chunk.num_rows
-        for i, values in enumerate(zip(*(columns[name] for name in entry.reads), strict=True)):
-            yield failed[i], dict(zip(entry.reads, values, strict=True)), columns
+    def rows(chunk: pa.Table) -> Iterator[tuple[bool, dict[str, Any]]]:
+        columns = [chunk.column(name).to_pylist() for name in entry.reads]  # only what the scorer reads
+        failed = [r == FAILED_FINISH_REASON for r in chunk.column("finish_reason").to_pylist()] if marked else None
+        for i, values in enumerate(zip(*columns, strict=True)):
+            yield failed is not None and failed[i], dict(zip(entry.reads, values, strict=True))
 
-    def chunks() -> Iterator[pa.Table]:
-        for start in range(0, len(order), SCORE_CHUNK_ROWS):
-            yield selected.take(order[start : start + SCORE_CHUNK_ROWS])
+    def chunks(size: int) -> Iterator[pa.Table]:
+        for start in range(0, len(order), size):
+            yield selected.take(order[start : start + size])
 
-    metrics = _first_metrics(chunks(), rows, score_row)
+    metrics = _first_metrics(chunks(64), rows, score_row)  # the first rows almost always give them
     metrics = [spec.name] if metrics is None else metrics
 
     def scored(with_error: bool) -> Iterator[pa.Table]:
         schema = SCORES_SCHEMA if with_error else _WITHOUT_ERROR
-        for chunk in chunks():
-            table: dict[str, list[Any]] = {name: [] for name in (*IDENTITY_COLUMNS, "metric", "value", "extracted")}
+        for chunk in chunks(SCORE_CHUNK_ROWS):
+            table: dict[str, list[Any]] = {"metric": [], "value": [], "extracted": []}
             errors: list[str | None] = []
-            for i, (failed, row, columns) in enumerate(rows(chunk)):
+            per_row: list[int] = []  # score rows per output row
+            for failed, row in rows(chunk):
                 error = EPISODE_FAILED if failed else None
                 scores: list[Score] = []
                 if error is None:
@@ -102,15 +103,20 @@ def stream_scores(outputs: pa.Table, spec: ScorerConfig, context: ScoringContext
                     if not with_error:
                         raise _ErrorColumnNeeded
                     scores = [Score(metric, 0.0, None) for metric in metrics]
+                per_row.append(len(scores))
                 for score in scores:
-                    for name in IDENTITY_COLUMNS:
-                        table[name].append(columns[name][i])
                     table["metric"].append(score.metric)
                     table["value"].append(score.value)
                     table["extracted"].append(score.extracted)
                     errors.append(error)
+            # each score row's episode columns, taken in Arrow from its output row (no copy when one each)
+            identity = chunk.select(list(IDENTITY_COLUMNS))
+            if any(count != 1 for count in per_row):
+                identity = identity.take(pa.array([i for i, count in enumerate(per_row) for _ in range(count)],
+                                                  pa.int64()))  # fmt: skip
             n = len(errors)
-            common = {**table, "scorer": [spec.name] * n, "scorer_version": [entry.version] * n}
+            columns = {name: identity.column(name).cast(schema.field(name).type) for name in IDENTITY_COLUMNS}
+            common = {**columns, **table, "scorer": [spec.name] * n, "scorer_version": [entry.version] * n}
             yield pa.table({**common, SCORE_ERROR_COLUMN: errors} if with_error else common, schema=schema)
 
     any_failed = marked and pc.any(pc.equal(selected.column("finish_reason"), FAILED_FINISH_REASON)).as_py()
@@ -126,13 +132,11 @@ _WITHOUT_ERROR = SCORES_SCHEMA.remove(SCORES_SCHEMA.get_field_index(SCORE_ERROR_
 
 
 def _first_metrics(
-    chunks: Iterator[pa.Table],
-    rows: Callable[[pa.Table], Iterator[tuple[bool, dict[str, Any], dict[str, list[Any]]]]],
-    score_row: RowScorer,
+    chunks: Iterator[pa.Table], rows: Callable[[pa.Table], Iterator[tuple[bool, dict[str, Any]]]], score_row: RowScorer
 ) -> list[str] | None:
     """The metrics of the first episode (in episode-id order) the scorer scores; None when it scores none."""
     for chunk in chunks:
-        for failed, row, _ in rows(chunk):
+        for failed, row in rows(chunk):
             if failed:
                 continue
             try:
