@@ -11,7 +11,7 @@ import json
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import FrozenInstanceError
 from pathlib import Path
 from typing import Any
@@ -146,13 +146,17 @@ def test_one_decorated_class_or_function_adds_an_engine_dispatcher_scorer_and_no
         def describe(self) -> dict[str, Any]:
             return {"name": "echo", "version": "0", "settings": self.settings}
 
-    batches: list[int] = []
+    batches: list[int] = []  # each batch's size, as the dispatcher takes it
 
     @dispatcher("counting")
     class CountingDispatcher(InlineDispatcher):
-        def map(self, batches_: list[list[Any]], generator: dict[str, Any]) -> Iterator[Any]:
-            batches.append(len(batches_))
-            yield from super().map(batches_, generator)
+        def map(self, batches_: Iterable[list[Any]], generator: dict[str, Any]) -> Iterator[Any]:
+            def counted() -> Iterator[list[Any]]:
+                for batch in batches_:
+                    batches.append(len(batch))
+                    yield batch
+
+            yield from super().map(counted(), generator)
 
     @normalizer("shout")
     def shout(text: str) -> str:
@@ -169,7 +173,7 @@ def test_one_decorated_class_or_function_adds_an_engine_dispatcher_scorer_and_no
                  "task.scorer.name=length", "task.scorer.normalize=[strip,shout]", "determinism=off",
                  f"run.root={tmp_path}", "run.progress=false"]  # fmt: skip
     run = execute(prepare(load(overrides)))
-    assert batches == [2]  # 3 episodes in batches of 2
+    assert batches == [2, 1]  # 3 episodes in batches of 2
     manifest = json.loads((run / "manifest.json").read_text())
     assert manifest["engine"]["name"] == "echo" and manifest["cluster"]["name"] == "counting"
     scores = pq.read_table(run / "scores.parquet").to_pydict()

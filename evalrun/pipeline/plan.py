@@ -106,7 +106,7 @@ class Plan(Sequence[Episode]):
     """Every episode of a run, seeds x repeats x items in that order, each made when it is asked for.
 
     Only the per-item part is held, so a plan of a million episodes takes the memory of its items
-    (docs/design.md "Start-up and exit": driver memory); an episode is the same object whenever it is made.
+    (docs/design.md "Start-up and exit": driver memory); an episode made again is equal to what it was.
     """
 
     def __init__(self, task: Task, items: tuple[PlannedItem, ...], decoding: DecodingConfig, seeds: SeedsConfig,
