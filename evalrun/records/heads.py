@@ -13,7 +13,7 @@ from evalrun.records.merkle import leaf_hash, root_of_leaf_hashes
 DIGEST_BYTES = 32
 
 
-def digest_bytes(text: str, what: str) -> bytes:
+def _digest_bytes(text: str, what: str) -> bytes:
     """A sha256 hex digest as its 32 bytes; ValueError naming ``what`` for anything else."""
     try:
         raw = bytes.fromhex(text)
@@ -38,9 +38,9 @@ class Heads:
     def add(self, pairs: Iterable[tuple[str, str]]) -> None:
         ids, heads, total = bytearray(), bytearray(), 0
         for episode, head in pairs:
-            raw = digest_bytes(episode, "episode id")
+            raw = _digest_bytes(episode, "episode id")
             ids += raw
-            heads += digest_bytes(head, "head")
+            heads += _digest_bytes(head, "head")
             total += int.from_bytes(raw, "big")
         self._ids += ids
         self._heads += heads
@@ -54,9 +54,6 @@ class Heads:
         for start in range(0, len(self._ids), DIGEST_BYTES):
             end = start + DIGEST_BYTES
             yield self._ids[start:end].hex(), self._heads[start:end].hex()
-
-    def ids(self) -> set[str]:
-        return {episode for episode, _ in self.items()}
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Heads) and sorted(self.items()) == sorted(other.items())
