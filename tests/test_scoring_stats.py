@@ -63,11 +63,12 @@ def test_scores_do_not_depend_on_row_order() -> None:
     assert a.column("value").to_pylist() == [0.0, 1.0, 1.0]
 
 
-def test_scores_stream_a_row_group_per_chunk_and_start_again_when_a_scorer_raises_late(
+def test_scores_stream_a_row_group_per_chunk_and_a_late_scorer_error_is_known_before_the_first(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    """A run writes its scores a chunk at a time; a scorer that raises on the 6th of 8 episodes, after chunks
-    went out without the error column, makes the file start again with it; a rescore writes the same bytes."""
+    """Scores go out a chunk of episodes at a time; a scorer that raises on the 6th of 8 episodes puts the
+    error column in the file from its first row group (rows are scored before any goes out); rows added
+    in any order and any number at a time give the same bytes."""
     monkeypatch.setattr(table, "SCORE_CHUNK_ROWS", 2)
     rows = {
         "episode_id": [f"e{i}" for i in range(8)], "task": ["t"] * 8, "item_id": [str(i) for i in range(8)],
@@ -97,11 +98,22 @@ def test_scores_stream_a_row_group_per_chunk_and_start_again_when_a_scorer_raise
             writer.write_parquet(file, schema, chunks)
 
     stream_scores(pa.table(rows), settings, None, write)
-    assert [SCORE_ERROR_COLUMN in schema.names for schema in calls] == [False, True]
+    assert [SCORE_ERROR_COLUMN in schema.names for schema in calls] == [True]
     assert pq.read_metadata(path).num_row_groups == 4
     whole = score_outputs(pa.table(rows), settings)
     assert pq.read_table(path).equals(whole) and writer.table_bytes(whole) == path.read_bytes()
     assert whole.column(SCORE_ERROR_COLUMN).to_pylist()[5].startswith("scorer number raised ValueError")
+    assert whole.column("value").to_pylist() == [1.0] * 5 + [0.0] + [1.0] * 2
+    scoring = table.Scoring(settings)
+    for rows_of_a_part in ([7], [3, 4], [0], [5, 6, 1], [2]):  # parts as they arrive: any order, any size
+        scoring.add(pa.table(rows).take(rows_of_a_part))
+    assert scoring.into(_one_file) == path.read_bytes()
+
+
+def _one_file(schema: pa.Schema, chunks: Iterator[pa.Table]) -> bytes:
+    sink = pa.BufferOutputStream()
+    writer.write_parquet(sink, schema, chunks)
+    return bytes(sink.getvalue().to_pybytes())
 
 
 def test_estimate_uses_items_as_the_unit() -> None:

@@ -22,6 +22,7 @@ from evalrun.scoring.digest import scoring_hash, scoring_record
 from evalrun.scoring.registry import NORMALIZERS, SCORERS, Score, Scorer, normalizer, scorer
 from evalrun.scoring.table import (
     SCORES_SCHEMA,
+    Scoring,
     make_scorer,
     score_columns,
     score_outputs,
@@ -37,6 +38,7 @@ __all__ = [
     "SCORES_SCHEMA",
     "Score",
     "Scorer",
+    "Scoring",
     "ScoringContext",
     "make_scorer",
     "normalizer",

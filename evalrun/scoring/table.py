@@ -11,7 +11,7 @@ import pyarrow.compute as pc
 from evalrun.config import ScorerConfig
 from evalrun.records.outputs import FAILED_FINISH_REASON, SCORE_ERROR_COLUMN, SCORES_SCHEMA
 from evalrun.scoring.context import ScoringContext
-from evalrun.scoring.registry import IDENTITY_COLUMNS, NORMALIZERS, SCORERS, RowScorer, Score
+from evalrun.scoring.registry import IDENTITY_COLUMNS, NORMALIZERS, SCORERS, RowScorer
 
 
 def scorer_version(spec: ScorerConfig) -> str:
@@ -34,7 +34,139 @@ def make_scorer(spec: ScorerConfig, context: ScoringContext | None = None) -> Ro
 
 T = TypeVar("T")
 
-SCORE_CHUNK_ROWS = 16384  # output rows turned into Python values at a time: bounds scoring's memory
+SCORE_CHUNK_ROWS = 16384  # episodes per row group of scores.parquet, and per step of scoring a table
+COMBINE_ROWS = 4096  # scored episodes gathered into one Arrow chunk (a chunk per small part wastes memory)
+
+# A scored episode, until the end: its identity, its scores as lists, and its error (None when scored).
+_METRICS, _VALUES, _EXTRACTED = "metric", "value", "extracted"
+_SCORED_SCHEMA = pa.schema([
+    *(SCORES_SCHEMA.field(name) for name in IDENTITY_COLUMNS),
+    pa.field(_METRICS, pa.list_(SCORES_SCHEMA.field(_METRICS).type)),
+    pa.field(_VALUES, pa.list_(SCORES_SCHEMA.field(_VALUES).type)),
+    pa.field(_EXTRACTED, pa.list_(SCORES_SCHEMA.field(_EXTRACTED).type)),
+    SCORES_SCHEMA.field(SCORE_ERROR_COLUMN),
+])  # fmt: skip
+_WITHOUT_ERROR = SCORES_SCHEMA.remove(SCORES_SCHEMA.get_field_index(SCORE_ERROR_COLUMN))
+
+
+class Scoring:
+    """Scores output rows as they come, in any order and any number at a time (a run scores each part
+    as it is committed), and hands them over at the end sorted by episode id (docs/design.md "Scores").
+
+    Each episode is kept as one row: its identity, its metrics, values and extracted answers as lists, and
+    its error. An episode that failed, or whose row the scorer raised on, has no scores until the end,
+    then scores 0 on the metrics of the first episode (in episode-id order) the scorer scored (the
+    scorer's name when it scored none), with the reason in ``error`` (docs/design.md "Failed episodes"):
+    one bad row never costs the others.
+    """
+
+    def __init__(self, spec: ScorerConfig, context: ScoringContext | None = None) -> None:
+        self._spec = spec
+        self._entry = SCORERS.get(spec.name)
+        self._score_row = make_scorer(spec, context)
+        self._tables: list[pa.Table] = []
+        self._pending: list[pa.Table] = []
+        self._pending_rows = 0
+
+    def add(self, outputs: pa.Table) -> None:
+        """Score output rows (the columns of :func:`score_columns`; ``finish_reason`` may be left out)."""
+        reads = self._entry.reads
+        columns = [outputs.column(name).to_pylist() for name in reads]  # only what the scorer reads
+        failed = (pc.equal(outputs.column("finish_reason"), FAILED_FINISH_REASON).to_pylist()
+                  if "finish_reason" in outputs.column_names else [False] * outputs.num_rows)  # fmt: skip
+        offsets, metrics, values, extracted = [0], [], [], []  # the episodes' scores, flat, as list arrays are
+        errors: list[str | None] = []
+        for cells, episode_failed in zip(zip(*columns, strict=True), failed, strict=True):
+            scores, error = [], EPISODE_FAILED if episode_failed else None
+            if error is None:
+                try:
+                    scores = self._score_row(dict(zip(reads, cells, strict=True)))
+                except Exception as exc:  # any fault of the scorer on this row is this episode's, its error
+                    error = scorer_error(self._spec.name, exc)
+            for score in scores:
+                metrics.append(score.metric)
+                values.append(score.value)
+                extracted.append(score.extracted)
+            offsets.append(len(metrics))
+            errors.append(error)
+        starts = pa.array(offsets, pa.int32())
+        scored = pa.Table.from_arrays([
+            *(_typed(outputs.column(name), _SCORED_SCHEMA.field(name).type) for name in IDENTITY_COLUMNS),
+            *(pa.ListArray.from_arrays(starts, pa.array(flat, SCORES_SCHEMA.field(name).type))
+              for name, flat in ((_METRICS, metrics), (_VALUES, values), (_EXTRACTED, extracted))),
+            pa.array(errors, pa.string()),
+        ], schema=_SCORED_SCHEMA)  # fmt: skip
+        self._pending.append(scored)
+        self._pending_rows += scored.num_rows
+        if self._pending_rows >= COMBINE_ROWS:
+            self._combine()
+
+    def _combine(self) -> None:
+        if self._pending:
+            self._tables.append(pa.concat_tables(self._pending).combine_chunks())
+        self._pending, self._pending_rows = [], 0
+
+    def into(self, into: Callable[[pa.Schema, Iterator[pa.Table]], T]) -> T:
+        """``into(schema, chunks)`` with the scores of every row added, ``SCORE_CHUNK_ROWS`` episodes a
+        chunk in episode-id order, and its result. The ``error`` column is left out when no episode has
+        an error, so runs without errors keep their bytes."""
+        self._combine()
+        episodes = pa.concat_tables(self._tables) if self._tables else _SCORED_SCHEMA.empty_table()
+        order = pc.sort_indices(episodes, sort_keys=[("episode_id", "ascending")])
+        errors = episodes.column(SCORE_ERROR_COLUMN)
+        with_error = errors.null_count < episodes.num_rows
+        schema = SCORES_SCHEMA if with_error else _WITHOUT_ERROR
+        first = pc.index(pc.is_null(errors.take(order)), True).as_py() if episodes.num_rows else -1
+        metrics = [self._spec.name] if first < 0 else episodes.column(_METRICS)[order[first].as_py()].as_py()
+
+        def chunks() -> Iterator[pa.Table]:
+            for start in range(0, len(order), SCORE_CHUNK_ROWS):
+                yield self._score_rows(episodes.take(order[start : start + SCORE_CHUNK_ROWS]), metrics, schema)
+
+        return into(schema, chunks())
+
+    def _score_rows(self, episodes: pa.Table, metrics: list[str], schema: pa.Schema) -> pa.Table:
+        """The score rows of scored episodes: one per (episode, metric), an episode with an error 0 on ``metrics``."""
+        if episodes.column(SCORE_ERROR_COLUMN).null_count < episodes.num_rows:
+            episodes = _zero_scores(episodes, metrics)
+        lists = episodes.column(_METRICS)
+        rows = episodes  # each score row's episode columns: taken only when an episode has other than one score
+        if not pc.all(pc.equal(pc.list_value_length(lists), 1)).as_py():
+            rows = episodes.take(pc.list_parent_indices(lists))
+        n = rows.num_rows
+        columns: dict[str, Any] = {name: rows.column(name) for name in IDENTITY_COLUMNS}
+        columns.update({name: pc.list_flatten(episodes.column(name)) for name in (_METRICS, _VALUES, _EXTRACTED)})
+        columns.update(scorer=[self._spec.name] * n, scorer_version=[self._entry.version] * n)
+        if SCORE_ERROR_COLUMN in schema.names:
+            columns[SCORE_ERROR_COLUMN] = rows.column(SCORE_ERROR_COLUMN)
+        return pa.table(columns, schema=schema).combine_chunks()
+
+
+def _typed(column: pa.ChunkedArray, type_: pa.DataType) -> pa.ChunkedArray:
+    return column if column.type == type_ else column.cast(type_)
+
+
+def _zero_scores(episodes: pa.Table, metrics: list[str]) -> pa.Table:
+    """Scored episodes with every episode that has an error scored 0 on ``metrics``."""
+    lists = {name: episodes.column(name).to_pylist() for name in (_METRICS, _VALUES, _EXTRACTED)}
+    for i, error in enumerate(episodes.column(SCORE_ERROR_COLUMN).to_pylist()):
+        if error is not None:
+            lists[_METRICS][i], lists[_VALUES][i], lists[_EXTRACTED][i] = (
+                list(metrics), [0.0] * len(metrics), [None] * len(metrics))  # fmt: skip
+    for name, values in lists.items():
+        field = _SCORED_SCHEMA.field(name)
+        episodes = episodes.set_column(episodes.schema.get_field_index(name), field, pa.array(values, field.type))
+    return episodes
+
+
+def stream_scores(outputs: pa.Table, spec: ScorerConfig, context: ScoringContext | None,
+                  into: Callable[[pa.Schema, Iterator[pa.Table]], T]) -> T:  # fmt: skip
+    """``into(schema, chunks)`` with the scores of ``outputs`` (see :class:`Scoring`), and its result:
+    the outputs are scored ``SCORE_CHUNK_ROWS`` rows at a time."""
+    scoring = Scoring(spec, context)
+    for start in range(0, outputs.num_rows, SCORE_CHUNK_ROWS):
+        scoring.add(outputs.slice(start, SCORE_CHUNK_ROWS))
+    return scoring.into(into)
 
 
 def score_outputs(outputs: pa.Table, spec: ScorerConfig, context: ScoringContext | None = None) -> pa.Table:
@@ -46,104 +178,6 @@ def score_outputs(outputs: pa.Table, spec: ScorerConfig, context: ScoringContext
 def _one_table(schema: pa.Schema, chunks: Iterable[pa.Table]) -> pa.Table:
     tables = list(chunks)
     return pa.concat_tables(tables) if tables else schema.empty_table()
-
-
-class _ErrorColumnNeeded(Exception):
-    """A row scored 0 with an error after chunks were handed over without the ``error`` column."""
-
-
-def stream_scores(outputs: pa.Table, spec: ScorerConfig, context: ScoringContext | None,
-                  into: Callable[[pa.Schema, Iterator[pa.Table]], T]) -> T:  # fmt: skip
-    """``into(schema, chunks)`` with the scores of ``outputs`` as they are computed, ``SCORE_CHUNK_ROWS``
-    episodes at a time in episode-id order (so a run never holds its whole scores table; docs/design.md
-    "Scores"), and its result.
-
-    An episode that failed, or whose row the scorer raised on, scores 0 on every metric with the
-    reason in ``error`` (docs/design.md "Failed episodes"): one bad row never costs the others.
-    Its metrics are those the scorer gives the first episode scored (the scorer's name when none was).
-    The ``error`` column is left out when no row has one, so runs without errors keep their bytes: when
-    a scorer raises after chunks went to ``into`` without it, ``into`` is called again from the start
-    with it (the iterator it had raises, and what it made of it is to be discarded).
-    """
-    entry = SCORERS.get(spec.name)
-    score_row = make_scorer(spec, context)
-    # finish_reason tells failed episodes apart; a table without it (made by hand) has none
-    marked = "finish_reason" in outputs.column_names
-    selected = outputs.select(sorted({*entry.columns, "finish_reason"} if marked else set(entry.columns)))
-    order = pc.sort_indices(selected, sort_keys=[("episode_id", "ascending")])  # stable, as sorted() was
-
-    def rows(chunk: pa.Table) -> Iterator[tuple[bool, dict[str, Any]]]:
-        columns = [chunk.column(name).to_pylist() for name in entry.reads]  # only what the scorer reads
-        failed = [r == FAILED_FINISH_REASON for r in chunk.column("finish_reason").to_pylist()] if marked else None
-        for i, values in enumerate(zip(*columns, strict=True)):
-            yield failed is not None and failed[i], dict(zip(entry.reads, values, strict=True))
-
-    def chunks(size: int) -> Iterator[pa.Table]:
-        for start in range(0, len(order), size):
-            yield selected.take(order[start : start + size])
-
-    metrics = _first_metrics(chunks(64), rows, score_row)  # the first rows almost always give them
-    metrics = [spec.name] if metrics is None else metrics
-
-    def scored(with_error: bool) -> Iterator[pa.Table]:
-        schema = SCORES_SCHEMA if with_error else _WITHOUT_ERROR
-        for chunk in chunks(SCORE_CHUNK_ROWS):
-            table: dict[str, list[Any]] = {"metric": [], "value": [], "extracted": []}
-            errors: list[str | None] = []
-            per_row: list[int] = []  # score rows per output row
-            for failed, row in rows(chunk):
-                error = EPISODE_FAILED if failed else None
-                scores: list[Score] = []
-                if error is None:
-                    try:
-                        scores = score_row(row)
-                    except Exception as exc:  # any fault of the scorer on this row is this episode's, its error
-                        error = scorer_error(spec.name, exc)
-                if error is not None:
-                    if not with_error:
-                        raise _ErrorColumnNeeded
-                    scores = [Score(metric, 0.0, None) for metric in metrics]
-                per_row.append(len(scores))
-                for score in scores:
-                    table["metric"].append(score.metric)
-                    table["value"].append(score.value)
-                    table["extracted"].append(score.extracted)
-                    errors.append(error)
-            # each score row's episode columns, taken in Arrow from its output row (no copy when one each)
-            identity = chunk.select(list(IDENTITY_COLUMNS))
-            if any(count != 1 for count in per_row):
-                identity = identity.take(pa.array([i for i, count in enumerate(per_row) for _ in range(count)],
-                                                  pa.int64()))  # fmt: skip
-            n = len(errors)
-            columns = {name: identity.column(name).cast(schema.field(name).type) for name in IDENTITY_COLUMNS}
-            common = {**columns, **table, "scorer": [spec.name] * n, "scorer_version": [entry.version] * n}
-            yield pa.table({**common, SCORE_ERROR_COLUMN: errors} if with_error else common, schema=schema)
-
-    any_failed = marked and pc.any(pc.equal(selected.column("finish_reason"), FAILED_FINISH_REASON)).as_py()
-    if not any_failed:
-        try:
-            return into(_WITHOUT_ERROR, scored(with_error=False))
-        except _ErrorColumnNeeded:
-            pass
-    return into(SCORES_SCHEMA, scored(with_error=True))
-
-
-_WITHOUT_ERROR = SCORES_SCHEMA.remove(SCORES_SCHEMA.get_field_index(SCORE_ERROR_COLUMN))
-
-
-def _first_metrics(
-    chunks: Iterator[pa.Table], rows: Callable[[pa.Table], Iterator[tuple[bool, dict[str, Any]]]], score_row: RowScorer
-) -> list[str] | None:
-    """The metrics of the first episode (in episode-id order) the scorer scores; None when it scores none."""
-    for chunk in chunks:
-        for failed, row in rows(chunk):
-            if failed:
-                continue
-            try:
-                return [score.metric for score in score_row(row)]
-            except Exception:  # this row scores 0 with its error; the next one may give the metrics
-                continue
-    return None
 
 
 EPISODE_FAILED = "episode failed: its chain's end entry gives the reason"
