@@ -358,7 +358,8 @@ def test_background_commit_writes_what_writing_each_part_in_turn_writes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The committer thread groups parts (here 3 at a time at most) yet writes the same files, hashes and heads as
-    committing each part in the dispatch loop; ``on_durable`` sees every part once it is on disk, in order."""
+    committing each part in the dispatch loop; ``on_durable`` sees every part once it is on disk, in order, with
+    the bytes that were written."""
     prepared = runner.prepare(load([*CONFIG[:2], "run.progress=false"]))
     batches = [prepared.episodes[i : i + 1] for i in range(len(prepared.episodes))]
     parts = [encode_part(run_episodes(StubEngine(), b, {}), Provenance("stub", "{}", 1, 0.0)) for b in batches]
@@ -367,8 +368,9 @@ def test_background_commit_writes_what_writing_each_part_in_turn_writes(
     durable: list[int] = []
     background_run = layout.create_run_dir(tmp_path, "background")
 
-    def seen(index: int) -> None:
-        assert background_run.output_part(index).is_file() and background_run.log_part(index).is_file()
+    def seen(index: int, part: writer.EncodedPart) -> None:
+        assert background_run.output_part(index).read_bytes() == part.table == parts[index].table
+        assert background_run.log_part(index).read_bytes() == part.log
         durable.append(index)
 
     background = writer.PartWriter(background_run, background=True, on_durable=seen)

@@ -47,7 +47,7 @@ from evalrun.records.formats import EpisodeCounts, Record, seal_of
 from evalrun.records.heads import Heads
 from evalrun.rundir import layout, reader, writer
 from evalrun.rundir.attest import attest_finished_run
-from evalrun.scoring import NORMALIZERS, SCORERS, make_scorer, score_columns, stream_scores
+from evalrun.scoring import NORMALIZERS, SCORERS, Scoring, make_scorer, score_columns
 from evalrun.stats.summary import summarize, summary_columns
 from evalrun.tasks import Task, load_task
 
@@ -216,7 +216,9 @@ def execute(prepared: Prepared, dispatcher: Dispatcher | None = None) -> Path:
                 raise WriteFailed(exc.where, f"{exc.message}; then remove {run.path} and run again") from exc
             with _resumable(run):
                 failpoints.hit("before-first-part")
-                _complete(run, prepared, dispatcher, writer.PartWriter(run, **_COMMITTING), watch, clock)
+                committed = _Committed(run, prepared)
+                parts = writer.PartWriter(run, background=True, on_durable=committed)
+                _complete(run, prepared, dispatcher, parts, committed.scoring, watch, clock)
         return run.path
     finally:
         if own:
@@ -262,7 +264,9 @@ def resume(run_path: Path, overrides: list[str] | None = None, dispatcher: Dispa
         dispatcher, own = _checked_dispatcher(prepared, dispatcher)
         try:
             watch = _watch_workers(prepared.config, dispatcher, run)
-            _complete(run, prepared, dispatcher, writer.PartWriter.recover(run, **_COMMITTING), watch, clock)
+            committed = _Committed(run, prepared)
+            parts = writer.PartWriter.recover(run, background=True, on_durable=committed)
+            _complete(run, prepared, dispatcher, parts, committed.scoring, watch, clock)
         finally:
             if own:
                 dispatcher.close()
@@ -303,9 +307,9 @@ class PhaseClock:
 
     ``start-up``: from the call to the first batch sent (engine load included when the run starts its
     own workers); ``generation``: batches dispatched and answered, the driver's writing excluded;
-    ``writing``: the driver waiting for parts to be committed (the part writer commits them in the
-    background); ``scoring``: scores and summary; ``records``: the Merkle root and the seal
-    (record.json's own write and the attestation follow it and are not counted).
+    ``writing``: the driver waiting for parts to be committed and scored (the part writer does both in
+    the background); ``scoring``: the scores sorted and written, and the summary; ``records``: the
+    Merkle root and the seal (record.json's own write and the attestation follow it and are not counted).
     """
 
     def __init__(self) -> None:
@@ -325,13 +329,22 @@ class PhaseClock:
         return {**{k: round(v, 3) for k, v in self.seconds.items()}, "engine_load": loads}
 
 
-def _part_durable(index: int) -> None:
-    failpoints.hit(f"after-part-{index}")
+class _Committed:
+    """What the part writer's thread does with each part once it is durable: fire the failpoint
+    after-part-K, and score the part's rows, so that a run's scoring overlaps its generation and only
+    the sorted scores are left for its end (docs/design.md "Scores")."""
 
+    def __init__(self, run: layout.RunDir, prepared: Prepared) -> None:
+        spec = prepared.config.task.scorer
+        self.run = run
+        self.columns = score_columns(spec)
+        self.scoring = Scoring(spec, scoring_context(prepared.config, prepared.task, prepared.model,
+                                                     prepared.judge_model))  # fmt: skip
 
-# Parts are committed by the part writer's thread while the next batches arrive; the failpoint
-# after-part-K fires once part K is durable.
-_COMMITTING: dict[str, Any] = {"background": True, "on_durable": _part_durable}
+    def __call__(self, index: int, part: writer.EncodedPart) -> None:
+        failpoints.hit(f"after-part-{index}")
+        where = str(self.run.output_part(index).relative_to(self.run.path))
+        self.scoring.add(reader.decode_output_part(part.table, where, self.columns))
 
 
 def _write_scores(run: layout.RunDir, schema: pa.Schema, chunks: Iterator[pa.Table]) -> str:
@@ -372,11 +385,15 @@ def _complete(
     prepared: Prepared,
     dispatcher: Dispatcher,
     parts: writer.PartWriter,
+    scoring: Scoring,
     watch: WorkerWatch,
     clock: PhaseClock,
 ) -> None:
-    """Run every planned episode the part writer does not have yet, then score, summarise and record."""
+    """Run every planned episode the part writer does not have yet (``scoring`` gets the rows of each new
+    part as it is committed), then score the kept parts, write the scores, summarise and record."""
     config = prepared.config
+    if parts.kept_parts:  # a resumed run: the parts on disk now are the kept ones
+        scoring.add(reader.read_outputs(run, score_columns(config.task.scorer)))
     planned = len(prepared.episodes)
     plan = _PlanPass(parts.kept_ids)
     generator = generator_info()
@@ -403,11 +420,8 @@ def _complete(
 
     plan.check(parts.heads, planned)
 
-    spec = config.task.scorer
-    context = scoring_context(config, prepared.task, prepared.model, prepared.judge_model)
     files = {name: file_sha256(run.path / name) for name in (layout.CONFIG, layout.MANIFEST)}
-    files[layout.SCORES] = stream_scores(reader.read_outputs(run, score_columns(spec)), spec, context,
-                                         partial(_write_scores, run))  # fmt: skip
+    files[layout.SCORES] = scoring.into(partial(_write_scores, run))
     pa.default_memory_pool().release_unused()  # the outputs' memory back to the system before the summary's
     scores = reader.read_scores(run, summary_columns(reader.scores_columns(run)), compact=True)
     files[layout.SUMMARY] = writer.write_json(run.summary, summarize(scores))  # failed episodes: see `error`

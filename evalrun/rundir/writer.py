@@ -164,8 +164,9 @@ class PartWriter:
     ``background=True``: :meth:`write` numbers the part and queues its bytes; a committer thread
     makes queued parts durable in arrival order, a group at a time (all log parts of the group
     renamed and their directory fsynced before any of its output parts), and calls ``on_durable``
-    with each part's index once it is. :meth:`flush` waits for every queued part; :meth:`close`
-    drops what is queued (an interrupted run's resume writes it again) and stops the thread.
+    with each part's index and bytes once it is (in the committer's thread: a run scores the part
+    there). :meth:`flush` waits for every queued part; :meth:`close` drops what is queued (an
+    interrupted run's resume writes it again) and stops the thread.
     A failed write is raised by the next :meth:`write` or :meth:`flush`.
     """
 
@@ -173,7 +174,7 @@ class PartWriter:
     MAX_GROUP = 16  # parts committed with one directory fsync each for log/ and outputs/
 
     def __init__(
-        self, run: RunDir, *, background: bool = False, on_durable: Callable[[int], None] | None = None
+        self, run: RunDir, *, background: bool = False, on_durable: Callable[[int, EncodedPart], None] | None = None
     ) -> None:
         self.run = run
         self.next_index = 0
@@ -192,7 +193,7 @@ class PartWriter:
 
     @classmethod
     def recover(
-        cls, run: RunDir, *, background: bool = False, on_durable: Callable[[int], None] | None = None
+        cls, run: RunDir, *, background: bool = False, on_durable: Callable[[int, EncodedPart], None] | None = None
     ) -> PartWriter:
         """Keep every complete part of an interrupted run and discard everything else.
 
@@ -320,8 +321,8 @@ class PartWriter:
         for (path, _), digest in zip(tables, _commit_group(tables), strict=True):
             self.file_hashes[f"{OUTPUTS}/{path.name}"] = digest
         if self._on_durable is not None:
-            for index, _ in parts:
-                self._on_durable(index)
+            for index, part in parts:
+                self._on_durable(index, part)
 
 
 def write_json(path: Path, value: RecordModel | Any) -> str:
