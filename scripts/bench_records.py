@@ -46,7 +46,6 @@ from evalrun.pipeline.manifest import Digest, seed_set_hash
 from evalrun.pipeline.plan import Episode, episode_id
 from evalrun.records.canonical import Canonical, canonical_json
 from evalrun.records.formats import Manifest
-from evalrun.records.merkle import merkle_root
 from evalrun.records.seeds import derive_seed
 from evalrun.rundir import layout, writer
 from evalrun.rundir.attest import attest_finished_run
@@ -158,7 +157,7 @@ def write_run(path: Path, episodes: list[Episode], part_size: int, pool: Process
         "episodes": {"planned": len(episodes), "written": len(parts.heads)},
         "parts": parts.next_index,
         "output_tokens": parts.output_tokens,
-        "merkle_root": merkle_root(parts.heads.items()),
+        "merkle_root": parts.heads.merkle_root(),
         "digest": digest.digest,
         "manifest_sha256": files[layout.MANIFEST],
         "files": dict(sorted(files.items())),

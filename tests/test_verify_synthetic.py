@@ -40,7 +40,6 @@ from evalrun.pipeline.plan import Episode, JudgeCall, episode_id
 from evalrun.records.canonical import MAX_SAFE_INTEGER, combine
 from evalrun.records.entries import EndEntry, HeaderEntry, JudgeEntry, LoglikelihoodEntry, ModelEntry, parse_line
 from evalrun.records.formats import DigestRecord, EpisodeCounts, Generator, Manifest, Record
-from evalrun.records.merkle import merkle_root
 from evalrun.records.outputs import OUTPUT_SCHEMA, SCORES_SCHEMA
 from evalrun.records.seeds import derive_seed
 from evalrun.rundir import layout, writer
@@ -155,7 +154,7 @@ def write_run(root: Path, parts: list[list[EpisodeResult]], decoding: dict[str, 
     files.update(part_writer.file_hashes)
     record = Record(
         episodes=EpisodeCounts(planned=len(results), written=len(part_writer.heads)), parts=len(parts),
-        output_tokens=part_writer.output_tokens, merkle_root=merkle_root(part_writer.heads.items()),
+        output_tokens=part_writer.output_tokens, merkle_root=part_writer.heads.merkle_root(),
         digest=digest.digest, manifest_sha256=files[layout.MANIFEST], files=dict(sorted(files.items())),
         ended_at="synthetic",
     )  # fmt: skip

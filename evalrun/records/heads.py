@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -25,58 +26,63 @@ def _digest_bytes(text: str, what: str) -> bytes:
 
 
 class Heads:
-    """Episode id -> chain head, 64 bytes an episode: both are sha256 hex digests, kept as their bytes in
-    arrival order (a dict of the hex strings takes about five times as much). ``id_sum`` is the sum of the
-    ids mod 2**256, which lets a run check its episodes against its plan without holding either set."""
+    """Episode id -> chain head, as the run's Merkle root needs them: 64 bytes an episode, the 32 bytes of
+    its id and of its RFC 6962 leaf hash (hashed as the heads arrive, so that the end of a run only sorts
+    and folds), in arrival order; a dict of the hex strings takes about five times as much. ``id_sum`` is
+    the sum of the ids mod 2**256, which lets a run check its episodes against its plan without holding
+    either set."""
+
+    SORT_CHUNK = 65536  # leaves taken in episode-id order at a time
 
     def __init__(self, pairs: Iterable[tuple[str, str]] = ()) -> None:
         self._ids = bytearray()
-        self._heads = bytearray()
+        self._leaves = bytearray()
         self.id_sum = 0
         self.add(pairs)
 
     def add(self, pairs: Iterable[tuple[str, str]]) -> None:
-        ids, heads, total = bytearray(), bytearray(), 0
+        ids, leaves, total = bytearray(), bytearray(), 0
         for episode, head in pairs:
             raw = _digest_bytes(episode, "episode id")
+            _digest_bytes(head, "head")
             ids += raw
-            heads += _digest_bytes(head, "head")
+            leaves += leaf_hash(episode, head)
             total += int.from_bytes(raw, "big")
         self._ids += ids
-        self._heads += heads
+        self._leaves += leaves
         self.id_sum = (self.id_sum + total) % (1 << 256)
 
     def __len__(self) -> int:
         return len(self._ids) // DIGEST_BYTES
 
-    def items(self) -> Iterator[tuple[str, str]]:
-        """(episode id, head) in arrival order."""
-        for start in range(0, len(self._ids), DIGEST_BYTES):
-            end = start + DIGEST_BYTES
-            yield self._ids[start:end].hex(), self._heads[start:end].hex()
+    def _pairs(self) -> list[tuple[bytes, bytes]]:
+        return sorted((self._ids[i : i + DIGEST_BYTES], self._leaves[i : i + DIGEST_BYTES])
+                      for i in range(0, len(self._ids), DIGEST_BYTES))  # fmt: skip
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, Heads) and sorted(self.items()) == sorted(other.items())
+        return isinstance(other, Heads) and self._pairs() == other._pairs()
 
     __hash__ = None  # type: ignore[assignment]
-
-    def _order(self) -> pa.Array:
-        ids = pa.FixedSizeBinaryArray.from_buffers(pa.binary(DIGEST_BYTES), len(self), [None, pa.py_buffer(self._ids)])
-        return pc.sort_indices(ids)  # bytes order is hex order: the same as sorting the hex strings
 
     def merkle_root(self) -> str:
         """The RFC 6962 root over (episode id, head) in episode-id order, as
         :func:`evalrun.records.merkle.merkle_root` computes it from the pairs; ValueError naming an
         episode id written more than once (a run's episodes are unique)."""
+        ids = np.frombuffer(self._ids, np.uint8).reshape(-1, DIGEST_BYTES)
+        leaves = np.frombuffer(self._leaves, np.uint8).reshape(-1, DIGEST_BYTES)
+        as_binary = pa.FixedSizeBinaryArray.from_buffers(pa.binary(DIGEST_BYTES), len(self), [None, pa.py_buffer(ids)])
+        order = pc.sort_indices(as_binary).to_numpy()  # bytes order is hex order: as sorting the hex strings
 
-        def leaves() -> Iterator[bytes]:
-            previous = None
-            for index in self._order().to_numpy():
-                start = int(index) * DIGEST_BYTES
-                episode = self._ids[start : start + DIGEST_BYTES]
-                if episode == previous:
-                    raise ValueError(f"episode {episode.hex()} was written more than once")
-                previous = episode
-                yield leaf_hash(episode.hex(), self._heads[start : start + DIGEST_BYTES].hex())
+        def sorted_leaves() -> Iterator[bytes]:
+            previous = ids[:0]
+            for start in range(0, len(order), self.SORT_CHUNK):
+                chunk = order[start : start + self.SORT_CHUNK]
+                in_order = np.concatenate([previous, ids[chunk]])
+                repeated = np.flatnonzero((in_order[1:] == in_order[:-1]).all(axis=1))
+                if len(repeated):
+                    raise ValueError(f"episode {in_order[repeated[0]].tobytes().hex()} was written more than once")
+                previous = in_order[-1:]
+                data = leaves[chunk].tobytes()
+                yield from (data[i : i + DIGEST_BYTES] for i in range(0, len(data), DIGEST_BYTES))
 
-        return root_of_leaf_hashes(leaves())
+        return root_of_leaf_hashes(sorted_leaves())
