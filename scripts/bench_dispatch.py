@@ -3,9 +3,10 @@
 (a) The default model, 1,000 episodes: Ray dispatch with one engine worker vs the inline
     dispatcher (engine in the driver), alternating rounds; prints the throughput ratio ray/inline.
 (b) A fixed-latency stand-in engine (sleeps LATENCY per batch, returns canned completions) on 1, 2,
-    4 and 8 Ray workers (each warmed with a batch first): parallel efficiency = throughput(N) /
-    (N x throughput(1)) over the whole run (plan excluded; dispatch, chains arriving, parts, scoring,
-    record included: the issue's figure), the driver's CPU time per episode, and on a second line the
+    4 and 8 Ray workers (each warmed with a batch first; medians of --rounds interleaved runs, the range
+    of whole-run times in brackets): parallel efficiency = throughput(N) / (N x throughput(1)) over the
+    whole run (plan excluded; dispatch, chains arriving, parts, scoring, record included: the issue's
+    figure), the driver's CPU time per episode, and on a second line the
     same efficiency of the dispatch loop alone (record.json's timings generation + writing: batches
     sent, answered and committed; the serial scoring and records phases left out) with every phase.
 
@@ -85,11 +86,12 @@ def part_a(rounds: int, tmp: Path) -> None:
         d.close()
 
 
-def part_b(latency: float, batch_size: int, seeds: int, worker_counts: list[int], tmp: Path) -> None:
+def part_b(latency: float, batch_size: int, seeds: int, worker_counts: list[int], rounds: int, tmp: Path) -> None:
     common = [f"cluster.batch_size={batch_size}", "cluster.cpus_per_worker=0.01", "run.progress=false",
               f"run.root={tmp}"]  # fmt: skip
-    print(f"(b) stand-in engine, {latency * 1000:.0f} ms per batch of {batch_size}")
-    base = loop_base = None
+    print(f"(b) stand-in engine, {latency * 1000:.0f} ms per batch of {batch_size}; medians of {rounds} interleaved "
+          f"rounds")  # fmt: skip
+    runs: dict[int, tuple[Any, RayDispatcher]] = {}
     for workers in worker_counts:
 
         def stand_in(*overrides: str, workers: int = workers) -> Any:
@@ -104,23 +106,31 @@ def part_b(latency: float, batch_size: int, seeds: int, worker_counts: list[int]
         # CPU), part writer. Every worker gets a batch: the dispatcher hands max_in_flight to each in turn.
         warm_up = workers * prepared.config.cluster.max_in_flight * batch_size
         execute(stand_in(f"seeds.set=[{','.join(map(str, range(math.ceil(warm_up / 200))))}]"), dispatcher)
-        cpu, started = time.process_time(), time.perf_counter()
-        run = execute(prepared, dispatcher)
-        wall, cpu = time.perf_counter() - started, time.process_time() - cpu
-        timings = json.loads((run / "record.json").read_text())["timings"]
+        runs[workers] = prepared, dispatcher
+    measured: dict[int, list[tuple[float, float, float, dict[str, Any]]]] = {w: [] for w in worker_counts}
+    for _ in range(rounds):
+        for workers, (prepared, dispatcher) in runs.items():
+            cpu, started = time.process_time(), time.perf_counter()
+            run = execute(prepared, dispatcher)
+            wall, cpu = time.perf_counter() - started, time.process_time() - cpu
+            timings = json.loads((run / "record.json").read_text())["timings"]
+            # the dispatch loop alone: batches sent, answered and committed (timings generation + writing)
+            measured[workers].append((wall, timings.get("generation", 0) + timings.get("writing", 0), cpu, timings))
+    base = loop_base = None
+    for workers, (prepared, dispatcher) in runs.items():
         dispatcher.close()
         n = len(prepared.episodes)
-        throughput = n / wall
-        base = base or throughput
-        # The dispatch loop alone: batches sent, answered and committed (record.json timings, generation + writing).
-        dispatching = timings.get("generation", 0) + timings.get("writing", 0)
-        loop_throughput = n / dispatching
-        loop_base = loop_base or loop_throughput
-        phases = ", ".join(f"{k} {v:.2f}" for k, v in timings.items() if k != "engine_load")
+        walls = sorted(m[0] for m in measured[workers])
+        wall, dispatching = statistics.median(walls), statistics.median(m[1] for m in measured[workers])
+        cpu = statistics.median(m[2] for m in measured[workers])
+        throughput, loop_throughput = n / wall, n / dispatching
+        base, loop_base = base or throughput, loop_base or loop_throughput
+        phases = ", ".join(f"{k} {statistics.median(m[3].get(k, 0) for m in measured[workers]):.2f}"
+                           for k in measured[workers][0][3] if k != "engine_load")  # fmt: skip
         print(
             f"    {workers} workers: {throughput:7.1f} episodes/s, parallel efficiency "
-            f"{throughput / (workers * base):.3f} (whole run, {wall:.2f} s), driver CPU {cpu / n * 1e6:4.0f} "
-            f"us/episode ({n} episodes)\n"
+            f"{throughput / (workers * base):.3f} (whole run, {wall:.2f} s; {walls[0]:.2f} to {walls[-1]:.2f}), "
+            f"driver CPU {cpu / n * 1e6:4.0f} us/episode ({n} episodes)\n"
             f"               dispatch loop alone (generation + writing, {dispatching:.2f} s): {loop_throughput:7.1f} "
             f"episodes/s, parallel efficiency {loop_throughput / (workers * loop_base):.3f}; phases: {phases} s"
         )
@@ -200,7 +210,7 @@ def main() -> None:
                 part_a(args.rounds, Path(tmp))
             if not args.skip_b:
                 workers = [int(w) for w in args.workers.split(",")]
-                part_b(args.latency, args.batch_size, args.seeds, workers, Path(tmp))
+                part_b(args.latency, args.batch_size, args.seeds, workers, args.rounds, Path(tmp))
         ray.shutdown()
     if args.scale:
         part_c([int(size) for size in args.scale.split(",")], args.scale_batch_size)

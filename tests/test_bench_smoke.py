@@ -49,7 +49,7 @@ def test_bench_startup_smoke() -> None:
 def test_bench_dispatch_smoke() -> None:
     """(b) the stand-in engine on 1 and 2 Ray workers and (c) the driver's memory at 2,000 episodes, in a
     child process; (a) loads the real engine twice and is left out."""
-    out = _bench("dispatch", "--skip-a", "--seeds", "1", "--workers", "1,2", "--scale", "2000")
+    out = _bench("dispatch", "--skip-a", "--rounds", "1", "--seeds", "1", "--workers", "1,2", "--scale", "2000")
     assert re.search(r"1 workers: .* parallel efficiency 1\.000 \(whole run, .* \(200 episodes\)", out)
     assert re.search(r"2 workers: .* parallel efficiency \d\.\d{3} \(whole run, .* \(200 episodes\)", out)
     assert len(re.findall(r"dispatch loop alone \(generation \+ writing, .* parallel efficiency \d\.\d{3}", out)) == 2
