@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -35,7 +36,7 @@ def make_scorer(spec: ScorerConfig, context: ScoringContext | None = None) -> Ro
 T = TypeVar("T")
 
 SCORE_CHUNK_ROWS = 16384  # episodes per row group of scores.parquet, and per step of scoring a table
-COMBINE_ROWS = 4096  # scored episodes gathered into one Arrow chunk (a chunk per small part wastes memory)
+COMBINE_ROWS = 16384  # scored episodes gathered into one Arrow chunk (a chunk per small part wastes memory)
 
 # A scored episode, until the end: its identity, its scores as lists, and its error (None when scored).
 _METRICS, _VALUES, _EXTRACTED = "metric", "value", "extracted"
@@ -109,19 +110,24 @@ class Scoring:
     def into(self, into: Callable[[pa.Schema, Iterator[pa.Table]], T]) -> T:
         """``into(schema, chunks)`` with the scores of every row added, ``SCORE_CHUNK_ROWS`` episodes a
         chunk in episode-id order, and its result. The ``error`` column is left out when no episode has
-        an error, so runs without errors keep their bytes."""
+        an error, so runs without errors keep their bytes. The rows are handed over: what was added is
+        released when ``into`` returns (a run's summary follows in the same process)."""
         self._combine()
-        episodes = pa.concat_tables(self._tables) if self._tables else _SCORED_SCHEMA.empty_table()
-        order = pc.sort_indices(episodes, sort_keys=[("episode_id", "ascending")])
+        tables, self._tables = self._tables or [_SCORED_SCHEMA.empty_table()], []
+        episodes = pa.concat_tables(tables)
+        order = pc.sort_indices(episodes, sort_keys=[("episode_id", "ascending")]).to_numpy().astype(np.int64)
         errors = episodes.column(SCORE_ERROR_COLUMN)
         with_error = errors.null_count < episodes.num_rows
         schema = SCORES_SCHEMA if with_error else _WITHOUT_ERROR
-        first = pc.index(pc.is_null(errors.take(order)), True).as_py() if episodes.num_rows else -1
-        metrics = [self._spec.name] if first < 0 else episodes.column(_METRICS)[order[first].as_py()].as_py()
+        scored = np.flatnonzero(pc.is_valid(errors).to_numpy(zero_copy_only=False) == 0)  # rows without an error
+        first = order[np.isin(order, scored)][:1] if len(scored) else scored
+        metrics = episodes.column(_METRICS)[int(first[0])].as_py() if len(first) else [self._spec.name]
+        starts = np.cumsum([0] + [table.num_rows for table in tables])
 
         def chunks() -> Iterator[pa.Table]:
             for start in range(0, len(order), SCORE_CHUNK_ROWS):
-                yield self._score_rows(episodes.take(order[start : start + SCORE_CHUNK_ROWS]), metrics, schema)
+                rows = _take(tables, starts, order[start : start + SCORE_CHUNK_ROWS])
+                yield self._score_rows(rows, metrics, schema)
 
         return into(schema, chunks())
 
@@ -140,6 +146,21 @@ class Scoring:
         if SCORE_ERROR_COLUMN in schema.names:
             columns[SCORE_ERROR_COLUMN] = rows.column(SCORE_ERROR_COLUMN)
         return pa.table(columns, schema=schema).combine_chunks()
+
+
+def _take(tables: list[pa.Table], starts: np.ndarray, indices: np.ndarray) -> pa.Table:
+    """Rows ``indices`` (into the tables one after another) in that order, taken from each table on its own:
+    Arrow's take over many chunks of strings or lists concatenates them first, a copy of the whole column
+    each time."""
+    source = np.searchsorted(starts, indices, side="right") - 1
+    pieces, positions = [], []
+    for table in np.unique(source):
+        wanted = np.flatnonzero(source == table)
+        pieces.append(tables[table].take(pa.array(indices[wanted] - starts[table])))
+        positions.append(wanted)
+    placed = np.empty(len(indices), np.int64)
+    placed[np.concatenate(positions)] = np.arange(len(indices))
+    return pa.concat_tables(pieces).combine_chunks().take(pa.array(placed))
 
 
 def _typed(column: pa.ChunkedArray, type_: pa.DataType) -> pa.ChunkedArray:
