@@ -104,10 +104,13 @@ def test_scores_stream_a_row_group_per_chunk_and_a_late_scorer_error_is_known_be
     assert pq.read_table(path).equals(whole) and writer.table_bytes(whole) == path.read_bytes()
     assert whole.column(SCORE_ERROR_COLUMN).to_pylist()[5].startswith("scorer number raised ValueError")
     assert whole.column("value").to_pylist() == [1.0] * 5 + [0.0] + [1.0] * 2
-    scoring = table.Scoring(settings)
-    for rows_of_a_part in ([7], [3, 4], [0], [5, 6, 1], [2]):  # parts as they arrive: any order, any size
-        scoring.add(pa.table(rows).take(rows_of_a_part))
-    assert scoring.into(_one_file) == path.read_bytes()
+    for combine_rows in (table.COMBINE_ROWS, 2):  # arrivals gathered into one Arrow table, or into several
+        monkeypatch.setattr(table, "COMBINE_ROWS", combine_rows)
+        scoring = table.Scoring(settings)
+        for rows_of_a_part in ([7], [3, 4], [0], [5, 6, 1], [2]):  # parts as they arrive: any order, any size
+            scoring.add(pa.table(rows).take(rows_of_a_part))
+        assert len(scoring._tables) == (0 if combine_rows > 8 else 2)  # and one pending
+        assert scoring.into(_one_file) == path.read_bytes()
 
 
 def _one_file(schema: pa.Schema, chunks: Iterator[pa.Table]) -> bytes:

@@ -422,7 +422,7 @@ def _complete(
 
     files = {name: file_sha256(run.path / name) for name in (layout.CONFIG, layout.MANIFEST)}
     files[layout.SCORES] = scoring.into(partial(_write_scores, run))
-    pa.default_memory_pool().release_unused()  # the outputs' memory back to the system before the summary's
+    pa.default_memory_pool().release_unused()  # the scored rows' memory back before the summary's
     scores = reader.read_scores(run, summary_columns(reader.scores_columns(run)), compact=True)
     files[layout.SUMMARY] = writer.write_json(run.summary, summarize(scores))  # failed episodes: see `error`
     del scores
