@@ -119,9 +119,9 @@ class Scoring:
         errors = episodes.column(SCORE_ERROR_COLUMN)
         with_error = errors.null_count < episodes.num_rows
         schema = SCORES_SCHEMA if with_error else _WITHOUT_ERROR
-        scored = np.flatnonzero(pc.is_valid(errors).to_numpy(zero_copy_only=False) == 0)  # rows without an error
-        first = order[np.isin(order, scored)][:1] if len(scored) else scored
-        metrics = episodes.column(_METRICS)[int(first[0])].as_py() if len(first) else [self._spec.name]
+        scored_in_order = pc.is_null(errors).to_numpy(zero_copy_only=False)[order]  # no error: the scorer scored it
+        first = int(order[scored_in_order.argmax()]) if scored_in_order.any() else None
+        metrics = [self._spec.name] if first is None else episodes.column(_METRICS)[first].as_py()
         starts = np.cumsum([0] + [table.num_rows for table in tables])
 
         def chunks() -> Iterator[pa.Table]:
