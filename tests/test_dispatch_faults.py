@@ -41,8 +41,8 @@ class KillAfterFirstOutcome:
     def workers(self) -> list[dict[str, Any]]:
         return self.inner.workers()
 
-    def map(self, batches, generator) -> Iterator[Any]:
-        for number, outcome in enumerate(self.inner.map(batches, generator)):
+    def map(self, batches, generator, scoring=None) -> Iterator[Any]:
+        for number, outcome in enumerate(self.inner.map(batches, generator, scoring)):
             if number == 0:
                 self.kill(self.inner)
             yield outcome

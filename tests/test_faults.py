@@ -54,7 +54,8 @@ class StubDispatcher:
         return [{"worker": "stub", "hardware": "{}", "determinism": determinism, "engine": StubEngine().describe(),
                  "judge_engine": None}]  # fmt: skip
 
-    def map(self, batches: Iterable[list[Episode]], generator: dict[str, Any]) -> Iterator[BatchOutcome]:
+    def map(self, batches: Iterable[list[Episode]], generator: dict[str, Any],
+            scoring: Any = None) -> Iterator[BatchOutcome]:  # fmt: skip
         for number, batch in enumerate(batches):
             if number == self.interrupt_after:
                 raise KeyboardInterrupt
@@ -167,7 +168,8 @@ class LosingDispatcher(StubDispatcher):
         super().__init__(key)
         self.swap = swap
 
-    def map(self, batches: Iterable[list[Episode]], generator: dict[str, Any]) -> Iterator[BatchOutcome]:
+    def map(self, batches: Iterable[list[Episode]], generator: dict[str, Any],
+            scoring: Any = None) -> Iterator[BatchOutcome]:  # fmt: skip
         def tampered() -> Iterator[list[Episode]]:
             for number, batch in enumerate(batches):
                 if number == 1 and self.swap:
@@ -175,7 +177,7 @@ class LosingDispatcher(StubDispatcher):
                 elif number != 1:
                     yield batch
 
-        yield from super().map(tampered(), generator)
+        yield from super().map(tampered(), generator, scoring)
 
 
 @pytest.mark.parametrize("swap", [False, True], ids=["lost", "unplanned"])

@@ -150,13 +150,13 @@ def test_one_decorated_class_or_function_adds_an_engine_dispatcher_scorer_and_no
 
     @dispatcher("counting")
     class CountingDispatcher(InlineDispatcher):
-        def map(self, batches_: Iterable[list[Any]], generator: dict[str, Any]) -> Iterator[Any]:
+        def map(self, batches_: Iterable[list[Any]], generator: dict[str, Any], scoring: Any = None) -> Iterator[Any]:
             def counted() -> Iterator[list[Any]]:
                 for batch in batches_:
                     batches.append(len(batch))
                     yield batch
 
-            yield from super().map(counted(), generator)
+            yield from super().map(counted(), generator, scoring)
 
     @normalizer("shout")
     def shout(text: str) -> str:

@@ -15,6 +15,7 @@ does not raise: the harness records its episode as failed).
 
 from __future__ import annotations
 
+import pickle
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
@@ -29,6 +30,7 @@ from evalrun.pipeline.plan import Episode
 from evalrun.pipeline.raylocal import start_local
 from evalrun.pipeline.worker import BatchOutcome, CollectedLogs, EngineWorker, WorkerSpec, pack_batch
 from evalrun.records.canonical import canonical_hash
+from evalrun.scoring.parts import ScoringSetup
 
 LOG_TIMEOUT_S = 30.0  # how long the driver waits for a worker's log at the end of a run
 
@@ -51,8 +53,10 @@ class Dispatcher(Protocol):
 
     def workers(self) -> list[dict[str, Any]]: ...
 
-    def map(self, batches: Iterable[list[Episode]], generator: dict[str, Any]) -> Iterator[BatchOutcome]:
-        """Each batch's outcome as it arrives; batches are taken from ``batches`` only as workers can take them."""
+    def map(self, batches: Iterable[list[Episode]], generator: dict[str, Any],
+            scoring: ScoringSetup | None = None) -> Iterator[BatchOutcome]:  # fmt: skip
+        """Each batch's outcome as it arrives; batches are taken from ``batches`` only as workers can take them.
+        With ``scoring``, workers in processes of their own score their parts' rows (``EncodedPart.scored``)."""
         ...
 
     def logs(self) -> CollectedLogs: ...
@@ -94,7 +98,10 @@ class InlineDispatcher:
     def workers(self) -> list[dict[str, Any]]:
         return [self.worker.info()]
 
-    def map(self, batches: Iterable[list[Episode]], generator: dict[str, Any]) -> Iterator[BatchOutcome]:
+    def map(self, batches: Iterable[list[Episode]], generator: dict[str, Any],
+            scoring: ScoringSetup | None = None) -> Iterator[BatchOutcome]:  # fmt: skip
+        """The parts carry their rows unscored (``EncodedPart.rows``): in this process, the driver's part
+        writer scores them in its own thread, alongside the engine, at no cost of decoding."""
         self.stats = DispatchStats()
         yield from self.worker.run_batches(batches, generator)
 
@@ -173,10 +180,12 @@ class RayDispatcher:
         """The live actors, in worker order (for tests and operators that need to reach one)."""
         return [slot.actor for slot in self._slots if slot.live]
 
-    def map(self, batches: Iterable[list[Episode]], generator: dict[str, Any]) -> Iterator[BatchOutcome]:
+    def map(self, batches: Iterable[list[Episode]], generator: dict[str, Any],
+            scoring: ScoringSetup | None = None) -> Iterator[BatchOutcome]:  # fmt: skip
         import ray
 
         self.ready()
+        packed_scoring = _packed_scoring(scoring)
         self.stats = stats = DispatchStats()
         source = enumerate(batches)  # taken as workers can take batches: the driver holds those in flight
         pending: deque[tuple[int, list[Episode]]] = deque()  # batches to run again
@@ -198,7 +207,7 @@ class RayDispatcher:
             while slot.live and slot.load < self._max_in_flight and (taken := take()) is not None:
                 number, batch = taken
                 attempts[number] = attempts.get(number, 0) + 1
-                ref = slot.actor.run_packed.remote(pack_batch(batch), generator)
+                ref = slot.actor.run_packed.remote(pack_batch(batch), generator, packed_scoring)
                 in_flight[ref] = (slot, slot.actor, number, batch)
                 slot.load += 1
 
@@ -302,6 +311,17 @@ def connect_ray(cluster: ClusterConfig) -> bool:
     else:
         start_local(include_dashboard=False, log_to_driver=False)  # stops what killed drivers left
     return True
+
+
+def _packed_scoring(scoring: ScoringSetup | None) -> bytes | None:
+    """The setup as the workers get it, pickled once a run; None when there is none or it does not pickle
+    (a context holding what pickle cannot take): the driver then scores every part itself."""
+    if scoring is None:
+        return None
+    try:
+        return pickle.dumps(scoring, protocol=pickle.HIGHEST_PROTOCOL)
+    except (pickle.PicklingError, TypeError, AttributeError):
+        return None
 
 
 def _raised_by_the_batch(error: BaseException) -> bool:

@@ -20,6 +20,7 @@ from evalrun.pipeline.plan import Episode
 from evalrun.records.canonical import canonical_json, sha256_hex
 from evalrun.records.outputs import FAILED_FINISH_REASON, OUTPUT_SCHEMA, STAGED_COLUMNS
 from evalrun.rundir.writer import EncodedPart, table_bytes
+from evalrun.scoring.parts import PartScorer
 
 
 @dataclass(frozen=True)
@@ -127,19 +128,25 @@ def agent_finish_reason(stop: str | None) -> str:
     return FAILED_FINISH_REASON if stop is None else stop
 
 
-def encode_agent_part(results: list[AgentResult], provenance: Provenance) -> EncodedPart:
-    return EncodedPart(
-        log=("\n".join(chain.from_iterable(r.log_lines for r in results)) + "\n").encode("utf-8"),
-        table=table_bytes(agent_output_rows(results, provenance)),
-        heads=tuple((r.episode.episode_id, r.head) for r in results),
-        output_tokens=sum(r.output_tokens for r in results),
-    )
+def encode_agent_part(results: list[AgentResult], provenance: Provenance,
+                      scorer: PartScorer | None = None) -> EncodedPart:  # fmt: skip
+    return _encoded(results, agent_output_rows(results, provenance), sum(r.output_tokens for r in results), scorer)
 
 
-def encode_part(results: list[EpisodeResult], provenance: Provenance) -> EncodedPart:
+def encode_part(results: list[EpisodeResult], provenance: Provenance, scorer: PartScorer | None = None) -> EncodedPart:
+    tokens = sum(len(r.completion.token_ids) for r in results)
+    return _encoded(results, output_rows(results, provenance), tokens, scorer)
+
+
+def _encoded(results: Sequence[EpisodeResult | AgentResult], rows: pa.Table, output_tokens: int,
+             scorer: PartScorer | None) -> EncodedPart:  # fmt: skip
+    """A part's bytes, and its rows: scored by ``scorer`` when given (a Ray worker's part), else as they
+    are, for the driver to score (an inline worker's part, which is never pickled)."""
     return EncodedPart(
         log=("\n".join(chain.from_iterable(r.log_lines for r in results)) + "\n").encode("utf-8"),
-        table=table_bytes(output_rows(results, provenance)),
+        table=table_bytes(rows),
         heads=tuple((r.episode.episode_id, r.head) for r in results),
-        output_tokens=sum(len(r.completion.token_ids) for r in results),
+        output_tokens=output_tokens,
+        scored=None if scorer is None else scorer(rows),
+        rows=rows if scorer is None else None,
     )

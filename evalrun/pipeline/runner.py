@@ -48,6 +48,7 @@ from evalrun.records.heads import Heads
 from evalrun.rundir import layout, reader, writer
 from evalrun.rundir.attest import attest_finished_run
 from evalrun.scoring import NORMALIZERS, SCORERS, Scoring, make_scorer, score_columns
+from evalrun.scoring.parts import ScoringSetup
 from evalrun.stats.summary import summarize, summary_columns
 from evalrun.tasks import Task, load_task
 
@@ -218,7 +219,7 @@ def execute(prepared: Prepared, dispatcher: Dispatcher | None = None) -> Path:
                 failpoints.hit("before-first-part")
                 committed = _Committed(run, prepared)
                 parts = writer.PartWriter(run, background=True, on_durable=committed)
-                _complete(run, prepared, dispatcher, parts, committed.scoring, watch, clock)
+                _complete(run, prepared, dispatcher, parts, committed, watch, clock)
         return run.path
     finally:
         if own:
@@ -266,7 +267,7 @@ def resume(run_path: Path, overrides: list[str] | None = None, dispatcher: Dispa
             watch = _watch_workers(prepared.config, dispatcher, run)
             committed = _Committed(run, prepared)
             parts = writer.PartWriter.recover(run, background=True, on_durable=committed)
-            _complete(run, prepared, dispatcher, parts, committed.scoring, watch, clock)
+            _complete(run, prepared, dispatcher, parts, committed, watch, clock)
         finally:
             if own:
                 dispatcher.close()
@@ -331,18 +332,34 @@ class PhaseClock:
 
 class _Committed:
     """What the part writer's thread does with each part once it is durable: fire the failpoint
-    after-part-K, and score the part's rows, so that a run's scoring overlaps its generation and only
-    the sorted scores are left for its end (docs/design.md "Scores")."""
+    after-part-K, and take the part's scored rows, so that a run's scoring overlaps its generation and
+    only the sorted scores are left for its end (docs/design.md "Scores"). A part's rows come scored by
+    its worker when the worker's scoring hash is the run's; else they are scored here, from the rows an
+    inline worker handed over or from the part's bytes."""
 
     def __init__(self, run: layout.RunDir, prepared: Prepared) -> None:
         spec = prepared.config.task.scorer
         self.run = run
         self.columns = score_columns(spec)
-        self.scoring = Scoring(spec, scoring_context(prepared.config, prepared.task, prepared.model,
-                                                     prepared.judge_model))  # fmt: skip
+        self.setup = ScoringSetup(spec, scoring_context(prepared.config, prepared.task, prepared.model,
+                                                        prepared.judge_model))  # fmt: skip
+        self.scoring_hash = prepared.digest.scoring
+        self.scoring = Scoring(self.setup.spec, self.setup.context)
+        self.refused: set[str] = set()  # workers whose scored rows carried another scoring hash
 
     def __call__(self, index: int, part: writer.EncodedPart) -> None:
         failpoints.hit(f"after-part-{index}")
+        if part.scored is not None and part.scored.scoring_hash == self.scoring_hash:
+            self.scoring.add_scored(part.scored.table())
+            return
+        if part.scored is not None and part.scored.scoring_hash not in self.refused:
+            self.refused.add(part.scored.scoring_hash)
+            print(f"evalrun: warning: a worker scored with scoring hash {part.scored.scoring_hash[:12]}, the run's "
+                  f"is {self.scoring_hash[:12]} (other scoring code or Python): the driver scores its parts",
+                  file=sys.stderr)  # fmt: skip
+        if part.rows is not None:
+            self.scoring.add(part.rows)
+            return
         where = str(self.run.output_part(index).relative_to(self.run.path))
         self.scoring.add(reader.decode_output_part(part.table, where, self.columns))
 
@@ -385,13 +402,13 @@ def _complete(
     prepared: Prepared,
     dispatcher: Dispatcher,
     parts: writer.PartWriter,
-    scoring: Scoring,
+    committed: _Committed,
     watch: WorkerWatch,
     clock: PhaseClock,
 ) -> None:
-    """Run every planned episode the part writer does not have yet (``scoring`` gets the rows of each new
-    part as it is committed), then score the kept parts, write the scores, summarise and record."""
-    config = prepared.config
+    """Score the kept parts, run every planned episode the part writer does not have yet (``committed``
+    takes the scored rows of each new part as it is committed), then write the scores, summarise and record."""
+    config, scoring = prepared.config, committed.scoring
     if parts.kept_parts:  # a resumed run: the parts on disk now are the kept ones
         scoring.add(reader.read_outputs(run, score_columns(config.task.scorer)))
     planned = len(prepared.episodes)
@@ -402,7 +419,7 @@ def _complete(
     clock.lap("start-up")
     writing = 0.0
     with progress, contextlib.closing(parts):
-        for outcome in dispatcher.map(batches, generator):
+        for outcome in dispatcher.map(batches, generator, committed.setup):
             if outcome.worker not in watch.workers:  # a replacement worker: checked before its results count
                 for info in dispatcher.workers():
                     if info["worker"] == outcome.worker:

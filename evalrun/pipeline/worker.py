@@ -6,6 +6,7 @@ The same class runs inline in the driver or as a Ray actor; it never writes file
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 import pickle
 import socket
@@ -37,6 +38,7 @@ from evalrun.pipeline.harness import run_batches, run_episodes
 from evalrun.pipeline.plan import Episode
 from evalrun.records.canonical import canonical_json
 from evalrun.rundir.writer import EncodedPart
+from evalrun.scoring.parts import PartScorer, ScoredPart, ScoringSetup
 
 
 @dataclass(frozen=True)
@@ -81,7 +83,8 @@ class BatchOutcome:
         the object store (raylet and driver CPU; docs/design.md "Data flow"). Inline, nothing is pickled."""
         part = self.part
         log = _LOG_CODEC.compress(part.log, asbytes=True)
-        fields = (log, len(part.log), part.table, part.heads, part.output_tokens, self.episodes, self.worker)
+        fields = (log, len(part.log), part.table, part.heads, part.output_tokens, part.scored, self.episodes,
+                  self.worker)  # fmt: skip
         return (_unpickle_outcome, fields)
 
 
@@ -89,9 +92,9 @@ _LOG_CODEC = pa.Codec("zstd", compression_level=1)
 
 
 def _unpickle_outcome(log: bytes, log_size: int, table: bytes, heads: tuple[tuple[str, str], ...], output_tokens: int,
-                      episodes: int, worker: str) -> BatchOutcome:  # fmt: skip
+                      scored: ScoredPart | None, episodes: int, worker: str) -> BatchOutcome:  # fmt: skip
     log = _LOG_CODEC.decompress(log, decompressed_size=log_size, asbytes=True)
-    return BatchOutcome(EncodedPart(log, table, heads, output_tokens), episodes, worker)
+    return BatchOutcome(EncodedPart(log, table, heads, output_tokens, scored), episodes, worker)
 
 
 @dataclass(frozen=True)
@@ -122,6 +125,7 @@ class EngineWorker:
             self.determinism["notes"].append(not_run)
         self.model_path = spec.model_path
         self._model_agent: ModelAgent | None = None
+        self._scorers: dict[bytes, PartScorer | None] = {}  # by pickled ScoringSetup
         self.judge_engine = self.engine
         if spec.judge_model_path is not None:
             judge = replace(
@@ -151,21 +155,39 @@ class EngineWorker:
         text = logs.stdio_files_text() if self._own_process else None
         return self._log.text() if text is None else text
 
-    def run(self, episodes: list[Episode] | list[AgentEpisode], generator: dict[str, Any]) -> BatchOutcome:
+    def run(self, episodes: list[Episode] | list[AgentEpisode], generator: dict[str, Any],
+            scorer: PartScorer | None = None) -> BatchOutcome:  # fmt: skip
+        """A batch's outcome; its rows scored by ``scorer`` when given, else left for the driver to score."""
         started = time.perf_counter()
         if episodes and isinstance(episodes[0], AgentEpisode):
             agent_episodes = [e for e in episodes if isinstance(e, AgentEpisode)]
             results = run_agent_episodes(agent_episodes, self._agent(agent_episodes[0].agent), generator)
             provenance = Provenance(self.name, self.hardware, len(results), time.perf_counter() - started)
-            return BatchOutcome(encode_agent_part(results, provenance), len(results), self.name)
+            return BatchOutcome(encode_agent_part(results, provenance, scorer), len(results), self.name)
         single = run_episodes(self.engine, [e for e in episodes if isinstance(e, Episode)], generator,
                               self.judge_engine)  # fmt: skip
         provenance = Provenance(self.name, self.hardware, len(single), time.perf_counter() - started)
-        return BatchOutcome(encode_part(single, provenance), len(single), self.name)
+        return BatchOutcome(encode_part(single, provenance, scorer), len(single), self.name)
 
-    def run_packed(self, batch: bytes, generator: dict[str, Any]) -> BatchOutcome:
-        """:meth:`run` on a batch as :func:`pack_batch` made it (how a Ray dispatcher ships one)."""
-        return self.run(pickle.loads(batch), generator)
+    def run_packed(self, batch: bytes, generator: dict[str, Any], scoring: bytes | None = None) -> BatchOutcome:
+        """:meth:`run` on a batch as :func:`pack_batch` made it (how a Ray dispatcher ships one), its rows
+        scored here with ``scoring`` (a pickled :class:`~evalrun.scoring.parts.ScoringSetup`) when given: the
+        scorer's CPU is spent in the worker's process, not the driver's (docs/design.md "Scores")."""
+        return self.run(pickle.loads(batch), generator, self._part_scorer(scoring))
+
+    def _part_scorer(self, scoring: bytes | None) -> PartScorer | None:
+        """The scorer of a pickled setup, built on its first batch. None when this process cannot build it
+        (a scorer registered only in the driver's process, say): the driver then scores the parts."""
+        if scoring is None:
+            return None
+        if scoring not in self._scorers:
+            try:
+                setup = pickle.loads(scoring)
+                self._scorers[scoring] = PartScorer(setup) if isinstance(setup, ScoringSetup) else None
+            except Exception as exc:  # whatever keeps this process from scoring: the driver scores instead
+                _LOG.warning("the driver scores this worker's parts: %s", exc)
+                self._scorers[scoring] = None
+        return self._scorers[scoring]
 
     def run_batches(self, batches: Iterable[list[Episode]] | Iterable[list[AgentEpisode]],
                     generator: dict[str, Any]) -> Iterator[BatchOutcome]:  # fmt: skip
@@ -195,6 +217,9 @@ class EngineWorker:
         if self._model_agent is None:
             self._model_agent = ModelAgent(self.engine, chat_template_renderer(self.model_path))
         return self._model_agent
+
+
+_LOG = logging.getLogger(__name__)
 
 
 def pack_batch(episodes: list[Episode] | list[AgentEpisode]) -> bytes:

@@ -14,7 +14,7 @@ import os
 import queue
 import threading
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO, TypeVar
 
@@ -26,6 +26,7 @@ from evalrun.records.canonical import canonical_json, file_sha256, sha256_hex
 from evalrun.records.formats import RecordModel
 from evalrun.records.heads import Heads
 from evalrun.rundir.layout import ATTESTATION, LOCK, LOG, OUTPUTS, PART_PATTERN, RECORD, SCORES, SUMMARY, RunDir
+from evalrun.scoring.parts import ScoredPart
 
 T = TypeVar("T")
 
@@ -112,13 +113,16 @@ class EncodedPart:
     """A batch's results as the bytes of its log part and output part.
 
     Encoded where the results are (a worker), so the driver only commits bytes to disk and never
-    does per-episode work.
+    does per-episode work; a Ray worker scores the rows too (``scored``), and an inline one hands over
+    the rows themselves (``rows``, never pickled), so the driver never decodes its own parts.
     """
 
     log: bytes
     table: bytes
     heads: tuple[tuple[str, str], ...]  # (episode_id, head)
     output_tokens: int
+    scored: ScoredPart | None = None  # the rows scored where they were made (a Ray worker)
+    rows: pa.Table | None = field(default=None, compare=False, repr=False)  # what ``table`` encodes, in this process
 
 
 @contextlib.contextmanager

@@ -38,9 +38,9 @@ T = TypeVar("T")
 SCORE_CHUNK_ROWS = 16384  # episodes per row group of scores.parquet, and per step of scoring a table
 COMBINE_ROWS = 16384  # scored episodes gathered into one Arrow chunk (a chunk per small part wastes memory)
 
-# A scored episode, until the end: its identity, its scores as lists, and its error (None when scored).
+# A scored episode (RowScoring): its identity, its scores as lists, and its error (None when scored).
 _METRICS, _VALUES, _EXTRACTED = "metric", "value", "extracted"
-_SCORED_SCHEMA = pa.schema([
+SCORED_SCHEMA = pa.schema([
     *(SCORES_SCHEMA.field(name) for name in IDENTITY_COLUMNS),
     pa.field(_METRICS, pa.list_(SCORES_SCHEMA.field(_METRICS).type)),
     pa.field(_VALUES, pa.list_(SCORES_SCHEMA.field(_VALUES).type)),
@@ -50,28 +50,19 @@ _SCORED_SCHEMA = pa.schema([
 _WITHOUT_ERROR = SCORES_SCHEMA.remove(SCORES_SCHEMA.get_field_index(SCORE_ERROR_COLUMN))
 
 
-class Scoring:
-    """Scores output rows as they come, in any order and any number at a time (a run scores each part
-    as it is committed), and hands them over at the end sorted by episode id (docs/design.md "Scores").
-
-    Each episode is kept as one row: its identity, its metrics, values and extracted answers as lists, and
-    its error. An episode that failed, or whose row the scorer raised on, has no scores until the end,
-    then scores 0 on the metrics of the first episode (in episode-id order) the scorer scored (the
-    scorer's name when it scored none), with the reason in ``error`` (docs/design.md "Failed episodes"):
-    one bad row never costs the others.
-    """
+class RowScoring:
+    """Output rows -> scored rows, one per episode: its identity, its metrics, values and extracted answers
+    as lists, and its error (None when scored); what :class:`Scoring` gathers. A pure function of the rows,
+    so it runs wherever the rows are (a worker scores the parts it makes; docs/design.md "Scores")."""
 
     def __init__(self, spec: ScorerConfig, context: ScoringContext | None = None) -> None:
         self._spec = spec
-        self._entry = SCORERS.get(spec.name)
+        self._reads = SCORERS.get(spec.name).reads
         self._score_row = make_scorer(spec, context)
-        self._tables: list[pa.Table] = []
-        self._pending: list[pa.Table] = []
-        self._pending_rows = 0
 
-    def add(self, outputs: pa.Table) -> None:
-        """Score output rows (the columns of :func:`score_columns`; ``finish_reason`` may be left out)."""
-        reads = self._entry.reads
+    def __call__(self, outputs: pa.Table) -> pa.Table:
+        """Scored rows of output rows (the columns of :func:`score_columns`; ``finish_reason`` may be left out)."""
+        reads = self._reads
         columns = [outputs.column(name).to_pylist() for name in reads]  # only what the scorer reads
         failed = (pc.equal(outputs.column("finish_reason"), FAILED_FINISH_REASON).to_pylist()
                   if "finish_reason" in outputs.column_names else [False] * outputs.num_rows)  # fmt: skip
@@ -91,12 +82,41 @@ class Scoring:
             offsets.append(len(metrics))
             errors.append(error)
         starts = pa.array(offsets, pa.int32())
-        scored = pa.Table.from_arrays([
-            *(_typed(outputs.column(name), _SCORED_SCHEMA.field(name).type) for name in IDENTITY_COLUMNS),
+        return pa.Table.from_arrays([
+            *(_typed(outputs.column(name), SCORED_SCHEMA.field(name).type) for name in IDENTITY_COLUMNS),
             *(pa.ListArray.from_arrays(starts, pa.array(flat, SCORES_SCHEMA.field(name).type))
               for name, flat in ((_METRICS, metrics), (_VALUES, values), (_EXTRACTED, extracted))),
             pa.array(errors, pa.string()),
-        ], schema=_SCORED_SCHEMA)  # fmt: skip
+        ], schema=SCORED_SCHEMA)  # fmt: skip
+
+
+class Scoring:
+    """Scores output rows as they come, in any order and any number at a time (a run scores each part
+    as it is committed, or takes the rows its worker scored), and hands them over at the end sorted by
+    episode id (docs/design.md "Scores").
+
+    Each episode is kept as one scored row (:class:`RowScoring`). An episode that failed, or whose row the
+    scorer raised on, has no scores until the end, then scores 0 on the metrics of the first episode (in
+    episode-id order) the scorer scored (the scorer's name when it scored none), with the reason in
+    ``error`` (docs/design.md "Failed episodes"): one bad row never costs the others.
+    """
+
+    def __init__(self, spec: ScorerConfig, context: ScoringContext | None = None) -> None:
+        self._spec = spec
+        self._entry = SCORERS.get(spec.name)
+        self._score = RowScoring(spec, context)
+        self._tables: list[pa.Table] = []
+        self._pending: list[pa.Table] = []
+        self._pending_rows = 0
+
+    def add(self, outputs: pa.Table) -> None:
+        """Score output rows (the columns of :func:`score_columns`; ``finish_reason`` may be left out)."""
+        self.add_scored(self._score(outputs))
+
+    def add_scored(self, scored: pa.Table) -> None:
+        """Take rows :class:`RowScoring` scored (with this scorer's settings and context)."""
+        if not scored.schema.equals(SCORED_SCHEMA):
+            raise ValueError(f"scored rows with columns {scored.schema.names}, expected {SCORED_SCHEMA.names}")
         self._pending.append(scored)
         self._pending_rows += scored.num_rows
         if self._pending_rows >= COMBINE_ROWS:
@@ -113,7 +133,7 @@ class Scoring:
         an error, so runs without errors keep their bytes. The rows are handed over: what was added is
         released when ``into`` returns (a run's summary follows in the same process)."""
         self._combine()
-        tables, self._tables = self._tables or [_SCORED_SCHEMA.empty_table()], []
+        tables, self._tables = self._tables or [SCORED_SCHEMA.empty_table()], []
         episodes = pa.concat_tables(tables)
         order = pc.sort_indices(episodes, sort_keys=[("episode_id", "ascending")]).to_numpy().astype(np.int64)
         errors = episodes.column(SCORE_ERROR_COLUMN)
@@ -175,7 +195,7 @@ def _zero_scores(episodes: pa.Table, metrics: list[str]) -> pa.Table:
             lists[_METRICS][i], lists[_VALUES][i], lists[_EXTRACTED][i] = (
                 list(metrics), [0.0] * len(metrics), [None] * len(metrics))  # fmt: skip
     for name, values in lists.items():
-        field = _SCORED_SCHEMA.field(name)
+        field = SCORED_SCHEMA.field(name)
         episodes = episodes.set_column(episodes.schema.get_field_index(name), field, pa.array(values, field.type))
     return episodes
 

@@ -23,8 +23,8 @@ class RemoveNodeAfterFirstOutcome:
     def workers(self):
         return self.inner.workers()
 
-    def map(self, batches, generator):
-        for number, outcome in enumerate(self.inner.map(batches, generator)):
+    def map(self, batches, generator, scoring=None):
+        for number, outcome in enumerate(self.inner.map(batches, generator, scoring)):
             if number == 0:
                 self.cluster.remove_node(self.node)
             self.stats = self.inner.stats
