@@ -12,6 +12,7 @@ import itertools
 import sys
 import time
 from collections.abc import Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from functools import partial
@@ -308,9 +309,10 @@ class PhaseClock:
 
     ``start-up``: from the call to the first batch sent (engine load included when the run starts its
     own workers); ``generation``: batches dispatched and answered, the driver's writing excluded;
-    ``writing``: the driver waiting for parts to be committed and scored (the part writer does both in
-    the background); ``scoring``: the scores sorted and written, and the summary; ``records``: the
-    Merkle root and the seal (record.json's own write and the attestation follow it and are not counted).
+    ``writing``: the driver waiting for parts to be committed and their scored rows taken (the part
+    writer does both in the background); ``scoring``: the scores sorted and written, and the summary;
+    ``records``: the Merkle root and the logs (made on a thread of their own during ``scoring``: what is
+    left of them), and the seal (record.json's own write and the attestation follow it and are not counted).
     """
 
     def __init__(self) -> None:
@@ -437,20 +439,25 @@ def _complete(
 
     plan.check(parts.heads, planned)
 
-    files = {name: file_sha256(run.path / name) for name in (layout.CONFIG, layout.MANIFEST)}
-    files[layout.SCORES] = scoring.into(partial(_write_scores, run))
-    pa.default_memory_pool().release_unused()  # the scored rows' memory back before the summary's
-    scores = reader.read_scores(run, summary_columns(reader.scores_columns(run)), compact=True)
-    files[layout.SUMMARY] = writer.write_json(run.summary, summarize(scores))  # failed episodes: see `error`
-    del scores
-    files.update(parts.file_hashes)
-    failpoints.hit("before-record")
-    clock.lap("scoring")
-
-    try:
-        root = parts.heads.merkle_root()
-    except ValueError as exc:  # an episode id written twice
-        raise RuntimeError(str(exc)) from None
+    # The Merkle root (hashing) and the logs (fetched from the workers, which are idle now, and fsynced)
+    # are made on a thread of their own while the scores are sorted and written (Arrow and the disk).
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="evalrun-records") as records:
+        merkle = records.submit(parts.heads.merkle_root)
+        run_logs = records.submit(write_logs, run, dispatcher)
+        files = {name: file_sha256(run.path / name) for name in (layout.CONFIG, layout.MANIFEST)}
+        files[layout.SCORES] = scoring.into(partial(_write_scores, run))
+        pa.default_memory_pool().release_unused()  # the scored rows' memory back before the summary's
+        scores = reader.read_scores(run, summary_columns(reader.scores_columns(run)), compact=True)
+        files[layout.SUMMARY] = writer.write_json(run.summary, summarize(scores))  # failed episodes: see `error`
+        del scores
+        files.update(parts.file_hashes)
+        failpoints.hit("before-record")
+        clock.lap("scoring")
+        try:
+            root = merkle.result()
+        except ValueError as exc:  # an episode id written twice
+            raise RuntimeError(str(exc)) from None
+        logs = run_logs.result()
 
     record = Record(
         episodes=EpisodeCounts(planned=planned, written=len(parts.heads)),
@@ -471,6 +478,6 @@ def _complete(
     seal = seal_of(record)
     clock.lap("records")
     timings = clock.record(dispatcher.workers())
-    record = record.model_copy(update={"seal": seal, "timings": timings, "logs": write_logs(run, dispatcher)})
+    record = record.model_copy(update={"seal": seal, "timings": timings, "logs": logs})
     writer.write_json(run.record, record)
     attest_finished_run(run.path)  # in-toto Statement over the record files (signed if EVALRUN_SIGNING_KEY)
