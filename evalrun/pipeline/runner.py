@@ -412,7 +412,7 @@ def _complete(
     takes the scored rows of each new part as it is committed), then write the scores, summarise and record."""
     config, scoring = prepared.config, committed.scoring
     if parts.kept_parts:  # a resumed run: the parts on disk now are the kept ones
-        scoring.add(reader.read_outputs(run, score_columns(config.task.scorer)))
+        scoring.add(reader.read_outputs(run, committed.columns))
     planned = len(prepared.episodes)
     plan = _PlanPass(parts.kept_ids)
     generator = generator_info()
