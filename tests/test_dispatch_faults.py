@@ -69,7 +69,7 @@ class CountingTaken(KillAfterFirstOutcome):
         super().__init__(inner, lambda d: None)
         self.taken_at_outcome: list[int] = []
 
-    def map(self, batches, generator) -> Iterator[Any]:
+    def map(self, batches, generator, scoring=None) -> Iterator[Any]:
         taken = 0
 
         def counted() -> Iterator[Any]:
@@ -78,7 +78,7 @@ class CountingTaken(KillAfterFirstOutcome):
                 taken += 1
                 yield batch
 
-        for outcome in self.inner.map(counted(), generator):
+        for outcome in self.inner.map(counted(), generator, scoring):
             self.taken_at_outcome.append(taken)
             yield outcome
 
