@@ -67,14 +67,16 @@ def _script(name: str) -> ModuleType:
 
 @pytest.mark.e2e
 def test_bench_overhead_smoke(inline_dispatcher: InlineDispatcher, tmp_path: Path) -> None:
-    """Raw vLLM generate against the run path on the shared in-process engine, 20 episodes, one round."""
+    """Raw vLLM generate, the engine adapter and the run path on the shared in-process engine, 20 episodes, one round."""
     bench = _script("overhead")
     prepared = prepare(load(bench.overrides_for(1, tmp_path, ["limit=20"])))
     out = "\n".join(bench.measure(prepared, inline_dispatcher, 1))
     assert "episodes per round: 20, rounds: 1" in out
     assert re.search(r"raw vllm.LLM.generate +: +[\d.]+ episodes/s", out)
     assert re.search(r"evalrun run path +: +[\d.]+ episodes/s", out)
+    assert re.search(r"evalrun engine adapter +: +[\d.]+ episodes/s", out)
     assert re.search(r"ratio evalrun/raw +: [\d.]+", out)
+    assert re.search(r"ratio evalrun/adapter +: [\d.]+", out)
 
 
 @pytest.mark.e2e
