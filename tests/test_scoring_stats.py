@@ -11,6 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from evalrun.config import ScorerConfig
+from evalrun.errors import BadInput
 from evalrun.records.outputs import SCORE_ERROR_COLUMN, SCORES_SCHEMA
 from evalrun.rundir import writer
 from evalrun.scoring import Score, make_scorer, score_outputs, stream_scores, table
@@ -51,16 +52,24 @@ def test_regex_and_number_extraction() -> None:
 
 
 def test_scores_do_not_depend_on_row_order() -> None:
+    """Sorted by episode id (held as bytes while scoring, written as hex: the same order)."""
     rows = {
-        "episode_id": ["c", "a", "b"], "task": ["t"] * 3, "item_id": ["3", "1", "2"], "seed": [0] * 3,
+        "episode_id": ["c" * 64, "a" * 64, "b" * 64], "task": ["t"] * 3, "item_id": ["3", "1", "2"], "seed": [0] * 3,
         "repeat": [0] * 3, "output": [" 1", " 2", " 3"], "target": ["1", "0", "3"],
     }  # fmt: skip
     table = pa.table(rows)
     reversed_table = table.take([2, 1, 0])
     a, b = score_outputs(table, spec()), score_outputs(reversed_table, spec())
     assert a.equals(b)
-    assert a.column("episode_id").to_pylist() == ["a", "b", "c"]
+    assert a.column("episode_id").to_pylist() == ["a" * 64, "b" * 64, "c" * 64]
     assert a.column("value").to_pylist() == [0.0, 1.0, 1.0]
+
+
+def test_rows_under_an_episode_id_no_run_writes_are_refused_naming_it() -> None:
+    rows = pa.table({"episode_id": ["a" * 64, "e7"], "task": ["t"] * 2, "item_id": ["1", "2"], "seed": [0] * 2,
+                     "repeat": [0] * 2, "output": [" 1"] * 2, "target": ["1"] * 2})  # fmt: skip
+    with pytest.raises(BadInput, match=r"episode_id: episode id 'e7' is not a sha256 hex digest"):
+        score_outputs(rows, spec())
 
 
 def test_scores_stream_a_row_group_per_chunk_and_a_late_scorer_error_is_known_before_the_first(
@@ -71,7 +80,7 @@ def test_scores_stream_a_row_group_per_chunk_and_a_late_scorer_error_is_known_be
     in any order and any number at a time give the same bytes."""
     monkeypatch.setattr(table, "SCORE_CHUNK_ROWS", 2)
     rows = {
-        "episode_id": [f"e{i}" for i in range(8)], "task": ["t"] * 8, "item_id": [str(i) for i in range(8)],
+        "episode_id": [f"{i:064x}" for i in range(8)], "task": ["t"] * 8, "item_id": [str(i) for i in range(8)],
         "seed": [0] * 8, "repeat": [0] * 8, "output": [" 1"] * 5 + [" boom"] + [" 1"] * 2, "target": ["1"] * 8,
     }  # fmt: skip
     settings = spec(name="number")

@@ -9,6 +9,7 @@ and every tamper must fail naming the file and the line or episode.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import random
 import re
@@ -37,6 +38,7 @@ from evalrun.pipeline import encode
 from evalrun.pipeline.harness import EpisodeResult, encode_generator, record_episode, run_episodes
 from evalrun.pipeline.manifest import seed_set_hash
 from evalrun.pipeline.plan import Episode, JudgeCall, episode_id
+from evalrun.records import heads
 from evalrun.records.canonical import MAX_SAFE_INTEGER, combine
 from evalrun.records.entries import EndEntry, HeaderEntry, JudgeEntry, LoglikelihoodEntry, ModelEntry, parse_line
 from evalrun.records.formats import DigestRecord, EpisodeCounts, Generator, Manifest, Record
@@ -316,6 +318,21 @@ def test_two_swapped_chains_fail_on_the_file_hash(run_copy: Path) -> None:
     lines = _lines(run_copy)
     _write_lines(run_copy, lines[3:6] + lines[0:3] + lines[6:])
     assert "log/part-00000.jsonl: sha256 differs from record.json" in _caught_whole_run(run_copy)
+
+
+def test_a_consistent_run_under_an_episode_id_no_run_writes_fails_naming_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Chains, rows, file hashes, root and attestation all agree, but the episode id is not a sha256 hex
+    digest: the runner refuses to write one (records.heads), and scoring holds ids as their bytes."""
+    rng = random.Random(5)
+    (result,) = single_call(rng, 1)
+    forged = record_episode(dataclasses.replace(result.episode, episode_id="not-an-id"), result.completion, GENERATOR)
+    monkeypatch.setattr(heads, "digest_bytes", lambda text, what: hashlib.sha256(text.encode()).digest())
+    run = write_run(tmp_path, [[forged]])
+    monkeypatch.undo()
+    with pytest.raises(CheckFailed, match=r"log/part-00000.jsonl: episode 'not-an-id': an episode id is a sha256"):
+        verify_run(run)
 
 
 def _caught_whole_run(run: Path) -> str:

@@ -578,6 +578,9 @@ def verify_run(
             gc.enable()
 
 
+_EPISODE_ID = re.compile(r"[0-9a-f]{64}")
+
+
 def _verify_run(
     path: Path, expect_root: str | None, public_key: Path | None, jobs: int, expect_seal: str | None
 ) -> VerifyReport:
@@ -589,6 +592,9 @@ def _verify_run(
     results, summary_ok = _verify_parts(run, pairs, jobs, summary=layout.SCORES in record.files)
     heads: dict[str, str] = {}
     for index, ((log_rel, _out_rel), part) in enumerate(zip(pairs, results, strict=True)):
+        odd = next((eid for eid in part.heads if not _EPISODE_ID.fullmatch(eid)), None)
+        if odd is not None:  # a run writes none (records.heads.Heads refuses it)
+            raise _fail(log_rel, f"episode {odd!r}: an episode id is a sha256 hex digest")
         size = len(heads)
         heads.update(part.heads)
         if len(heads) != size + len(part.heads):  # the first episode an earlier part also holds

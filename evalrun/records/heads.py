@@ -14,7 +14,7 @@ from evalrun.records.merkle import leaf_hash, root_of_leaf_hashes
 DIGEST_BYTES = 32
 
 
-def _digest_bytes(text: str, what: str) -> bytes:
+def digest_bytes(text: str, what: str) -> bytes:
     """A sha256 hex digest as its 32 bytes; ValueError naming ``what`` for anything else."""
     try:
         raw = bytes.fromhex(text)
@@ -43,8 +43,8 @@ class Heads:
     def add(self, pairs: Iterable[tuple[str, str]]) -> None:
         ids, leaves, total = bytearray(), bytearray(), 0
         for episode, head in pairs:
-            raw = _digest_bytes(episode, "episode id")
-            _digest_bytes(head, "head")
+            raw = digest_bytes(episode, "episode id")
+            digest_bytes(head, "head")
             ids += raw
             leaves += leaf_hash(episode, head)
             total += int.from_bytes(raw, "big")
