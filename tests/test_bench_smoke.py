@@ -67,7 +67,7 @@ def _script(name: str) -> ModuleType:
 
 @pytest.mark.e2e
 def test_bench_overhead_smoke(inline_dispatcher: InlineDispatcher, tmp_path: Path) -> None:
-    """Raw vLLM generate, the engine adapter and the run path on the shared in-process engine, 20 episodes, one round."""
+    """Raw vLLM generate, the engine adapter and the run path on the shared in-process engine: 20 episodes, 1 round."""
     bench = _script("overhead")
     prepared = prepare(load(bench.overrides_for(1, tmp_path, ["limit=20"])))
     out = "\n".join(bench.measure(prepared, inline_dispatcher, 1))

@@ -331,7 +331,7 @@ def test_a_consistent_run_under_an_episode_id_no_run_writes_fails_naming_it(
     monkeypatch.setattr(heads, "digest_bytes", lambda text, what: hashlib.sha256(text.encode()).digest())
     run = write_run(tmp_path, [[forged]])
     monkeypatch.undo()
-    with pytest.raises(CheckFailed, match=r"log/part-00000.jsonl: episode 'not-an-id': an episode id is a sha256"):
+    with pytest.raises(CheckFailed, match=r"log/part-00000.jsonl: episode id 'not-an-id' is not a sha256 hex digest"):
         verify_run(run)
 
 

@@ -58,6 +58,7 @@ from evalrun.records.entries import (
     SamplingRecord,
 )
 from evalrun.records.formats import SCHEDULE_FORMAT, Generator, Record, RecordModel
+from evalrun.records.heads import digest_bytes
 from evalrun.records.merkle import leaf_hash, root_of_leaf_hashes
 from evalrun.records.outputs import CHAIN_COLUMNS, CHAIN_SCHEMA, FAILED_FINISH_REASON, STAGED_COLUMNS
 from evalrun.rundir import attest, layout
@@ -578,9 +579,6 @@ def verify_run(
             gc.enable()
 
 
-_EPISODE_ID = re.compile(r"[0-9a-f]{64}")
-
-
 def _verify_run(
     path: Path, expect_root: str | None, public_key: Path | None, jobs: int, expect_seal: str | None
 ) -> VerifyReport:
@@ -592,9 +590,11 @@ def _verify_run(
     results, summary_ok = _verify_parts(run, pairs, jobs, summary=layout.SCORES in record.files)
     heads: dict[str, str] = {}
     for index, ((log_rel, _out_rel), part) in enumerate(zip(pairs, results, strict=True)):
-        odd = next((eid for eid in part.heads if not _EPISODE_ID.fullmatch(eid)), None)
-        if odd is not None:  # a run writes none (records.heads.Heads refuses it)
-            raise _fail(log_rel, f"episode {odd!r}: an episode id is a sha256 hex digest")
+        try:  # an episode id is a sha256 hex digest: no run writes another (records.heads.Heads refuses it)
+            for eid in part.heads:
+                digest_bytes(eid, "episode id")
+        except ValueError as exc:
+            raise _fail(log_rel, str(exc)) from None
         size = len(heads)
         heads.update(part.heads)
         if len(heads) != size + len(part.heads):  # the first episode an earlier part also holds

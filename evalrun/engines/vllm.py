@@ -71,8 +71,8 @@ def _chosen_logprob(step: Any, token: int) -> float:
 
 def _without_logprob_text(state: Any) -> None:
     """Spare vLLM decoding the text of each sampled token's logprob entry (``Logprob.decoded_token``, one
-    tokenizer call per token: about a tenth of the engine thread's time on the default model), which evalrun
-    never reads: the logprobs, the output text and its stops are computed as before. A request state
+    tokenizer call per token: about a sixth of the engine's time on the default model), which evalrun never
+    reads: the logprobs, the output text and its stops are computed as before. A request state
     without this processor (another vLLM) is left as it is."""
     processor = getattr(state, "logprobs_processor", None)
     if processor is not None and getattr(processor, "tokenizer", None) is not None:
