@@ -267,7 +267,8 @@ def _judged_rows(verdict_logprobs: list[list[float]]) -> object:
         for (c, j), lp in zip(CALLS, verdict_logprobs, strict=True)
     ]  # fmt: skip
     row = {name: None for name in OUTPUT_SCHEMA.names}
-    row.update(episode_id="e1", task="t", item_id="i", seed=0, repeat=0, output="5", target="5", judgements=judgements)
+    row.update(episode_id="e1" * 32, task="t", item_id="i", seed=0, repeat=0, output="5", target="5",
+               judgements=judgements)  # fmt: skip
     return pa.Table.from_pylist([row], schema=OUTPUT_SCHEMA)
 
 
