@@ -28,6 +28,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 from evalrun.config import load
+from evalrun.engines import GenerationRequest
 from evalrun.pipeline.dispatch import InlineDispatcher
 from evalrun.pipeline.runner import Prepared, execute, open_for, prepare
 
@@ -41,8 +42,6 @@ def measure(prepared: Prepared, dispatcher: InlineDispatcher, rounds: int) -> li
     """Raw generate, the engine adapter and the run path, alternating; the lines to print."""
     engine = dispatcher.worker.engine
     from vllm import SamplingParams
-
-    from evalrun.engines import GenerationRequest
 
     # The raw side starts from its prompts in a list; the run path makes its episodes from the plan as it
     # dispatches them (pipeline.plan.Plan), and that counts.

@@ -41,8 +41,9 @@ SCORE_CHUNK_ROWS = 16384  # episodes per row group of scores.parquet, and per st
 COMBINE_ROWS = 16384  # scored episodes gathered into one Arrow chunk (a chunk per small part wastes memory)
 
 # A scored episode (RowScoring): its identity, its scores as lists, and its error (None when scored). The
-# episode id is held as its 32 bytes (bytes order is hex order), half its hex string: a run keeps every
-# scored episode until the end, and 36 bytes an episode is a tenth of the driver's memory at 1M episodes.
+# episode id is held as its 32 bytes (bytes order is hex order), not its 64-character string: a run keeps
+# every scored episode until the end, and 36 bytes an episode took the driver's peak RSS at 1M episodes from
+# 1.50x to 1.43x of its peak at 100k (scripts/bench_dispatch.py --scale).
 _METRICS, _VALUES, _EXTRACTED = "metric", "value", "extracted"
 _EPISODE_ID = "episode_id"
 SCORED_SCHEMA = pa.schema([
