@@ -2,7 +2,7 @@
 
 N live episodes of ``task=invoice_desk`` (the held-out split, both families) with ``agent=model``
 on the shipped agent model: the lockstep driver generates every waiting episode in one engine
-call per turn (``evalrun.pipeline.agent.ModelAgent``); the baseline runs the first M of them one
+call per turn (``evalrun.episodes.agent.ModelAgent``); the baseline runs the first M of them one
 episode at a time (one engine call per model call). Prints model calls per engine call, episodes/s
 of each and their ratio, and how many of the M episodes have the same replies and the same chain
 head both ways (batch invariance of the engine on this hardware: counts, not assertions). N beyond
@@ -25,7 +25,7 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 from evalrun.config import REPO_ROOT, EngineConfig, load
 from evalrun.engines import Engine, build_engine
-from evalrun.pipeline.agent import (
+from evalrun.episodes.agent import (
     AgentResult,
     ModelAgent,
     agent_decoding,

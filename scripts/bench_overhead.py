@@ -44,7 +44,7 @@ def measure(prepared: Prepared, dispatcher: InlineDispatcher, rounds: int) -> li
     from vllm import SamplingParams
 
     # The raw side starts from its prompts in a list; the run path makes its episodes from the plan as it
-    # dispatches them (pipeline.plan.Plan), and that counts.
+    # dispatches them (episodes.plan.Plan), and that counts.
     episodes = list(prepared.episodes)
 
     def raw_generate() -> None:

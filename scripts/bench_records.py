@@ -4,7 +4,7 @@ A synthetic run of single-call episodes goes through the real code. The engine i
 left out: completions are generated here, before any clock starts, and stand for what an engine
 returns inside its worker.
 
-* write: as in a real run, the per-episode work (``evalrun.pipeline.harness.record_episode`` and
+* write: as in a real run, the per-episode work (``evalrun.episodes.harness.record_episode`` and
   ``evalrun.rundir.encode.encode_part``: chain lines, log bytes, Parquet bytes) runs in a pool of worker
   processes, one per core like engine workers, and the driver only commits the returned
   ``EncodedPart`` bytes with ``writer.PartWriter.write``. Timed end to end: first batch sent to last
@@ -40,10 +40,10 @@ from typing import Any
 
 from evalrun.config import ScorerConfig
 from evalrun.engines import Completion, SamplingSpec
-from evalrun.pipeline import encode
-from evalrun.pipeline.harness import encode_generator, record_episode
+from evalrun.episodes import encode
+from evalrun.episodes.harness import encode_generator, record_episode
+from evalrun.episodes.plan import Episode, episode_id
 from evalrun.pipeline.manifest import Digest, seed_set_hash
-from evalrun.pipeline.plan import Episode, episode_id
 from evalrun.records.canonical import Canonical, canonical_json
 from evalrun.records.formats import Manifest
 from evalrun.records.seeds import derive_seed

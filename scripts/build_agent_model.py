@@ -49,7 +49,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from evalrun.config import load
 from evalrun.config.model import hash_model_dir, write_pins
-from evalrun.pipeline.agent import planned_world_tasks
+from evalrun.episodes.agent import planned_world_tasks
 from evalrun.worlds import effects_for, make_world
 from evalrun.worlds.actions import chat_messages
 from evalrun.worlds.base import WorldTask

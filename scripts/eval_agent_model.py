@@ -24,7 +24,7 @@ import torch
 from transformers import AutoTokenizer, LlamaForCausalLM
 
 from evalrun.config import load
-from evalrun.pipeline.agent import planned_world_tasks
+from evalrun.episodes.agent import planned_world_tasks
 from evalrun.worlds import WorldTask, effects_for, make_world, network_guard
 from evalrun.worlds.actions import ParseError, Step, chat_messages, parse_reply
 

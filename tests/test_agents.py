@@ -17,8 +17,7 @@ import pytest
 from evalrun.config import load
 from evalrun.config.settings import DecodingConfig, SeedsConfig
 from evalrun.engines import Completion, GenerationRequest
-from evalrun.errors import BadInput
-from evalrun.pipeline.agent import (
+from evalrun.episodes.agent import (
     AgentBudget,
     AgentEpisode,
     ModelAgent,
@@ -28,6 +27,7 @@ from evalrun.pipeline.agent import (
     replay_agent_episodes,
     run_agent_episodes,
 )
+from evalrun.errors import BadInput
 from evalrun.pipeline.runner import prepare
 from evalrun.records.chain import chain_head
 from evalrun.records.entries import EndEntry, HeaderEntry, ObservationEntry, parse_line

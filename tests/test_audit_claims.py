@@ -25,12 +25,14 @@ from evalrun.audit.replay import CodeIdentity, ReplayReport, replay_run
 from evalrun.audit.rescore import rescore_run
 from evalrun.audit.verify import verify_run
 from evalrun.config import ScorerConfig
+from evalrun.episodes import kind_of_manifest
+from evalrun.episodes.dataset import prompt_pack_record
 from evalrun.errors import CheckFailed
 from evalrun.pipeline import determinism
-from evalrun.pipeline.manifest import Digest, prompt_pack_record, seed_set_record
+from evalrun.pipeline.manifest import Digest, seed_set_record
 from evalrun.records.canonical import canonical_json, combine
 from evalrun.rundir import attest, layout, writer
-from evalrun.scoring import ScoringContext, scoring_record
+from evalrun.scoring import scoring_record
 from evalrun.stats.estimates import Z_95, estimate, wilson_interval
 from evalrun.stats.summary import SUMMARY_FORMAT, summarize
 
@@ -74,7 +76,10 @@ def recorded_inputs(manifest: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {
         "prompt_pack": prompt_pack_record(pack, task["choices"]),
         "seed_set": seed_set_record(manifest["seeds"]),
-        "scoring": scoring_record(ScorerConfig.from_record(task["scorer"]), ScoringContext.recorded(manifest, None)),
+        "scoring": scoring_record(
+            ScorerConfig.from_record(task["scorer"]),
+            kind_of_manifest(manifest).recorded_scoring_context(manifest, None),
+        ),
     }
 
 

@@ -8,9 +8,9 @@ import pytest
 
 from evalrun.audit.proofs import check_proof
 from evalrun.engines import Completion, SamplingSpec
+from evalrun.episodes.harness import record_episode
+from evalrun.episodes.plan import Episode, episode_id
 from evalrun.errors import CheckFailed
-from evalrun.pipeline.harness import record_episode
-from evalrun.pipeline.plan import Episode, episode_id
 from evalrun.records.canonical import Canonical, canonical_json, sha256_hex
 from evalrun.records.chain import ChainBuilder
 from evalrun.records.entries import (

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from evalrun.config import BUILTIN_TASKS, REPO_ROOT, load, load_stored, to_yaml, validate
+from evalrun.episodes.plan import episode_id
 from evalrun.errors import BadInput
 from evalrun.pipeline.manifest import seed_set_record, seeds_identity, seeds_section
-from evalrun.pipeline.plan import episode_id
 from evalrun.pipeline.runner import prepare
 from evalrun.records.seeds import derive_seed
 

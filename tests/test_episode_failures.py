@@ -19,8 +19,8 @@ from evalrun.audit.rescore import rescore_run
 from evalrun.audit.verify import verify_run
 from evalrun.config import BUILTIN_TASKS, load
 from evalrun.engines import ENGINES, Completion, GenerationRequest, RequestRejected, engine
+from evalrun.episodes.context import load_tokenizer
 from evalrun.errors import BadInput
-from evalrun.pipeline.context import load_tokenizer
 from evalrun.pipeline.dispatch import DISPATCHERS
 from evalrun.pipeline.runner import execute, prepare
 from evalrun.records.entries import EndEntry, FailedCallEntry, parse_line

@@ -13,8 +13,8 @@ import pytest
 from evalrun.audit.replay import replay_run
 from evalrun.audit.verify import verify_run
 from evalrun.config import BUILTIN_TASKS, load
+from evalrun.episodes.harness import run_batches, run_episodes
 from evalrun.pipeline.dispatch import InlineDispatcher
-from evalrun.pipeline.harness import run_batches, run_episodes
 from evalrun.pipeline.manifest import generator_info
 from evalrun.pipeline.runner import execute, prepare
 

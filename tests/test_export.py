@@ -201,7 +201,7 @@ def test_an_agent_run_exports_its_tool_calls_as_messages(run_eval: Callable[...,
         results = [m for m in sample.messages if m.role == "tool"]
         assert [m.tool_call_id for m in results] == [c.id for c in calls]  # every call answered, in call order
         assert calls[-1].function == "submit_report"
-        assert sample.messages[0].role == "user" and sample.input[0].text == sample.messages[0].text
+        assert sample.messages[0].role == "user" and sample.input == sample.messages[0].text
         assert sample.metadata["world"]["agent"] == "scripted" and sample.metadata["stop"] == "done"
         assert sample.metadata["final_state"]["done"] is True
         assert any(m.metadata and m.metadata.get("reads") for m in results)  # the clock/uuid reads of the calls

@@ -19,12 +19,13 @@ import pytest
 from evalrun.cli.main import main
 from evalrun.config import load
 from evalrun.engines import Completion, GenerationRequest
+from evalrun.episodes import Provenance
+from evalrun.episodes.encode import encode_part
+from evalrun.episodes.harness import run_episodes
+from evalrun.episodes.plan import Episode
 from evalrun.errors import WriteFailed
 from evalrun.pipeline import runner
 from evalrun.pipeline.dispatch import DispatchStats, dispatcher_key
-from evalrun.pipeline.encode import Provenance, encode_part
-from evalrun.pipeline.harness import run_episodes
-from evalrun.pipeline.plan import Episode
 from evalrun.pipeline.worker import BatchOutcome
 from evalrun.records.canonical import sha256_hex
 from evalrun.rundir import layout, writer

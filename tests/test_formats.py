@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from evalrun.engines import Completion, SamplingSpec
-from evalrun.pipeline.harness import encode_generator, record_episode
-from evalrun.pipeline.plan import Episode, episode_id
+from evalrun.episodes.harness import encode_generator, record_episode
+from evalrun.episodes.plan import Episode, episode_id
 from evalrun.records.canonical import MAX_SAFE_INTEGER, canonical_json, sha256_hex
 from evalrun.records.chain import GENESIS, ChainBuilder
 from evalrun.records.entries import (

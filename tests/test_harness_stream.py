@@ -7,8 +7,8 @@ from __future__ import annotations
 from typing import Any
 
 from evalrun.engines import Completion, GenerationRequest, QueueingEngine, RequestRejected, SamplingSpec
-from evalrun.pipeline.harness import run_batches, run_episodes
-from evalrun.pipeline.plan import Episode, episode_id
+from evalrun.episodes.harness import run_batches, run_episodes
+from evalrun.episodes.plan import Episode, episode_id
 
 GENERATOR = {"name": "evalrun", "version": "stream-test", "git_commit": None}
 

@@ -13,14 +13,13 @@ from typing import Any
 import pytest
 
 from evalrun import references
-from evalrun.audit.digest_check import _scoring_context_of_manifest
 from evalrun.cli.main import main
 from evalrun.config import load
+from evalrun.episodes import kind_of_manifest
+from evalrun.episodes.agent import ScriptedAgent, run_agent_episodes
 from evalrun.errors import BadInput, CheckFailed
-from evalrun.pipeline.agent import ScriptedAgent, run_agent_episodes
 from evalrun.pipeline.manifest import scoring_context
 from evalrun.pipeline.runner import prepare
-from evalrun.scoring.context import ScoringContext
 from evalrun.worlds import freeze, solver
 from evalrun.worlds.freeze import build_references, check_reference_set
 from evalrun.worlds.scripted import scripted_policy
@@ -185,11 +184,11 @@ def test_the_manifest_and_scoring_context_record_the_reference_set() -> None:
     expected = {"name": "shift-planner", "version": "1",
                 "index_sha256": references.load_index("shift-planner", "1").sha256}  # fmt: skip
     assert record["references"] == expected
-    context = scoring_context(prepared.config, prepared.task, prepared.model)
+    context = scoring_context(prepared.kind, prepared.config, prepared.task, prepared.model)
     assert context.verifier is not None and context.verifier["references"] == expected
     manifest = {"task": {"name": "shift-planner", "world": record}}
-    assert ScoringContext.recorded(manifest, None).as_record() == context.as_record()
-    assert _scoring_context_of_manifest(manifest) == context.as_record()
+    assert kind_of_manifest(manifest).recorded_scoring_context(manifest, None).as_record() == context.as_record()
+    assert kind_of_manifest(manifest).recorded_scoring_record(manifest) == context.as_record()
     invoice = prepare(load(["task=invoice_desk", "limit=2"])).task
     assert invoice.as_record()["references"]["name"] == "invoice-desk"  # its frozen ground truths
 
@@ -258,11 +257,11 @@ def test_built_in_tasks_are_scored_against_their_frozen_answer_sets() -> None:
     prepared = prepare(load(["task=addition", "limit=3"]))
     expected = {"name": "addition", "version": "1", "index_sha256": references.load_index("addition", "1").sha256}
     assert prepared.task.references == expected
-    context = scoring_context(prepared.config, prepared.task, prepared.model)
+    context = scoring_context(prepared.kind, prepared.config, prepared.task, prepared.model)
     assert context.references == expected and context.as_record()["references"] == expected
     manifest = {"task": {"name": "addition", "choices": {"field": None}, "references": expected}, "model": {}}
-    assert ScoringContext.recorded(manifest, None).as_record() == context.as_record()
-    assert _scoring_context_of_manifest(manifest) == context.as_record()
+    assert kind_of_manifest(manifest).recorded_scoring_context(manifest, None).as_record() == context.as_record()
+    assert kind_of_manifest(manifest).recorded_scoring_record(manifest) == context.as_record()
     assert main(["references", "check", "--answers", "addition@1"]) == 0
 
 

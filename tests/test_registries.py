@@ -189,7 +189,9 @@ def test_settings_are_typed_frozen_and_give_back_the_composed_record() -> None:
     cfg = compose_config(["task=addition_mc"])
     raw = OmegaConf.to_container(cfg, resolve=True)
     config = validate(cfg)
+    assert raw["task"].pop("kind") is None  # a setting left out of the record while null (records stay as before)
     assert config.as_record() == raw
+    assert validate(compose_config(["task=addition_mc", "task.kind=dataset"])).as_record()["task"]["kind"] == "dataset"
     assert config.decoding.stop == ("\n",) and config.task.choices.scoring == "both"
     assert config.task.scorer == ScorerConfig(name="choice")
     with pytest.raises(FrozenInstanceError):
@@ -198,7 +200,9 @@ def test_settings_are_typed_frozen_and_give_back_the_composed_record() -> None:
 
 
 def test_the_hydra_schema_is_generated_from_the_settings_with_the_same_defaults() -> None:
-    assert OmegaConf.to_container(OmegaConf.structured(Schema)) == EvalConfig().as_record()
+    schema = OmegaConf.to_container(OmegaConf.structured(Schema))
+    assert schema["task"].pop("kind") is None  # composed as null, left out of the record while null
+    assert schema == EvalConfig().as_record()
 
 
 def test_a_packs_decoding_settings_are_applied_typed_and_checked() -> None:

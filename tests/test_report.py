@@ -17,8 +17,8 @@ import pytest
 from evalrun.audit.verify import verify_run
 from evalrun.cli import main
 from evalrun.config import load
+from evalrun.episodes.agent import ModelAgent, ScriptedAgent, plain_chat, run_agent_episodes
 from evalrun.errors import CheckFailed
-from evalrun.pipeline.agent import ModelAgent, ScriptedAgent, plain_chat, run_agent_episodes
 from evalrun.pipeline.manifest import run_identity
 from evalrun.pipeline.runner import prepare
 from evalrun.records.entries import parse_line
@@ -172,7 +172,9 @@ def test_the_report_setting_is_no_part_of_a_run_s_identity() -> None:
     on, off = prepare(load(["limit=3"])), prepare(load(["limit=3", "report=false"]))
     assert on.config.report and not off.config.report
     assert on.digest == off.digest
-    identities = [run_identity(p.config, p.task, p.model, p.digest, len(p.episodes), p.judge_model) for p in (on, off)]
+    identities = [
+        run_identity(p.kind, p.config, p.task, p.model, p.digest, len(p.episodes), p.judge_model) for p in (on, off)
+    ]
     assert identities[0] == identities[1]
 
 

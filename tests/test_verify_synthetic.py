@@ -33,11 +33,11 @@ from evalrun.engines import (
     LoglikelihoodRequest,
     SamplingSpec,
 )
+from evalrun.episodes import encode, kind_named
+from evalrun.episodes.harness import EpisodeResult, encode_generator, record_episode, run_episodes
+from evalrun.episodes.plan import Episode, JudgeCall, episode_id
 from evalrun.errors import CheckFailed
-from evalrun.pipeline import encode
-from evalrun.pipeline.harness import EpisodeResult, encode_generator, record_episode, run_episodes
 from evalrun.pipeline.manifest import seed_set_hash
-from evalrun.pipeline.plan import Episode, JudgeCall, episode_id
 from evalrun.records import heads
 from evalrun.records.canonical import MAX_SAFE_INTEGER, combine
 from evalrun.records.entries import EndEntry, HeaderEntry, JudgeEntry, LoglikelihoodEntry, ModelEntry, parse_line
@@ -168,7 +168,7 @@ def write_run(root: Path, parts: list[list[EpisodeResult]], decoding: dict[str, 
 def both_paths(run: Path, index: int = 0) -> tuple[Any, Any]:
     log_rel, out_rel = f"log/part-{index:05d}.jsonl", f"outputs/part-{index:05d}.parquet"
     fast = _verify_part_fast((run / log_rel).read_bytes(), (run / out_rel).read_bytes())
-    precise = _verify_part_precise(run, log_rel, out_rel)
+    precise = _verify_part_precise(run, log_rel, out_rel, kind_named("dataset"))
     return fast, precise
 
 
@@ -270,7 +270,7 @@ def _caught(run: Path) -> str:
     with pytest.raises(CheckFailed) as info:
         verify_run(run, jobs=1)
     with pytest.raises(CheckFailed) as again:
-        verify_part(str(run), "log/part-00000.jsonl", "outputs/part-00000.parquet")
+        verify_part(str(run), "log/part-00000.jsonl", "outputs/part-00000.parquet", "dataset")
     assert str(again.value) in str(info.value)
     return str(info.value)
 

@@ -9,9 +9,10 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from evalrun.engines import Completion, GenerationRequest, SamplingSpec
-from evalrun.pipeline.encode import Provenance, encode_part
-from evalrun.pipeline.harness import run_episodes
-from evalrun.pipeline.plan import Episode, episode_id
+from evalrun.episodes import Provenance
+from evalrun.episodes.encode import encode_part
+from evalrun.episodes.harness import run_episodes
+from evalrun.episodes.plan import Episode, episode_id
 from evalrun.pipeline.worker import BatchOutcome, pack_batch
 
 RAY_INLINE_RESULT_LIMIT = 100 * 1024  # Ray's max_direct_call_object_size default

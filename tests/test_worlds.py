@@ -12,8 +12,8 @@ import pytest
 from omegaconf import OmegaConf
 
 from evalrun.config import load
+from evalrun.episodes.agent import planned_world_tasks
 from evalrun.errors import BadInput
-from evalrun.pipeline.agent import planned_world_tasks
 from evalrun.records.canonical import canonical_hash, canonical_json
 from evalrun.worlds import (
     WORLDS,

@@ -2,7 +2,7 @@
 
 The plan is rebuilt from the run's resolved config (config.yaml, plus any ``KEY=VALUE``
 overrides) with the current code: templates are rendered again, requests built again, chains
-recorded again by :func:`evalrun.pipeline.harness.run_episodes`, outputs scored again. Only the model is
+recorded again by :func:`evalrun.episodes.harness.run_episodes`, outputs scored again. Only the model is
 not asked: :class:`evalrun.engines.replay.ReplayEngine` answers each call from the log, matched
 by (episode, call) and checked by request hash. Each episode's header reuses the recorded
 generator, so an unchanged run reproduces its heads at any later commit.
@@ -24,27 +24,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from evalrun.config import TRUNCATE_LEFT, EvalConfig, load_stored, validate
-from evalrun.engines.replay import Divergence, RecordedCall, ReplayEngine
-from evalrun.errors import BadInput
-from evalrun.pipeline import encode
-from evalrun.pipeline.agent import (
-    Agent,
-    ModelAgent,
-    ScriptedAgent,
-    agent_decoding,
-    chat_template_renderer,
-    load_agent_task,
-    plan_agent_episodes,
-    replay_agent_episodes,
-)
-from evalrun.pipeline.context import apply_context_limit
+from evalrun.config import EvalConfig, load_stored, validate
+from evalrun.engines.replay import Divergence, RecordedCall, ReplayEngine, first_divergence
+from evalrun.episodes import Engines, Provenance, kind_of
 from evalrun.pipeline.environment import git_state
-from evalrun.pipeline.harness import EpisodeResult, run_episodes
 from evalrun.pipeline.manifest import generator_info
-from evalrun.pipeline.plan import Episode, build_plan
 from evalrun.records.canonical import Canonical, canonical_json
-from evalrun.records.chain import link
 from evalrun.records.entries import MODEL_CALLS, EndEntry, FailedCallEntry, HeaderEntry
 from evalrun.records.merkle import merkle_root
 from evalrun.records.outputs import same_scores
@@ -58,8 +43,7 @@ from evalrun.rundir.reader import (
     read_outputs,
     read_scores,
 )
-from evalrun.scoring import ScoringContext, score_outputs
-from evalrun.tasks import load_task
+from evalrun.scoring import score_outputs
 
 
 @dataclass(frozen=True)
@@ -214,99 +198,55 @@ def replay_config(run: layout.RunDir, overrides: list[str]) -> EvalConfig:
     return validate(cfg)
 
 
-def _replay_agents(run: layout.RunDir, config: EvalConfig, overrides: list[str], recorded: dict[str, Recorded],
-                   engine: ReplayEngine) -> ReplayReport:  # fmt: skip
-    """An agent run against fresh worlds: every world rebuilt from its seed, the recorded model replies
-    and effects served from the chains, every line compared (docs/design.md "Agent episodes")."""
+def _recorded_model_dir(manifest: dict[str, Any]) -> Path | None:
+    """The directory of the run's model when it is here (its tokenizer and chat template), else None."""
+    path = (manifest.get("model") or {}).get("path")
+    return Path(path) if isinstance(path, str) and Path(path).is_dir() else None
+
+
+def replay_run(path: Path, overrides: list[str]) -> ReplayReport:
+    """Plan the run again with the code a run plans with (its kind of episode's), replay each recorded episode
+    through its kind with every model call and effect served from the record, and compare every line, the
+    Merkle root and the scores (docs/design.md "Replay")."""
+    run = open_run(path)
+    recorded, calls, failed = load_recording(run)
     manifest = read_manifest(run)
-    config = agent_decoding(config)
-    world = config.task.world
-    assert world is not None
-    model_path = (manifest.get("model") or {}).get("path")
-    template_dir = Path(model_path) if isinstance(model_path, str) and Path(model_path).is_dir() else None
-    if world.agent == "model" and template_dir is None:
-        raise BadInput("model.path", f"replaying a model agent renders its prompts with the model's chat template: "
-                                     f"the recorded model directory {model_path} is not here")  # fmt: skip
-    task = load_agent_task(config.task, config.limit, template_dir)
-    episodes = plan_agent_episodes(task.name, task.tasks, config.decoding, config.seeds, world.agent, task.budget)
-    agent: Agent = ScriptedAgent()
-    if world.agent == "model":
-        assert template_dir is not None
-        agent = ModelAgent(engine, chat_template_renderer(str(template_dir)))
+    model_dir = _recorded_model_dir(manifest)
+    config = replay_config(run, overrides)
+    kind = kind_of(config)
+    config, task = kind.load(config, model_dir)
+    episodes = kind.plan(config, task, model_dir)
+    engine = ReplayEngine(calls, failed)
+    engines = Engines(engine, engine, str(model_dir) if model_dir is not None else None)
+    planned = {e.episode_id for e in episodes}
     divergences = [Divergence(eid, 0, "an episode of the current plan", "an episode the plan lacks")
-                   for eid in sorted(set(recorded) - {e.episode_id for e in episodes})]  # fmt: skip
-    divergences += [Divergence(e.episode_id, 0, "a recorded episode", "a newly planned episode")
-                    for e in episodes if e.episode_id not in recorded]  # fmt: skip
-    replayable = sorted((e for e in episodes if e.episode_id in recorded), key=lambda e: e.episode_id)
-    lines = {eid: r.lines for eid, r in recorded.items()}
-    results, diverged = replay_agent_episodes(replayable, lines, agent, lambda e: recorded[e.episode_id].generator)
-    divergences = sorted([*divergences, *diverged], key=lambda d: d.episode)
+                   for eid in sorted(set(recorded) - planned)]  # fmt: skip
+    results: list[Any] = []
+    for episode in sorted(episodes, key=lambda e: e.episode_id):  # one by one: a divergence stops no other
+        eid = episode.episode_id
+        if eid not in recorded:
+            divergences.append(Divergence(eid, 0, "a recorded episode", "a newly planned episode"))
+            continue
+        try:
+            result = kind.replay(engines, episode, recorded[eid].lines, recorded[eid].generator)
+        except Divergence as d:
+            divergences.append(d)
+            continue
+        difference = first_divergence(eid, recorded[eid].lines, result.log_lines)
+        if difference is not None:
+            divergences.append(difference)
+        else:
+            results.append(result)
+    divergences.sort(key=lambda d: d.episode)
     scores_identical = None
     if not divergences:
-        provenance = encode.Provenance(worker="replay", hardware="{}", batch_size=1, latency_s=0.0)
-        scores = score_outputs(encode.agent_output_rows(results, provenance), config.task.scorer,
-                               ScoringContext.recorded(manifest, None))  # fmt: skip
+        provenance = Provenance(worker="replay", hardware="{}", batch_size=1, latency_s=0.0)
+        context = kind.recorded_scoring_context(manifest, kind.rubric(task))
+        scores = score_outputs(kind.output_rows(results, provenance), config.task.scorer, context)
         scores_identical = same_scores(read_scores(run), scores)
     heads = {r.episode.episode_id: r.head for r in results}
     return ReplayReport(
         episodes=len(recorded), reproduced=len(results), divergences=tuple(divergences),
         root_matches=not divergences and merkle_root(heads.items()) == load_record(run).merkle_root,
-        scores_identical=scores_identical, code=code_identity(manifest, recorded), overrides=tuple(overrides),
-    )  # fmt: skip
-
-
-def replay_episode(engine: ReplayEngine, episode: Episode, recorded: Recorded) -> EpisodeResult:
-    """Run one episode through the harness; raise Divergence at the first line that differs."""
-    (result,) = run_episodes(engine, [episode], recorded.generator)
-    for seq, (want, got) in enumerate(zip(recorded.lines, result.log_lines, strict=False)):
-        if want != got:
-            raise Divergence(episode.episode_id, seq, f"entry hash {link('', want)}: {want[:200]}", got[:200])
-    if len(result.log_lines) != len(recorded.lines):
-        raise Divergence(episode.episode_id, min(len(result.log_lines), len(recorded.lines)),
-                         f"{len(recorded.lines)} entries", f"{len(result.log_lines)} entries")  # fmt: skip
-    return result
-
-
-def replay_run(path: Path, overrides: list[str]) -> ReplayReport:
-    run = open_run(path)
-    recorded, calls, failed = load_recording(run)
-    config = replay_config(run, overrides)
-    if config.task.world is not None:
-        return _replay_agents(run, config, overrides, recorded, ReplayEngine(calls, failed))
-    task = load_task(config)
-    config = config.with_decoding(task.pack.decoding)
-    episodes = build_plan(task, config.decoding, config.seeds)
-    manifest = read_manifest(run)
-    model_path = (manifest.get("model") or {}).get("path")
-    if config.task.on_overlong == TRUNCATE_LEFT and isinstance(model_path, str) and Path(model_path).is_dir():
-        # the prompts the run sent were shortened with the model's tokenizer: shorten them again
-        episodes = apply_context_limit(episodes, Path(model_path), config.engine.max_model_len, TRUNCATE_LEFT)
-    engine = ReplayEngine(calls, failed)
-    divergences: list[Divergence] = []
-    results: list[EpisodeResult] = []
-    planned = {e.episode_id for e in episodes}
-    for eid in sorted(set(recorded) - planned):
-        divergences.append(Divergence(eid, 0, "an episode of the current plan", "an episode the plan lacks"))
-    for episode in sorted(episodes, key=lambda e: e.episode_id):
-        if episode.episode_id not in recorded:
-            divergences.append(Divergence(episode.episode_id, 0, "a recorded episode", "a newly planned episode"))
-            continue
-        try:
-            results.append(replay_episode(engine, episode, recorded[episode.episode_id]))
-        except Divergence as d:
-            divergences.append(d)
-    divergences.sort(key=lambda d: d.episode)
-    heads = {r.episode.episode_id: r.head for r in results}
-    record = load_record(run)
-    scores_identical = None
-    if not divergences:
-        provenance = encode.Provenance(worker="replay", hardware="{}", batch_size=1, latency_s=0.0)
-        context = ScoringContext.recorded(manifest, task.rubric)
-        scores = score_outputs(encode.output_rows(results, provenance), config.task.scorer, context)
-        recorded_scores = read_scores(run)
-        scores_identical = same_scores(recorded_scores, scores)
-    return ReplayReport(
-        episodes=len(recorded), reproduced=len(results), divergences=tuple(divergences),
-        root_matches=not divergences and merkle_root(heads.items()) == record.merkle_root,
         scores_identical=scores_identical, code=code_identity(manifest, recorded), overrides=tuple(overrides),
     )  # fmt: skip

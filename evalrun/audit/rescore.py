@@ -17,6 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from evalrun.config import Override, ScorerConfig, parse_overrides
+from evalrun.episodes import kind_of_manifest
 from evalrun.errors import BadInput, CheckFailed
 from evalrun.records.canonical import canonical_hash
 from evalrun.records.outputs import same_scores
@@ -135,7 +136,7 @@ def recorded_context(run: layout.RunDir, rubric_path: Path | None) -> tuple[Scor
     if recorded_rubric is None:
         if rubric_path is not None:
             raise BadInput("task.rubric", "this run has no rubric: its outputs were never judged")
-        return ScoringContext.recorded(manifest, None), False
+        return kind_of_manifest(manifest).recorded_scoring_context(manifest, None), False
     path = rubric_path or Path(recorded_rubric["path"])
     rubric = load_rubric(path)
     if canonical_hash(rubric.judge_facing()) != canonical_hash(recorded_rubric["judge_facing"]):
@@ -143,7 +144,7 @@ def recorded_context(run: layout.RunDir, rubric_path: Path | None) -> tuple[Scor
         raise BadInput(str(path), f"what the judges see changed ({', '.join(changed)}): the recorded verdicts do not "
                                   "apply; judging again is a new run")  # fmt: skip
     recorded_record = {k: v for k, v in recorded_rubric.items() if k != "path"}
-    return ScoringContext.recorded(manifest, rubric), rubric.as_record() != recorded_record
+    return kind_of_manifest(manifest).recorded_scoring_context(manifest, rubric), rubric.as_record() != recorded_record
 
 
 def first_difference(old: pa.Table, new: pa.Table) -> ScoreDifference | None:

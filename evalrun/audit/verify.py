@@ -42,25 +42,19 @@ import pyarrow.parquet as pq
 
 from evalrun.audit.claims import check_rebaseline, check_sampling, check_score_values, check_seal, check_seeds
 from evalrun.audit.digest_check import check_digest
+from evalrun.episodes import EpisodeKind, kind_named, kind_of_manifest
 from evalrun.errors import CheckFailed
 from evalrun.records.canonical import MAX_SAFE_INTEGER, canonical_json, file_sha256, sha256_hex
 from evalrun.records.chain import GENESIS
 from evalrun.records.entries import (
     EndEntry,
-    Entry,
-    FailedCallEntry,
-    GenerationRequest,
-    HeaderEntry,
-    JudgeEntry,
-    LoglikelihoodEntry,
-    LoglikelihoodResponse,
     ModelEntry,
     SamplingRecord,
 )
 from evalrun.records.formats import SCHEDULE_FORMAT, Generator, Record, RecordModel
 from evalrun.records.heads import digest_bytes
 from evalrun.records.merkle import leaf_hash, root_of_leaf_hashes
-from evalrun.records.outputs import CHAIN_COLUMNS, CHAIN_SCHEMA, FAILED_FINISH_REASON, STAGED_COLUMNS
+from evalrun.records.outputs import CHAIN_COLUMNS, CHAIN_SCHEMA, STAGED_COLUMNS
 from evalrun.rundir import attest, layout
 from evalrun.rundir.reader import (
     iter_chains,
@@ -118,89 +112,9 @@ def _fail(where: str, message: str) -> CheckFailed:
 # --- one part: chains and output rows --------------------------------------------------------
 
 
-def _row_mismatch(row: dict[str, Any], entries: list[Entry]) -> str | None:
-    """The first output column that disagrees with the chain (typed entries, as the reader gives them), or None."""
-    header = entries[0]
-    assert isinstance(header, HeaderEntry)  # the reader starts every chain with a header
-    expected: dict[str, Any] = {"task": header.task, "item_id": header.item, "seed": header.seed,
-                                "repeat": header.repeat}  # fmt: skip
-    end = entries[-1]
-    if header.world is not None or (isinstance(end, EndEntry) and end.stop is not None):
-        return _agent_row_mismatch(row, header, entries, expected)
-    generated = [e for e in entries if isinstance(e, ModelEntry)]
-    scored = [e for e in entries if isinstance(e, LoglikelihoodEntry)]
-    first = generated[0] if generated else scored[0] if scored else None
-    if first is not None:
-        expected.update(prompt=first.request.prompt, prompt_sha256=first.request.prompt_sha256)
-    if generated:
-        response = generated[0].response
-        expected.update(
-            output=response.text, token_ids=response.token_ids, token_logprobs=response.logprobs,
-            finish_reason=response.finish_reason, output_tokens=len(response.token_ids),
-        )  # fmt: skip
-    elif scored:
-        expected.update(output="", token_ids=[], token_logprobs=[], finish_reason="not_generated", output_tokens=0)
-    end = entries[-1]
-    if isinstance(end, EndEntry) and end.status == "error":  # a failed episode (docs/design.md "Failed episodes")
-        refused = [e for e in entries if isinstance(e, FailedCallEntry)]
-        if first is None and refused and isinstance(refused[0].request, GenerationRequest):
-            expected.update(prompt=refused[0].request.prompt, prompt_sha256=refused[0].request.prompt_sha256)
-        expected.update(output="", token_ids=[], token_logprobs=[], finish_reason=FAILED_FINISH_REASON, output_tokens=0)
-    expected.update(
-        fewshot_ids=header.fewshot or [], shuffle_order=header.shuffle_order or [],
-        option_logprobs=[e.response.logprob for e in scored] if scored else None,
-        judgements=_judgements([e for e in entries if isinstance(e, JudgeEntry)]),
-    )  # fmt: skip
-    for column, value in expected.items():
-        if row[column] != value:
-            return column
-    if row["seeds"] is not None and str(row["seeds"]["sampling"]) != header.seeds.sampling:
-        return "seeds"
-    return None
-
-
-def _agent_row_mismatch(row: dict[str, Any], header: HeaderEntry, entries: list[Entry],
-                        expected: dict[str, Any]) -> str | None:  # fmt: skip
-    """An agent episode's row against its chain (see evalrun.pipeline.encode.agent_output_rows)."""
-    end = entries[-1]
-    if not isinstance(end, EndEntry):
-        return "finish_reason"
-    text = header.world.task_text if header.world is not None else ""
-    tokens = sum(len(e.response.token_ids) for e in entries if isinstance(e, ModelEntry))
-    expected.update(
-        prompt=text, prompt_sha256=sha256_hex(text), output="", token_ids=[], token_logprobs=[],
-        finish_reason=end.stop if end.status == "ok" and end.stop is not None else FAILED_FINISH_REASON,
-        output_tokens=tokens, fewshot_ids=[], shuffle_order=[], option_logprobs=None, judgements=[],
-    )  # fmt: skip
-    for column, value in expected.items():
-        if row[column] != value:
-            return column
-    final = row["final_state"]
-    if (None if final is None else sha256_hex(final)) != end.final_state_sha256:
-        return "final_state"
-    if row["seeds"] is None or str(row["seeds"]["sampling"]) != header.seeds.sampling:
-        return "seeds"
-    return None
-
-
-def _judgements(judges: list[JudgeEntry]) -> list[dict[str, Any]]:
-    """The output row's judgements as the chain's judge entries give them, in call order."""
-    judged: dict[tuple[str, str], dict[str, Any]] = {}
-    for entry in judges:
-        row = judged.setdefault((entry.criterion, entry.judge), {
-            "criterion": entry.criterion, "judge": entry.judge, "shuffle_order": entry.shuffle_order, "output": None,
-            "option_logprobs": None,
-        })  # fmt: skip
-        if isinstance(entry.response, LoglikelihoodResponse):
-            by_option = row["option_logprobs"] = row["option_logprobs"] or [None] * len(row["shuffle_order"])
-            if entry.option is not None and entry.option < len(by_option):
-                by_option[entry.option] = entry.response.logprob
-        else:
-            row["output"] = entry.response.text
-    return list(judged.values())
-
-
-def verify_part(run_path: str, log_rel: str, out_rel: str) -> PartResult:
+def verify_part(run_path: str, log_rel: str, out_rel: str, kind: str) -> PartResult:
+    """One part's checks; ``kind``: the run's kind of episode (its manifest's), which checks each output row
+    against its chain."""
     root = Path(run_path)
     try:
         log_data, out_data = (root / log_rel).read_bytes(), (root / out_rel).read_bytes()
@@ -209,12 +123,12 @@ def verify_part(run_path: str, log_rel: str, out_rel: str) -> PartResult:
     else:
         fast = _verify_part_fast(log_data, out_data)
         hashes = {log_rel: sha256_hex(log_data), out_rel: sha256_hex(out_data)}
-    part = fast if fast is not None else _verify_part_precise(root, log_rel, out_rel)
+    part = fast if fast is not None else _verify_part_precise(root, log_rel, out_rel, kind_named(kind))
     leaves = sorted((eid, leaf_hash(eid, head)) for eid, head in part.heads.items())
     return PartResult(part.heads, part.entries, part.output_tokens, leaves, hashes, part.failed, part.samplings)
 
 
-def _verify_part_precise(root: Path, log_rel: str, out_rel: str) -> PartResult:
+def _verify_part_precise(root: Path, log_rel: str, out_rel: str, kind: EpisodeKind) -> PartResult:
     """Every check, entry by entry; raises naming the first broken thing."""
     chains = {}
     entries_count = 0
@@ -242,7 +156,7 @@ def _verify_part_precise(root: Path, log_rel: str, out_rel: str) -> PartResult:
         if row["head"] != head:
             raise _fail(where, f"episode {eid}: head {row['head']} differs from its chain's head {head} "
                                f"({log_rel}:{start})")  # fmt: skip
-        column = _row_mismatch(row, entries)
+        column = kind.row_mismatch(row, entries)
         if column is not None:
             raise _fail(where, f"episode {eid}: column {column!r} differs from the chain ({log_rel}:{start})")
         heads[eid] = head
@@ -270,7 +184,7 @@ def _verify_part_fast(log_data: bytes, out_data: bytes) -> PartResult | None:
     """The common case without parsing a line; None sends the part down the precise path.
 
     It accepts a part only when its chains are, in row order, exactly the three lines that
-    :func:`evalrun.pipeline.harness.record_episode` writes, each byte for byte the canonical text rebuilt
+    :func:`evalrun.episodes.harness.record_episode` writes, each byte for byte the canonical text rebuilt
     from its output row, apart from four slots checked no less strictly than the precise path
     checks them: the generator (the canonical JSON of a valid :class:`Generator`), the request's
     sampling record (the canonical JSON of a valid :class:`SamplingRecord`; it is hashed into
@@ -424,19 +338,19 @@ def _json_value(text: str) -> Any:
 
 
 def _verify_parts(
-    run: layout.RunDir, pairs: list[tuple[str, str]], jobs: int, summary: bool
+    run: layout.RunDir, pairs: list[tuple[str, str]], jobs: int, summary: bool, kind: str
 ) -> tuple[list[PartResult], bool | None]:
     """The parts' results in part order, and (with ``summary`` and more than one job) whether
     summary.json matches scores.parquet, recomputed in the pool alongside the parts (None: not
     known; :func:`check_scores` then decides, and names the problem, in its turn)."""
     jobs = jobs or (os.cpu_count() or 1)
     if jobs <= 1 or len(pairs) <= 1:
-        return [verify_part(str(run.path), log_rel, out_rel) for log_rel, out_rel in pairs], None
+        return [verify_part(str(run.path), log_rel, out_rel, kind) for log_rel, out_rel in pairs], None
     import multiprocessing
 
     with ProcessPoolExecutor(min(jobs, len(pairs)), mp_context=multiprocessing.get_context("fork")) as pool:
         summary_ok = pool.submit(_summary_matches, str(run.path)) if summary else None
-        futures = [pool.submit(verify_part, str(run.path), log_rel, out_rel) for log_rel, out_rel in pairs]
+        futures = [pool.submit(verify_part, str(run.path), log_rel, out_rel, kind) for log_rel, out_rel in pairs]
         results = [f.result() for f in futures]  # in part order: the first broken part is reported
         return results, None if summary_ok is None else summary_ok.result()
 
@@ -579,6 +493,16 @@ def verify_run(
             gc.enable()
 
 
+def _recorded_kind(run: layout.RunDir) -> str:
+    """The name of the kind of episode the run's manifest records (a manifest that cannot be read is checked,
+    and named, after the parts: its kind is then taken as dataset's)."""
+    try:
+        manifest = json.loads(run.manifest.read_bytes())
+    except (OSError, ValueError):
+        manifest = {}
+    return kind_of_manifest(manifest if isinstance(manifest, dict) else {}).name
+
+
 def _verify_run(
     path: Path, expect_root: str | None, public_key: Path | None, jobs: int, expect_seal: str | None
 ) -> VerifyReport:
@@ -587,7 +511,8 @@ def _verify_run(
     check_complete(run)
     pairs = part_pairs(run, record)
     check_no_strays(run, record)
-    results, summary_ok = _verify_parts(run, pairs, jobs, summary=layout.SCORES in record.files)
+    kind = _recorded_kind(run)
+    results, summary_ok = _verify_parts(run, pairs, jobs, layout.SCORES in record.files, kind)
     heads: dict[str, str] = {}
     for index, ((log_rel, _out_rel), part) in enumerate(zip(pairs, results, strict=True)):
         try:  # an episode id is a sha256 hex digest: no run writes another (records.heads.Heads refuses it)

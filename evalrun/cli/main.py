@@ -37,6 +37,7 @@ from evalrun.audit.verify import verify_run
 from evalrun.check import DEFAULT_REPEAT_ITEMS, check_run
 from evalrun.cli import render
 from evalrun.engines import logs
+from evalrun.episodes import FreezeOptions, kind_of
 from evalrun.errors import (
     EXIT_BAD_INPUT,
     EXIT_CHECK_FAILED,
@@ -49,7 +50,6 @@ from evalrun.errors import (
 )
 from evalrun.export.inspect_log import FORMATS, export_inspect
 from evalrun.pipeline import dispatch, runner
-from evalrun.pipeline.agent import planned_world_tasks
 from evalrun.pipeline.canary import describe as describe_canary
 from evalrun.pipeline.worker import canary_on_demand
 from evalrun.records.canonical import canonical_json
@@ -58,9 +58,7 @@ from evalrun.report import ROWS, TRANSCRIPTS, build_report
 from evalrun.rundir import layout
 from evalrun.rundir.attest import write_attestation
 from evalrun.rundir.reader import load_record, open_run, read_config, read_summary
-from evalrun.tasks import freeze_answers
-from evalrun.worlds.freeze import build_references, check_reference_set, raise_problems
-from evalrun.worlds.solver import SolverSettings
+from evalrun.worlds.freeze import check_reference_set, raise_problems
 
 PROG = "evalrun"
 T = TypeVar("T")
@@ -649,22 +647,12 @@ def references_build(overrides: tuple[str, ...], allow_feasible: bool, max_deter
     if not any(o.startswith("task=") for o in args):
         args.insert(0, "task=shift_planner")
     loaded = config.load(args)
-    world = loaded.task.world
-    if world is None:  # a dataset task: its answers, as the set task.references names
-        index = freeze_answers(loaded, root)
-        if as_json:
-            _print_json({"references": index.record(), "directory": str(index.directory)})
-        else:
-            click.echo(f"froze the answers of {loaded.task.name} in {index.directory}; index sha256 {index.sha256}")
-        return
-    settings = SolverSettings(max_deterministic_time=max_deterministic_time, random_seed=random_seed)
-    report = build_references(planned_world_tasks(world), settings, allow_feasible, root)
+    options = FreezeOptions(allow_feasible, max_deterministic_time, random_seed)
+    frozen = kind_of(loaded).freeze(loaded, root, options)
     if as_json:
-        _print_json(report.as_json())
-        return
-    counts = {s: list(report.statuses.values()).count(s) for s in sorted(set(report.statuses.values()))}
-    click.echo(f"built {len(report.statuses)} references ({', '.join(f'{k} {v}' for k, v in counts.items())}) "
-               f"in {report.index.directory}; index sha256 {report.index.sha256}")  # fmt: skip
+        _print_json(frozen.as_json())
+    else:
+        click.echo(frozen.message())
 
 
 @references.command("check", short_help="Re-validate stored references without trusting them.")

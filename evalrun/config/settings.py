@@ -5,7 +5,9 @@ mutable copies of these classes (:mod:`evalrun.config.schema`, generated from th
 turns the composed result into them once (:meth:`Section.from_record`), and from then on code reads
 attributes (``config.decoding.temperature``), never string keys. Where a record needs a section as
 data (config.yaml, the manifest, digest preimages) it takes :meth:`Section.as_record`, which gives
-back exactly the dict that was composed: ``from_record(r).as_record() == r``.
+back exactly the dict that was composed: ``from_record(r).as_record() == r``, less a setting marked
+``LEFT_OUT_WHEN_NULL`` while it is null (one added after runs were recorded: their config.yaml stays
+byte for byte what it was).
 
 Plug-in names (``engine.name``, ``cluster.name``, ``task.scorer.name``, ``task.scorer.normalize``)
 are plain strings here: the registries of the packages that implement them check them, before any
@@ -28,6 +30,9 @@ from evalrun.records.seeds import MASTER_SEED_LIMIT
 MISSING = "???"  # Hydra's marker of a value the config must supply
 MAX_TEMPERATURE = 2.0  # vLLM's limit
 NOT_A_SETTING = {"setting": False}  # field metadata: resolved by validation, not composed or recorded
+# field metadata: a null value is left out of the record (and a record without the field reads as null), so
+# records made before the setting existed are unchanged
+LEFT_OUT_WHEN_NULL = {"left_out_when_null": True}
 OR_AUTO = {"or_auto": True}  # field metadata: may be composed as "auto", which validation resolves to a value
 AUTO = "auto"
 MASTER_SEED_EXPECTED = "a non-negative integer or auto (integers below 2**53)"
@@ -131,7 +136,10 @@ class Section:
         if unknown:
             raise BadInput(_join(where, str(unknown[0])), "not a setting")
         values = {}
+        optional = {f.name for f in settings_fields(cls) if f.metadata.get("left_out_when_null")}
         for name in names:
+            if name not in record and name in optional:
+                continue
             if name not in record:
                 raise BadInput(_join(where, name), "missing")
             values[name] = _typed(_hints(cls)[name], record[name], _join(where, name))
@@ -139,7 +147,11 @@ class Section:
 
     def as_record(self) -> dict[str, Any]:
         """The settings as plain data (lists, dicts), exactly as they were composed."""
-        return {f.name: _record(getattr(self, f.name)) for f in settings_fields(type(self))}
+        return {
+            f.name: _record(getattr(self, f.name))
+            for f in settings_fields(type(self))
+            if not (f.metadata.get("left_out_when_null") and getattr(self, f.name) is None)
+        }
 
 
 @dataclass(frozen=True)
@@ -332,6 +344,15 @@ class TaskConfig(Section):
     world: WorldConfig | None = None  # an agent task: episodes in a world instead of dataset items
     # NAME@VERSION of the frozen answer set under references/ the items are scored against (None: the dataset's)
     references: str | None = None
+    # The kind of episode (evalrun.episodes.EPISODE_KINDS); None: world with task.world, else dataset
+    kind: str | None = field(default=None, metadata=LEFT_OUT_WHEN_NULL)
+
+    @property
+    def episode_kind(self) -> str:
+        """The registered kind of episode this task runs: ``kind``, or its default."""
+        if self.kind is not None:
+            return self.kind
+        return "world" if self.world is not None else "dataset"
 
     def check(self) -> None:
         if self.world is not None:

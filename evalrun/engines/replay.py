@@ -9,12 +9,14 @@ so is any call of an episode recorded as failed before its first call (``failed`
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from evalrun.engines import Completion, GenerationRequest, Loglikelihood, LoglikelihoodRequest, RequestRejected
 from evalrun.records.canonical import canonical_json, sha256_hex
-from evalrun.records.entries import loglikelihood_fields, request_fields
+from evalrun.records.chain import link
+from evalrun.records.entries import EntryError, ObservationEntry, loglikelihood_fields, parse_line, request_fields
 
 
 @dataclass(frozen=True)
@@ -35,6 +37,29 @@ class Divergence(Exception):
     def __init__(self, episode: str, seq: int | None, expected: str, got: str) -> None:
         super().__init__(f"episode {episode} seq {seq}: expected {expected}, got {got}")
         self.episode, self.seq, self.expected, self.got = episode, seq, expected, got
+
+
+def first_divergence(episode: str, expected: Sequence[str], got: Sequence[str]) -> Divergence | None:
+    """The first line where a replayed chain parts from the recorded one (or the entry count, when one chain
+    is the other's beginning), None when they are equal: the one first-divergence report of every replay."""
+    for seq, (want, have) in enumerate(zip(expected, got, strict=False)):
+        if want != have:
+            return Divergence(episode, seq, _describe(want, recorded=True), _describe(have, recorded=False))
+    if len(expected) != len(got):
+        return Divergence(episode, min(len(expected), len(got)), f"{len(expected)} entries", f"{len(got)} entries")
+    return None
+
+
+def _describe(line: str, recorded: bool) -> str:
+    """A chain line as a divergence shows it: a tool call's observation as its result, any other entry as its
+    text (the recorded one with its entry hash, so it can be found in the log)."""
+    try:
+        entry = parse_line(line)
+    except EntryError:
+        entry = None
+    if isinstance(entry, ObservationEntry) and entry.call is not None:
+        return f"observation of tool call {entry.call}: {entry.status} {entry.content!r}"
+    return f"entry hash {link('', line)}: {line[:200]}" if recorded else line[:200]
 
 
 def first_difference(expected: Any, got: Any, where: str = "request") -> tuple[str, str, str]:

@@ -361,12 +361,8 @@ def _sample(row: dict[str, Any], epoch: int, run: RunContents, model: str) -> Ev
     uuid = canonical_hash([run.record.manifest_sha256, episode])  # unique to this run's episode (dataframes key on it)
     ids = (f"{uuid[:16]}-{n}" for n in range(len(entries) + 2))
     error = end.error if end.status != "ok" else None
-    if header.world is not None:
-        messages, reads = _agent_messages(entries, model, ids)
-        prompt: str | list[ChatMessage] = [messages[0]]
-    else:
-        messages, reads = _single_turn_messages(row, entries, model, ids), []
-        prompt = row["prompt"]
+    messages, reads = _messages(row["prompt"], entries, model, ids)
+    prompt = row["prompt"]
     replies = [m for m in messages if isinstance(m, AssistantMessage)]
     stop_reason = _STOP_REASONS.get(row["finish_reason"], "unknown")
     usage = _usage(row["prompt_tokens"], row["output_tokens"])
@@ -426,26 +422,16 @@ def _sample_metadata(
         metadata["option_logprobs"] = row["option_logprobs"]
     if row["judgements"]:
         metadata["judgements"] = row["judgements"]
-    if header.world is not None:
-        metadata["world"] = header.world.model_dump(by_alias=True, exclude={"task_text"})
-        metadata.update(stop=end.stop, steps=end.steps, final_state_sha256=end.final_state_sha256)
-        if row["final_state"] is not None:
-            metadata["final_state"] = json.loads(row["final_state"])
-        if reads:
-            metadata["world_reads"] = reads  # effects read while the world was made (outside any tool call)
+    # what the header and end record beyond every episode's fields (a world's, its stop and final state)
+    metadata.update(header.model_dump(by_alias=True, include={"world"}, exclude={"world": {"task_text"}}))
+    metadata.update(stop=end.stop, steps=end.steps, final_state_sha256=end.final_state_sha256)
+    if row["final_state"] is not None:
+        metadata["final_state"] = json.loads(row["final_state"])
+    if reads:
+        metadata["world_reads"] = reads  # effects read while the world was made (outside any tool call)
     if end.error is not None:
         metadata["error"] = end.error
     return {k: v for k, v in metadata.items() if v is not None}
-
-
-def _single_turn_messages(
-    row: dict[str, Any], entries: list[Entry], model: str, ids: Iterator[str]
-) -> list[ChatMessage]:
-    """The prompt as the user's message and, when the policy generated, its reply."""
-    messages: list[ChatMessage] = [UserMessage(id=next(ids), content=row["prompt"], source="input")]
-    if any(isinstance(e, ModelEntry) for e in entries):
-        messages.append(AssistantMessage(id=next(ids), content=row["output"], source="generate", model=model))
-    return messages
 
 
 def _call_id(number: int) -> str:
@@ -465,16 +451,15 @@ def _read_record(entry: ClockEntry | RandomEntry | UuidEntry | EnvEntry) -> dict
     }
 
 
-def _agent_messages(
-    entries: Sequence[Entry], model: str, ids: Iterator[str]
+def _messages(
+    prompt: str, entries: Sequence[Entry], model: str, ids: Iterator[str]
 ) -> tuple[list[ChatMessage], list[dict[str, Any]]]:
-    """An agent episode's chain as chat messages: the task (user), then per turn the reply (assistant,
-    with its tool calls; a scripted agent's turn has no text) and one tool message per result in
-    the order the chain recorded them, each holding the reads its call made. Also the reads made
-    outside any tool call (while the world was generated)."""
-    header = entries[0]
-    assert isinstance(header, HeaderEntry) and header.world is not None
-    messages: list[ChatMessage] = [UserMessage(id=next(ids), content=header.world.task_text, source="input")]
+    """An episode's chain as chat messages, whatever its kind: what the model was first shown (``prompt``, the
+    output row's: the item's prompt, or the world's task text), then per turn the reply (assistant, with its
+    tool calls; a scripted agent's turn has no text; a judge's or an option score's call is no turn) and one
+    tool message per result in the order the chain recorded them, each holding the reads its call made. Also
+    the reads made outside any tool call (while a world was generated)."""
+    messages: list[ChatMessage] = [UserMessage(id=next(ids), content=prompt, source="input")]
     reply: dict[str, Any] | None = None  # the turn's assistant message, until its calls are answered
     functions: dict[int, str] = {}
     reads: dict[int | None, list[dict[str, Any]]] = defaultdict(list)

@@ -25,8 +25,8 @@ from typing import Any, Protocol, TypeVar
 from evalrun.config import ClusterConfig
 from evalrun.config.registry import Registry
 from evalrun.engines import logs
+from evalrun.episodes.plan import Episode
 from evalrun.errors import first_line
-from evalrun.pipeline.plan import Episode
 from evalrun.pipeline.raylocal import start_local
 from evalrun.pipeline.worker import BatchOutcome, CollectedLogs, EngineWorker, WorkerSpec, pack_batch
 from evalrun.records.canonical import canonical_hash

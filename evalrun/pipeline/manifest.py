@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-from evalrun.config import TRUNCATE_LEFT, EvalConfig, SeedsConfig
+from evalrun.config import EvalConfig, SeedsConfig
 from evalrun.config.model import ResolvedModel
-from evalrun.pipeline.agent import AgentTask
+from evalrun.episodes import EpisodeKind
 from evalrun.pipeline.environment import (
     evalrun_version,
     git_state,
@@ -28,11 +28,8 @@ from evalrun.pipeline.provenance import Drift, worker_record
 from evalrun.records.canonical import canonical_hash, combine
 from evalrun.records.formats import MANIFEST_FORMAT, Manifest
 from evalrun.scoring import ScoringContext, scoring_record
-from evalrun.scoring.context import verifier_identity
-from evalrun.tasks import Task
 
 DIGEST_PARTS = ("prompt_pack", "seed_set", "scoring")
-CHOICE_DISPLAY = ("field", "cannot_assess", "shuffle")  # how options are shown: part of the prompt pack
 
 
 @dataclass(frozen=True)
@@ -58,20 +55,6 @@ class Digest:
             "scoring": self.scoring,
             "digest": self.digest,
         }
-
-
-def prompt_pack_record(pack: dict[str, Any], choices: dict[str, Any], on_overlong: str | None = None) -> dict[str, Any]:
-    """What ``digest.prompt_pack`` hashes: the pack's record (templates by content, few-shot pool and
-    settings, effective decoding settings), for multiple choice how options are shown (shuffled
-    or not, the cannot-assess option), and ``on_overlong`` when it is ``truncate_left``, the one
-    setting that changes what the model is shown (the others only decide what happens to a prompt
-    that is never sent, so runs made before the setting existed keep their digest)."""
-    record = dict(pack)
-    if choices["field"] is not None:
-        record["choices"] = {k: choices[k] for k in CHOICE_DISPLAY}
-    if on_overlong == TRUNCATE_LEFT:
-        record["on_overlong"] = on_overlong
-    return record
 
 
 def seed_set_record(seeds: dict[str, Any]) -> dict[str, Any]:
@@ -104,41 +87,26 @@ def seed_set_hash(seeds: dict[str, Any]) -> str:
     return canonical_hash(seed_set_record(seeds))
 
 
-def scoring_context(config: EvalConfig, task: Task | AgentTask, model: ResolvedModel,
+def scoring_context(kind: EpisodeKind, config: EvalConfig, task: Any, model: ResolvedModel,
                     judge_model: ResolvedModel | None = None) -> ScoringContext:  # fmt: skip
-    """The judges' model is ``judge_model``, or the run's own model when there is none."""
-    if isinstance(task, AgentTask):
-        return ScoringContext(verifier=verifier_identity(task.versions, task.references))
-    return ScoringContext.of(config.task.choices, task.rubric, (judge_model or model).files, task.references)
+    """What the scorer of ``kind``'s ``task`` needs beyond its settings (the judges' model is ``judge_model``, or
+    the run's own model when there is none)."""
+    return kind.scoring_context(config, task, model, judge_model)
 
 
-def agent_prompt_record(world: dict[str, Any], decoding: dict[str, Any]) -> dict[str, Any]:
-    """What ``digest.prompt_pack`` hashes for an agent task: the world task's record (world, versions
-    and tools hash, families and seeds, agent and budgets, system prompt and chat template hashes)
-    and the decoding settings: everything that decides what the agent is shown and how it answers."""
-    return {"world": world, "decoding": decoding}
-
-
-def digest_inputs(config: EvalConfig, task: Task | AgentTask, model: ResolvedModel,
+def digest_inputs(kind: EpisodeKind, config: EvalConfig, task: Any, model: ResolvedModel,
                   judge_model: ResolvedModel | None = None) -> dict[str, dict[str, Any]]:  # fmt: skip
     """Each digest part's preimage, recorded in the manifest as ``digest_inputs``."""
-    if isinstance(task, AgentTask):
-        settings = {k: v for k, v in config.decoding.as_record().items() if k != "name"}
-        prompt = agent_prompt_record(task.as_record(), settings)
-    else:
-        prompt = prompt_pack_record(
-            task.pack.as_record(config.decoding.as_record()), task.choices.as_record(), config.task.on_overlong
-        )
     return {
-        "prompt_pack": prompt,
+        "prompt_pack": kind.prompt_record(config, task),
         "seed_set": seed_set_record(config.seeds.as_record()),
-        "scoring": scoring_record(config.task.scorer, scoring_context(config, task, model, judge_model)),
+        "scoring": scoring_record(config.task.scorer, scoring_context(kind, config, task, model, judge_model)),
     }
 
 
-def compute_digest(config: EvalConfig, task: Task | AgentTask, model: ResolvedModel,
+def compute_digest(kind: EpisodeKind, config: EvalConfig, task: Any, model: ResolvedModel,
                    judge_model: ResolvedModel | None = None) -> Digest:  # fmt: skip
-    return Digest.of_inputs(digest_inputs(config, task, model, judge_model))
+    return Digest.of_inputs(digest_inputs(kind, config, task, model, judge_model))
 
 
 def generator_info() -> dict[str, Any]:
@@ -152,35 +120,13 @@ def _model_identity(model: ResolvedModel | None) -> dict[str, Any] | None:
     return {"id": model.id, "revision": model.revision, "files": model.files, "pinned": model.pinned}
 
 
-def _task_identity(config: EvalConfig, task: Task | AgentTask) -> dict[str, Any]:
-    if isinstance(task, AgentTask):
-        return {"name": task.name, "world": task.as_record(), "scorer": config.task.scorer.as_record()}
-    return {
-        "name": task.name,
-        "dataset_sha256": task.dataset_sha256,
-        "items": len(task.items),
-        "prompt_pack": task.pack.as_record(config.decoding.as_record()),
-        "choices": task.choices.as_record(),
-        "rubric": task.rubric.as_record() if task.rubric is not None else None,
-        "scorer": config.task.scorer.as_record(),
-        "on_overlong": config.task.on_overlong,
-        **_references(task),
-    }
-
-
-def _references(task: Task) -> dict[str, Any]:
-    """The frozen answer set a dataset task is scored against, when it has one (left out otherwise,
-    so the records of tasks without are as before)."""
-    return {"references": task.references} if task.references is not None else {}
-
-
-def run_identity(config: EvalConfig, task: Task | AgentTask, model: ResolvedModel, digest: Digest, episodes: int,
-                 judge_model: ResolvedModel | None = None) -> dict[str, Any]:  # fmt: skip
+def run_identity(kind: EpisodeKind, config: EvalConfig, task: Any, model: ResolvedModel, digest: Digest,
+                 episodes: int, judge_model: ResolvedModel | None = None) -> dict[str, Any]:  # fmt: skip
     """Everything that decides what a run computes, and nothing that legitimately varies (paths,
     times, workers, hardware). ``evalrun resume`` refuses a run whose identity would change."""
     return {
         "digest": digest.as_record(),
-        "task": _task_identity(config, task),
+        "task": kind.identity(config, task),
         "limit": config.limit,
         "episodes": episodes,
         "model": _model_identity(model),
@@ -194,25 +140,10 @@ def run_identity(config: EvalConfig, task: Task | AgentTask, model: ResolvedMode
     }
 
 
-def _task_section(config: EvalConfig, task: Task | AgentTask) -> dict[str, Any]:
-    """The manifest's ``task``: what the run evaluated, with the paths it read."""
-    if isinstance(task, AgentTask):
-        return {"name": task.name, "world": task.as_record(), "scorer": config.task.scorer.as_record()}
-    return {
-        "name": task.name,
-        "dataset": {"path": str(task.dataset_path), "sha256": task.dataset_sha256, "items": len(task.items)},
-        "prompt_pack": {"path": str(task.pack.path), **task.pack.as_record(config.decoding.as_record())},
-        "choices": task.choices.as_record(),
-        "rubric": None if task.rubric is None else {"path": str(task.rubric.path), **task.rubric.as_record()},
-        "scorer": config.task.scorer.as_record(),
-        "on_overlong": config.task.on_overlong,
-        **_references(task),
-    }
-
-
 def build_manifest(
+    kind: EpisodeKind,
     config: EvalConfig,
-    task: Task | AgentTask,
+    task: Any,
     model: ResolvedModel,
     digest: Digest,
     workers: list[dict[str, Any]],
@@ -227,10 +158,10 @@ def build_manifest(
             honoured.append(w["determinism"]["honoured"])
     manifest = {
         "format": MANIFEST_FORMAT,
-        "identity": run_identity(config, task, model, digest, episodes, judge_model),
+        "identity": run_identity(kind, config, task, model, digest, episodes, judge_model),
         "digest": digest.as_record(),
         **({"digest_inputs": digest.inputs} if digest.inputs is not None else {}),
-        "task": _task_section(config, task),
+        "task": kind.section(config, task),
         "limit": config.limit,
         "episodes": episodes,
         "model": model.as_record(),

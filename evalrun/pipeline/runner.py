@@ -24,10 +24,9 @@ import pyarrow as pa
 from evalrun.config import REPO_ROOT, EvalConfig, ModelConfig, load_stored, parse_overrides, to_yaml, validate
 from evalrun.config.model import ResolvedModel, model_directory, resolve_model
 from evalrun.engines import ENGINES
+from evalrun.episodes import EPISODE_KINDS, EpisodeKind, Planned, kind_of
 from evalrun.errors import BadInput, CheckFailed, Interrupted, WriteFailed
 from evalrun.pipeline import failpoints
-from evalrun.pipeline.agent import AgentEpisode, AgentTask, agent_decoding, load_agent_task, plan_agent_episodes
-from evalrun.pipeline.context import apply_context_limit
 from evalrun.pipeline.dispatch import DISPATCHERS, Dispatcher, dispatcher_key, open_dispatcher
 from evalrun.pipeline.environment import install_provenance
 from evalrun.pipeline.manifest import (
@@ -38,7 +37,6 @@ from evalrun.pipeline.manifest import (
     run_identity,
     scoring_context,
 )
-from evalrun.pipeline.plan import Episode, build_plan
 from evalrun.pipeline.progress import RunProgress
 from evalrun.pipeline.provenance import Drift, DriftStopped, WorkerWatch
 from evalrun.pipeline.runlogs import write_logs
@@ -51,7 +49,6 @@ from evalrun.rundir.attest import attest_finished_run
 from evalrun.scoring import NORMALIZERS, SCORERS, Scoring, make_scorer, score_columns
 from evalrun.scoring.parts import ScoringSetup
 from evalrun.stats.summary import summarize, summary_columns
-from evalrun.tasks import Task, load_task
 
 
 @dataclass(frozen=True)
@@ -60,9 +57,10 @@ class Prepared:
 
     config: EvalConfig
     model: ResolvedModel
-    task: Task | AgentTask
+    kind: EpisodeKind
+    task: Any  # the kind's own loaded task
     digest: Digest
-    episodes: Sequence[Episode] | list[AgentEpisode]  # a Plan for single-turn tasks: episodes made on demand
+    episodes: Sequence[Planned]  # the kind's episodes (a dataset's Plan makes them on demand)
     worker_spec: WorkerSpec
     judge_model: ResolvedModel | None = None  # None: the judges (if any) run on the run's model
 
@@ -75,9 +73,6 @@ def _directory(m: ModelConfig) -> Path:
 def worker_spec(config: EvalConfig) -> WorkerSpec:
     """The engine worker a config needs, from the config alone: its model's directory is found, not hashed,
     so that the engine can load while :func:`prepare` checks the pins (docs/design.md "Start-up and exit")."""
-    if config.task.world is not None:  # an agent task: no separate judge
-        return WorkerSpec(model_path=str(_directory(config.model)), model_dtype=config.model.dtype,
-                          engine=config.engine, determinism=config.determinism)  # fmt: skip
     judge = config.judge_model
     return WorkerSpec(
         model_path=str(_directory(config.model)),
@@ -98,8 +93,9 @@ def _resolve(m: ModelConfig) -> ResolvedModel:
 
 
 def check_plugins(config: EvalConfig) -> None:
-    """Every plug-in the config names is registered: engine, dispatcher, scorer, normalisers
+    """Every plug-in the config names is registered: episode kind, engine, dispatcher, scorer, normalisers
     (a BadInput names the field). Nothing is imported to check."""
+    EPISODE_KINDS.check(config.task.episode_kind)
     ENGINES.check(config.engine.name)
     DISPATCHERS.check(config.cluster.name)
     SCORERS.check(config.task.scorer.name)
@@ -108,34 +104,19 @@ def check_plugins(config: EvalConfig) -> None:
 
 
 def prepare(config: EvalConfig) -> Prepared:
-    """All checks that need no engine: plug-in names, model pins, dataset, template rendering, the
-    scorer's settings, the plan."""
+    """All checks that need no engine: plug-in names, model pins, the task (dataset, templates, world), the
+    scorer's settings, the plan. The kind of episode loads and plans (docs/design.md "Kinds of episode")."""
     check_plugins(config)
     model = _resolve(config.model)
     judge = _resolve(config.judge_model) if config.judge_model is not None else None
-    if config.task.world is not None:
-        return _prepare_agents(config, model)
-    task = load_task(config)
-    config = config.with_decoding(task.pack.decoding)  # a pack's decoding settings win over the group's
-    make_scorer(config.task.scorer, scoring_context(config, task, model, judge))  # e.g. a regex that won't compile
-    episodes = build_plan(task, config.decoding, config.seeds)
-    # prompts that cannot fit the context (the tokenizer is loaded, the model is not)
-    episodes = apply_context_limit(episodes, model.path, config.engine.max_model_len, config.task.on_overlong)
+    kind = kind_of(config)
+    config, task = kind.load(config, model.path)
+    make_scorer(config.task.scorer, kind.scoring_context(config, task, model, judge))  # e.g. a regex that won't compile
+    episodes = kind.plan(config, task, model.path)
     return Prepared(
-        config=config, model=model, task=task, digest=compute_digest(config, task, model, judge),
+        config=config, model=model, kind=kind, task=task, digest=compute_digest(kind, config, task, model, judge),
         episodes=episodes, worker_spec=worker_spec(config), judge_model=judge,
     )  # fmt: skip
-
-
-def _prepare_agents(config: EvalConfig, model: ResolvedModel) -> Prepared:
-    """An agent task's plan: the world suite's tasks for every seed and repeat (docs/design.md "Agent episodes")."""
-    config = agent_decoding(config)
-    assert config.task.world is not None
-    task = load_agent_task(config.task, config.limit, model.path)
-    episodes = plan_agent_episodes(task.name, task.tasks, config.decoding, config.seeds, config.task.world.agent,
-                                   task.budget)  # fmt: skip
-    return Prepared(config=config, model=model, task=task, digest=compute_digest(config, task, model),
-                    episodes=episodes, worker_spec=worker_spec(config))  # fmt: skip
 
 
 def check_destination(config: EvalConfig) -> None:
@@ -195,6 +176,7 @@ def execute(prepared: Prepared, dispatcher: Dispatcher | None = None) -> Path:
         config, task = prepared.config, prepared.task
         watch = _watch_workers(config, dispatcher, None)  # drift stops the run here, before anything is written
         manifest = build_manifest(
+            prepared.kind,
             config,
             task,
             prepared.model,
@@ -253,12 +235,9 @@ def resume(run_path: Path, overrides: list[str] | None = None, dispatcher: Dispa
                 writer.remove_temporaries(run)
                 attest_finished_run(run.path)
             return run.path
-        recorded = reader.read_manifest(run).get("identity", {})
-        if isinstance(recorded.get("task"), dict) and not {"on_overlong", "world"} & set(recorded["task"]):
-            # made before task.on_overlong: the default, which it matches unless a prompt was too long
-            recorded = {**recorded, "task": {**recorded["task"], "on_overlong": prepared.config.task.on_overlong}}
-        current = run_identity(prepared.config, prepared.task, prepared.model, prepared.digest, len(prepared.episodes),
-                               prepared.judge_model)  # fmt: skip
+        recorded = prepared.kind.recorded_identity(reader.read_manifest(run).get("identity", {}), prepared.config)
+        current = run_identity(prepared.kind, prepared.config, prepared.task, prepared.model, prepared.digest,
+                               len(prepared.episodes), prepared.judge_model)  # fmt: skip
         changed = sorted(k for k in set(recorded) | set(current) if recorded.get(k) != current.get(k))
         if changed:
             raise BadInput(str(run.manifest), f"the run would now be made differently: {', '.join(changed)} changed")
@@ -343,7 +322,7 @@ class _Committed:
         spec = prepared.config.task.scorer
         self.run = run
         self.columns = score_columns(spec)
-        self.setup = ScoringSetup(spec, scoring_context(prepared.config, prepared.task, prepared.model,
+        self.setup = ScoringSetup(spec, scoring_context(prepared.kind, prepared.config, prepared.task, prepared.model,
                                                         prepared.judge_model))  # fmt: skip
         self.scoring_hash = prepared.digest.scoring
         self.scoring = Scoring(self.setup.spec, self.setup.context)
@@ -381,7 +360,7 @@ class _PlanPass:
         self.id_sum = 0
         self.kept_seen = 0
 
-    def remaining(self, episodes: Iterable[Episode] | Iterable[AgentEpisode]) -> Iterator[Any]:
+    def remaining(self, episodes: Iterable[Planned]) -> Iterator[Planned]:
         total = 0
         for e in episodes:
             total += int(e.episode_id, 16)

@@ -21,21 +21,11 @@ import pyarrow as pa
 
 from evalrun.config import DeterminismConfig, EngineConfig
 from evalrun.engines import build_engine, logs
+from evalrun.episodes import Engines, Planned, Provenance, kind_of_episodes
 from evalrun.errors import BadInput
 from evalrun.pipeline import determinism
-from evalrun.pipeline.agent import (
-    Agent,
-    AgentEpisode,
-    ModelAgent,
-    ScriptedAgent,
-    chat_template_renderer,
-    run_agent_episodes,
-)
 from evalrun.pipeline.canary import CanaryResult, canary_at_start
-from evalrun.pipeline.encode import Provenance, encode_agent_part, encode_part
 from evalrun.pipeline.environment import hardware_fingerprint, library_versions, python_version
-from evalrun.pipeline.harness import run_batches, run_episodes
-from evalrun.pipeline.plan import Episode
 from evalrun.records.canonical import canonical_json
 from evalrun.rundir.writer import EncodedPart
 from evalrun.scoring.parts import PartScorer, ScoredPart, ScoringSetup
@@ -124,7 +114,6 @@ class EngineWorker:
         if not_run is not None:
             self.determinism["notes"].append(not_run)
         self.model_path = spec.model_path
-        self._model_agent: ModelAgent | None = None
         self._scorers: dict[bytes, PartScorer | None] = {}  # by pickled ScoringSetup
         self.judge_engine = self.engine
         if spec.judge_model_path is not None:
@@ -132,6 +121,7 @@ class EngineWorker:
                 spec, model_path=spec.judge_model_path, model_dtype=spec.judge_model_dtype or spec.model_dtype
             )
             self.judge_engine = _build_engine(judge)
+        self.engines = Engines(self.engine, self.judge_engine, spec.model_path)
 
     def info(self) -> dict[str, Any]:
         return {
@@ -155,19 +145,13 @@ class EngineWorker:
         text = logs.stdio_files_text() if self._own_process else None
         return self._log.text() if text is None else text
 
-    def run(self, episodes: list[Episode] | list[AgentEpisode], generator: dict[str, Any],
-            scorer: PartScorer | None = None) -> BatchOutcome:  # fmt: skip
+    def run(self, episodes: list[Planned], generator: dict[str, Any], scorer: PartScorer | None = None) -> BatchOutcome:
         """A batch's outcome; its rows scored by ``scorer`` when given, else left for the driver to score."""
         started = time.perf_counter()
-        if episodes and isinstance(episodes[0], AgentEpisode):
-            agent_episodes = [e for e in episodes if isinstance(e, AgentEpisode)]
-            results = run_agent_episodes(agent_episodes, self._agent(agent_episodes[0].agent), generator)
-            provenance = Provenance(self.name, self.hardware, len(results), time.perf_counter() - started)
-            return BatchOutcome(encode_agent_part(results, provenance, scorer), len(results), self.name)
-        single = run_episodes(self.engine, [e for e in episodes if isinstance(e, Episode)], generator,
-                              self.judge_engine)  # fmt: skip
-        provenance = Provenance(self.name, self.hardware, len(single), time.perf_counter() - started)
-        return BatchOutcome(encode_part(single, provenance, scorer), len(single), self.name)
+        kind = kind_of_episodes(episodes)
+        results = kind.run(self.engines, episodes, generator)
+        provenance = Provenance(self.name, self.hardware, len(results), time.perf_counter() - started)
+        return BatchOutcome(kind.encode(results, provenance, scorer), len(results), self.name)
 
     def run_packed(self, batch: bytes, generator: dict[str, Any], scoring: bytes | None = None) -> BatchOutcome:
         """:meth:`run` on a batch as :func:`pack_batch` made it (how a Ray dispatcher ships one), its rows
@@ -189,40 +173,26 @@ class EngineWorker:
                 self._scorers[scoring] = None
         return self._scorers[scoring]
 
-    def run_batches(self, batches: Iterable[list[Episode]] | Iterable[list[AgentEpisode]],
-                    generator: dict[str, Any]) -> Iterator[BatchOutcome]:  # fmt: skip
-        """:meth:`run` over each batch, in order, with the same parts; single-turn episodes go through
-        :func:`evalrun.pipeline.harness.run_batches`, which keeps a queueing engine busy between batches.
-        A part's ``latency_s`` is then the time from the previous part's hand-over to its own results."""
+    def run_batches(self, batches: Iterable[list[Planned]], generator: dict[str, Any]) -> Iterator[BatchOutcome]:
+        """:meth:`run` over each batch, in order, with the same parts, through the kind's ``run_batches`` (a
+        dataset's keeps a queueing engine busy between batches). A part's ``latency_s`` is then the time from
+        the previous part's hand-over to its own results."""
         source = iter(batches)
         first = next(source, None)
         if first is None:
             return
-        if first and isinstance(first[0], AgentEpisode):
-            for batch in itertools.chain([first], source):
-                yield self.run(batch, generator)
-            return
-        episodes = cast(Iterator[list[Episode]], itertools.chain([first], source))
+        kind = kind_of_episodes(first)
         started = time.perf_counter()
-        for results in run_batches(self.engine, episodes, generator, self.judge_engine):
+        for results in kind.run_batches(self.engines, itertools.chain([first], source), generator):
             provenance = Provenance(self.name, self.hardware, len(results), time.perf_counter() - started)
-            yield BatchOutcome(encode_part(results, provenance), len(results), self.name)
+            yield BatchOutcome(kind.encode(results, provenance), len(results), self.name)
             started = time.perf_counter()
-
-    def _agent(self, kind: str) -> Agent:
-        """The agent of ``task.world.agent``: the world's scripted policy, or this worker's model
-        with its chat template (loaded once)."""
-        if kind == "scripted":
-            return ScriptedAgent()
-        if self._model_agent is None:
-            self._model_agent = ModelAgent(self.engine, chat_template_renderer(self.model_path))
-        return self._model_agent
 
 
 _LOG = logging.getLogger(__name__)
 
 
-def pack_batch(episodes: list[Episode] | list[AgentEpisode]) -> bytes:
+def pack_batch(episodes: list[Planned]) -> bytes:
     """A batch as one bytes object for :meth:`EngineWorker.run_packed`. Ray's own serializer packs a list
     with msgpack and pickles each episode on its own (about 1.2 ms of driver CPU a batch of 64 single-call
     episodes, against 0.2 ms for one pickle); what plain pickle cannot take (a class defined in a script)

@@ -42,7 +42,7 @@ noted, ``response``:
 * ``join``: the episode waited for several tool calls at once (``calls``, in the order their
   observations were recorded); not an effect, it records the order concurrent results were taken.
 
-The fast encoder (:func:`evalrun.pipeline.harness.record_episode`) and verify's fast path write and
+The fast encoder (:func:`evalrun.episodes.harness.record_episode`) and verify's fast path write and
 read the common three-line chain as string templates; the tests check them byte for byte against
 :func:`entry_line` of these models.
 """

@@ -23,6 +23,7 @@ from evalrun.analysis.gate import digest_record
 from evalrun.analysis.nondet import NondetReport, nondet_runs
 from evalrun.analysis.runs import OVERALL, Run, load_run
 from evalrun.audit.verify import verify_run
+from evalrun.episodes import kind_of_manifest
 from evalrun.errors import BadInput, CheckFailed
 from evalrun.records.entries import (
     ClockEntry,
@@ -150,7 +151,8 @@ class RunData:
     estimates: tuple[Estimate, ...]
     trials: tuple[TrialMean, ...]
     episodes: EpisodeTable
-    agent: bool
+    kind: str  # the kind of episode (evalrun.episodes)
+    transcribed: bool  # its episodes are shown step by step (the kind says so: a world's are)
     transcripts: tuple[Transcript, ...]
     problems: tuple[str, ...]  # parts of the run that could not be read
 
@@ -433,15 +435,22 @@ def _during(tool: int | None) -> str:
     return f" during tool call {tool}" if tool is not None else ""
 
 
+def _header_steps(header: HeaderEntry) -> list[Step]:
+    """The task a header records, when it records one as text of its own (a world's)."""
+    w = header.world
+    if w is None:
+        return []
+    return [Step("task", f"task · {w.name} v{w.world} · family {w.family} · world seed {w.world_seed} "
+                         f"· agent {w.agent} · clock starts {w.start}", w.task_text)]  # fmt: skip
+
+
 def transcript_steps(entries: Iterable[Any]) -> list[Step]:
     """A readable step per chain entry of an agent episode (docs/design.md "Agent episodes")."""
     steps = []
     tools: dict[int, str] = {}
     for e in entries:
-        if isinstance(e, HeaderEntry) and e.world is not None:
-            w = e.world
-            steps.append(Step("task", f"task · {w.name} v{w.world} · family {w.family} · world seed {w.world_seed} "
-                                      f"· agent {w.agent} · clock starts {w.start}", w.task_text))  # fmt: skip
+        if isinstance(e, HeaderEntry):
+            steps.extend(_header_steps(e))
         elif isinstance(e, ModelEntry):
             r = e.response
             steps.append(Step("model", f"model turn {e.call} · {len(r.token_ids)} tokens · {r.finish_reason}",
@@ -492,8 +501,7 @@ def transcripts(
         rel = f"{layout.LOG}/{log_part.name}"
         for chain in iter_chains(log_part, rel):
             header = chain.entries[0]
-            if not isinstance(header, HeaderEntry) or header.world is None:
-                continue
+            assert isinstance(header, HeaderEntry)  # the reader starts every chain with a header
             steps = transcript_steps(chain.entries)
             final = final_states.get(chain.episode)
             if final is not None:
@@ -540,7 +548,7 @@ def gather_run(path: Path, rows: int = ROWS, transcript_limit: int = TRANSCRIPTS
             summary = read_summary(run_dir)
         except CheckFailed as exc:
             problems.append(_problem(exc))
-    agent = _get(manifest, "task", "world") is not None
+    kind = kind_of_manifest(manifest)
     try:
         outputs = read_outputs(run_dir, [*TABLE_COLUMNS, FINAL_STATE])
     except CheckFailed as exc:
@@ -549,7 +557,7 @@ def gather_run(path: Path, rows: int = ROWS, transcript_limit: int = TRANSCRIPTS
     scores = scores if scores is not None else SCORES_SCHEMA.empty_table()
     table = episode_table(outputs, scores, rows)
     found: tuple[Transcript, ...] = ()
-    if agent and transcript_limit > 0:
+    if kind.transcribed and transcript_limit > 0:
         finals = dict(zip(outputs.column("episode_id").to_pylist(), outputs.column(FINAL_STATE).to_pylist(),
                           strict=True))  # fmt: skip
         verdicts: dict[str, dict[str, tuple[float, str | None]]] = defaultdict(dict)
@@ -563,7 +571,8 @@ def gather_run(path: Path, rows: int = ROWS, transcript_limit: int = TRANSCRIPTS
     return RunData(
         path=path, name=path.name, digest=_get(manifest, "digest", "digest"), verification=checked,
         identity=identity_sections(manifest, record, run), estimates=estimates(summary),
-        trials=trial_means(scores), episodes=table, agent=agent, transcripts=found, problems=tuple(problems),
+        trials=trial_means(scores), episodes=table, kind=kind.name, transcribed=kind.transcribed, transcripts=found,
+        problems=tuple(problems),
     )  # fmt: skip
 
 

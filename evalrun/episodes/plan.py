@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, overload
+from typing import Any, ClassVar, overload
 
 from evalrun.config import DecodingConfig, SeedsConfig
 from evalrun.engines import SamplingSpec
@@ -36,6 +36,8 @@ class JudgeCall:
 
 @dataclass(frozen=True)
 class Episode:
+    kind: ClassVar[str] = "dataset"  # the kind of episode that runs it (evalrun.episodes.EPISODE_KINDS)
+
     episode_id: str
     task: str
     item_id: str
@@ -124,7 +126,7 @@ class Plan(Sequence[Episode]):
         self._templates = [_EpisodeTemplates.of(seeds.master, task.name, planned.item.id) for planned in items]
 
     def with_items(self, items: tuple[PlannedItem, ...]) -> Plan:
-        """The same plan over changed items (prompts cut to fit, or rejected: pipeline.context)."""
+        """The same plan over changed items (prompts cut to fit, or rejected: episodes.context)."""
         if len(items) != len(self.items):
             raise ValueError(f"{len(items)} items for a plan of {len(self.items)}")
         return Plan(self._task, items, self._decoding, self._seeds_config, self._judge_decoding)

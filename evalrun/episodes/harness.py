@@ -24,7 +24,7 @@ from evalrun.engines import (
     RequestRejected,
     SamplingSpec,
 )
-from evalrun.pipeline.plan import Episode, JudgeCall
+from evalrun.episodes.plan import Episode, JudgeCall
 from evalrun.records.canonical import MAX_SAFE_INTEGER, Canonical, _es6_number, canonical_json
 from evalrun.records.chain import GENESIS, ChainBuilder
 from evalrun.records.entries import (

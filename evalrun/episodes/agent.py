@@ -20,15 +20,16 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 from evalrun.config import DecodingConfig, EvalConfig, SeedsConfig, TaskConfig
+from evalrun.config.registry import Registry
 from evalrun.config.settings import WorldConfig
 from evalrun.engines import Completion, Engine, GenerationRequest, SamplingSpec
-from evalrun.engines.replay import Divergence
+from evalrun.engines.replay import Divergence, first_divergence
+from evalrun.episodes.harness import completion_record, encode_generator, generate_each
+from evalrun.episodes.plan import episode_id, sampling_spec
 from evalrun.errors import BadInput
-from evalrun.pipeline.harness import completion_record, encode_generator, generate_each
-from evalrun.pipeline.plan import episode_id, sampling_spec
 from evalrun.records.canonical import Canonical, canonical_hash, sha256_hex
 from evalrun.records.chain import ChainBuilder
 from evalrun.records.entries import (
@@ -88,6 +89,8 @@ class AgentBudget:
 
 @dataclass(frozen=True)
 class AgentEpisode:
+    kind: ClassVar[str] = "world"  # the kind of episode that runs it (evalrun.episodes.EPISODE_KINDS)
+
     episode_id: str
     task: str  # the run's task name
     world_task: WorldTask
@@ -311,6 +314,18 @@ class Agent(Protocol):
         ...
 
 
+AgentFactory = Callable[[Engine, "str | None"], Agent]
+"""How ``task.world.agent=NAME`` is built in a worker: from the worker's engine and its model's directory (None
+when the model is not here)."""
+
+AGENTS: Registry[AgentFactory] = Registry("agent", "task.world.agent")
+
+
+def agent(name: str) -> Callable[[AgentFactory], AgentFactory]:
+    """Register an agent: ``@agent("NAME")`` on a function ``(engine, model_path) -> Agent``."""
+    return AGENTS.register(name)
+
+
 class ScriptedAgent:
     """``agent=scripted``: the world's deterministic reference policy (no model call); tests may pass
     another policy (e.g. the planner's greedy plan)."""
@@ -320,6 +335,11 @@ class ScriptedAgent:
 
     def act(self, turns: Sequence[Turn]) -> list[Reply]:
         return [Reply(format_calls(self.policy(t.task_text, t.steps))) for t in turns]
+
+
+@agent("scripted")
+def scripted_agent(engine: Engine, model_path: str | None) -> Agent:
+    return ScriptedAgent()
 
 
 ChatRenderer = Callable[[list[dict[str, str]]], str]
@@ -353,6 +373,15 @@ class ModelAgent:
             Reply(o.text, r, o) if isinstance(o, Completion) else Reply("", r, refused=o)
             for r, o in zip(requests, outcomes, strict=True)
         ]
+
+
+@agent("model")
+def model_agent(engine: Engine, model_path: str | None) -> Agent:
+    """The run's model, prompted through its own chat template (the model's directory must be here)."""
+    if model_path is None:
+        raise BadInput("model.path", "a model agent renders its prompts with the model's chat template: the model "
+                                     "directory is not here")  # fmt: skip
+    return ModelAgent(engine, chat_template_renderer(model_path))
 
 
 def chat_template_renderer(model_path: str) -> ChatRenderer:
@@ -602,26 +631,9 @@ def replay_agent_episodes(
         except Divergence as d:
             divergences.append(d)
             continue
-        difference = first_line_difference(e.episode_id, recorded[e.episode_id], result.log_lines)
+        difference = first_divergence(e.episode_id, recorded[e.episode_id], result.log_lines)
         if difference is not None:
             divergences.append(difference)
         else:
             results.append(result)
     return results, divergences
-
-
-def first_line_difference(episode: str, expected: Sequence[str], got: Sequence[str]) -> Divergence | None:
-    for seq, (a, b) in enumerate(zip(expected, got, strict=False)):
-        if a != b:
-            return Divergence(episode, seq, _describe(a), _describe(b))
-    if len(expected) != len(got):
-        seq = min(len(expected), len(got))
-        return Divergence(episode, seq, f"{len(expected)} entries", f"{len(got)} entries")
-    return None
-
-
-def _describe(line: str) -> str:
-    entry = parse_line(line)
-    if isinstance(entry, ObservationEntry):
-        return f"observation of tool call {entry.call}: {entry.status} {entry.content!r}"
-    return line

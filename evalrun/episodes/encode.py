@@ -8,27 +8,19 @@ column by column in the storage schema derived from :class:`evalrun.records.outp
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from itertools import chain
 from typing import Any
 
 import pyarrow as pa
 
-from evalrun.pipeline.agent import AgentEpisode, AgentResult
-from evalrun.pipeline.harness import EpisodeResult, Judgement
-from evalrun.pipeline.plan import Episode
+from evalrun.episodes import Provenance, Result
+from evalrun.episodes.agent import AgentEpisode, AgentResult
+from evalrun.episodes.harness import EpisodeResult, Judgement
+from evalrun.episodes.plan import Episode
 from evalrun.records.canonical import canonical_json, sha256_hex
 from evalrun.records.outputs import FAILED_FINISH_REASON, OUTPUT_SCHEMA, STAGED_COLUMNS
 from evalrun.rundir.writer import EncodedPart, table_bytes
 from evalrun.scoring.parts import PartScorer
-
-
-@dataclass(frozen=True)
-class Provenance:
-    worker: str
-    hardware: str  # canonical JSON of the worker's hardware fingerprint
-    batch_size: int
-    latency_s: float
 
 
 def output_rows(results: list[EpisodeResult], provenance: Provenance) -> pa.Table:
@@ -130,16 +122,16 @@ def agent_finish_reason(stop: str | None) -> str:
 
 def encode_agent_part(results: list[AgentResult], provenance: Provenance,
                       scorer: PartScorer | None = None) -> EncodedPart:  # fmt: skip
-    return _encoded(results, agent_output_rows(results, provenance), sum(r.output_tokens for r in results), scorer)
+    return encoded_part(results, agent_output_rows(results, provenance), sum(r.output_tokens for r in results), scorer)
 
 
 def encode_part(results: list[EpisodeResult], provenance: Provenance, scorer: PartScorer | None = None) -> EncodedPart:
     tokens = sum(len(r.completion.token_ids) for r in results)
-    return _encoded(results, output_rows(results, provenance), tokens, scorer)
+    return encoded_part(results, output_rows(results, provenance), tokens, scorer)
 
 
-def _encoded(results: Sequence[EpisodeResult | AgentResult], rows: pa.Table, output_tokens: int,
-             scorer: PartScorer | None) -> EncodedPart:  # fmt: skip
+def encoded_part(results: Sequence[Result], rows: pa.Table, output_tokens: int,
+                 scorer: PartScorer | None) -> EncodedPart:  # fmt: skip
     """A part's bytes, and its rows: scored by ``scorer`` when given (a Ray worker's part), else as they
     are, for the driver to score (an inline worker's part, which is never pickled)."""
     return EncodedPart(

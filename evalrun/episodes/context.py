@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from evalrun.config import TRUNCATE_LEFT
+from evalrun.episodes.plan import Plan, PlannedItem
 from evalrun.errors import BadInput
-from evalrun.pipeline.plan import Plan, PlannedItem
 
 TOKENIZER_FILE = "tokenizer.json"
 

@@ -1,0 +1,239 @@
+"""Kinds of episode: one contract for every path an episode takes from config to record and back.
+
+A kind of episode (``dataset``: one prompt per item, with its option scores and judges; ``world``: an
+agent acting over many turns in a seeded offline world) owns everything that differs between kinds:
+loading its task from config, planning its episodes, running a batch of them on an engine, their
+output rows, the manifest's task sections and the digest's prompt-pack part, replaying one episode
+from its recorded chain, and the checks verify makes of its records. The runner, the workers, replay,
+verify, rescore and the CLI ask the kind and never which kind it is (docs/design.md "Kinds of
+episode"; tests/test_architecture.py checks that no code outside the kinds' modules branches on one).
+
+A kind is a class registered by name with ``@episode_kind("NAME")``, in the style of the engine
+registry; ``task.kind`` selects one (null: ``world`` when the task has a ``task.world`` section, else
+``dataset``, so configs and records made before kinds existed are read as they were).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol, TypeVar, runtime_checkable
+
+import pyarrow as pa
+
+from evalrun.config import EvalConfig
+from evalrun.config.model import ResolvedModel
+from evalrun.config.registry import Registry
+from evalrun.engines import Engine
+from evalrun.records.canonical import Canonical
+from evalrun.records.entries import Entry
+from evalrun.rundir.writer import EncodedPart
+from evalrun.scoring import ScoringContext
+from evalrun.scoring.parts import PartScorer
+from evalrun.tasks.rubric import Rubric
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """What an output row records of where and how its episode ran: never hashed (docs/design.md "Output rows")."""
+
+    worker: str
+    hardware: str  # canonical JSON of the worker's hardware fingerprint
+    batch_size: int
+    latency_s: float
+
+
+@dataclass
+class Engines:
+    """What a kind runs its episodes on in one worker: the run's engine, the judges' engine (the run's own
+    when there is no judge model), the model's directory (its tokenizer and chat template), and a place for
+    what a kind builds once per worker (an agent, say)."""
+
+    engine: Engine
+    judge: Engine
+    model_path: str | None
+    built: dict[str, Any] = field(default_factory=dict)
+
+    def once(self, key: str, build: Callable[[], Any]) -> Any:
+        if key not in self.built:
+            self.built[key] = build()
+        return self.built[key]
+
+
+class Planned(Protocol):
+    """An episode of a plan, as every kind's episodes are: identified, and named by its kind."""
+
+    kind: str  # the kind's registered name (a class attribute)
+
+    @property
+    def episode_id(self) -> str: ...
+
+
+class Result(Protocol):
+    """A finished episode: its chain (lines and head)."""
+
+    @property
+    def episode(self) -> Planned: ...
+
+    @property
+    def log_lines(self) -> tuple[str, ...]: ...
+
+    @property
+    def head(self) -> str: ...
+
+
+@dataclass(frozen=True)
+class FreezeOptions:
+    """``evalrun references build``'s options: for solver-computed references, the solver's settings."""
+
+    allow_feasible: bool = False
+    max_deterministic_time: float = 10.0
+    random_seed: int = 0
+
+
+class Frozen(Protocol):
+    """What ``evalrun references build`` froze: its JSON form and the line it prints."""
+
+    def as_json(self) -> dict[str, Any]: ...
+
+    def message(self) -> str: ...
+
+
+@runtime_checkable
+class EpisodeKind(Protocol):
+    """One kind of episode. ``task`` is the kind's own loaded task and ``episodes`` its own episodes: only
+    the kind reads them."""
+
+    name: str
+    transcribed: bool  # the report shows its episodes step by step (a world's; a dataset's are rows)
+
+    # --- config -> plan ---
+    def load(self, config: EvalConfig, model_dir: Path | None) -> tuple[EvalConfig, Any]:
+        """The task ``config`` names, loaded and checked (a BadInput names the field), and the config with the
+        task's own decoding settings applied. ``model_dir``: the model's directory when it is here (its
+        tokenizer and chat template), None when it is not (a replay of a run made elsewhere)."""
+        ...
+
+    def plan(self, config: EvalConfig, task: Any, model_dir: Path | None) -> Sequence[Planned]:
+        """Every episode of the run, ids and seeds derived from the config alone; the same code plans a run
+        and its replay (prompts that do not fit the context found with the tokenizer of ``model_dir``)."""
+        ...
+
+    def scoring_context(self, config: EvalConfig, task: Any, model: ResolvedModel,
+                        judge_model: ResolvedModel | None) -> ScoringContext: ...  # fmt: skip
+
+    def prompt_record(self, config: EvalConfig, task: Any) -> dict[str, Any]:
+        """What the digest's ``prompt_pack`` part hashes: everything that decides what the model is shown."""
+        ...
+
+    def identity(self, config: EvalConfig, task: Any) -> dict[str, Any]:
+        """The manifest's ``identity.task``: what decides what the run computes (resume refuses a change)."""
+        ...
+
+    def section(self, config: EvalConfig, task: Any) -> dict[str, Any]:
+        """The manifest's ``task``: what the run evaluated, with the paths it read."""
+        ...
+
+    def recorded_identity(self, identity: dict[str, Any], config: EvalConfig) -> dict[str, Any]:
+        """A recorded ``identity`` as this code would write it for ``config`` (records of older code)."""
+        ...
+
+    # --- dispatch ---
+    def run(self, engines: Engines, episodes: list[Any], generator: dict[str, Any] | Canonical) -> list[Any]:
+        """A batch's results, in episode order."""
+        ...
+
+    def run_batches(self, engines: Engines, batches: Iterable[list[Any]],
+                    generator: dict[str, Any] | Canonical) -> Iterator[list[Any]]:  # fmt: skip
+        """:meth:`run` over each batch in order, with the same results (an engine kept busy between batches)."""
+        ...
+
+    def encode(self, results: list[Any], provenance: Provenance, scorer: PartScorer | None = None) -> EncodedPart:
+        """A batch's log part and output part (:mod:`evalrun.episodes.encode`)."""
+        ...
+
+    def output_rows(self, results: list[Any], provenance: Provenance) -> pa.Table: ...
+
+    # --- replay and audit ---
+    def replay(self, engines: Engines, episode: Any, recorded: Sequence[str],
+               generator: dict[str, Any] | Canonical) -> Any:  # fmt: skip
+        """One episode run again with every model call and effect served from its recorded chain
+        (``engines.engine`` is a replay engine); raises :class:`evalrun.engines.replay.Divergence` when the
+        episode asks for something the chain does not hold."""
+        ...
+
+    def rubric(self, task: Any) -> Rubric | None:
+        """The rubric the task's outputs are judged by, if any (its scoring context is recorded with it)."""
+        ...
+
+    def recorded_scoring_context(self, manifest: Mapping[str, Any], rubric: Rubric | None) -> ScoringContext:
+        """The context a finished run was scored with, from its manifest (``rubric`` read again)."""
+        ...
+
+    def recorded_prompt_record(self, manifest: Mapping[str, Any]) -> dict[str, Any]:
+        """What the digest's ``prompt_pack`` part must hash, rebuilt from the rest of the manifest (CheckFailed
+        naming the field of a malformed section)."""
+        ...
+
+    def prompt_source(self, key: str) -> str:
+        """The manifest section a key of the ``prompt_pack`` preimage comes from (for verify's message)."""
+        ...
+
+    def recorded_scoring_record(self, manifest: Mapping[str, Any]) -> dict[str, Any]:
+        """The scoring context record (:meth:`ScoringContext.as_record`) the manifest implies, rubric as recorded."""
+        ...
+
+    def row_mismatch(self, row: dict[str, Any], entries: list[Entry]) -> str | None:
+        """The first output column of ``row`` that disagrees with its chain's typed ``entries``, or None."""
+        ...
+
+    def freeze(self, config: EvalConfig, root: Path | None, options: FreezeOptions) -> Frozen:
+        """``evalrun references build``: freeze the answers or references the task is scored against."""
+        ...
+
+
+EPISODE_KINDS: Registry[EpisodeKind] = Registry("episode kind", "task.kind")
+EPISODE_KINDS.declare("dataset", "evalrun.episodes.dataset")
+EPISODE_KINDS.declare("world", "evalrun.episodes.world")
+
+K = TypeVar("K")
+
+
+def episode_kind(name: str) -> Callable[[type[K]], type[K]]:
+    """Register a kind of episode: ``@episode_kind("NAME")`` on a class implementing :class:`EpisodeKind`
+    (one instance of it serves every run)."""
+
+    def register(cls: type[K]) -> type[K]:
+        instance = cls()
+        if not isinstance(instance, EpisodeKind):
+            raise TypeError(f"{cls.__qualname__} does not implement EpisodeKind")
+        EPISODE_KINDS.add(name, instance)
+        return cls
+
+    return register
+
+
+def kind_of(config: EvalConfig) -> EpisodeKind:
+    """The kind ``task.kind`` names (a BadInput names the field when no kind is registered under it)."""
+    return EPISODE_KINDS.get(config.task.episode_kind)
+
+
+def kind_named(name: str) -> EpisodeKind:
+    return EPISODE_KINDS.get(name)
+
+
+def kind_of_episodes(episodes: Sequence[Planned]) -> EpisodeKind:
+    """The kind of a batch's episodes (every episode of a batch is of the run's kind)."""
+    return EPISODE_KINDS.get(episodes[0].kind)
+
+
+def kind_of_manifest(manifest: Mapping[str, Any]) -> EpisodeKind:
+    """The kind a run's manifest records: its ``task.kind``, or for records of the two first kinds, which do
+    not name theirs, ``world`` when its task has a ``world`` section, else ``dataset``."""
+    task = manifest.get("task")
+    task = task if isinstance(task, Mapping) else {}
+    name = task.get("kind")
+    if not isinstance(name, str):
+        name = "world" if isinstance(task.get("world"), Mapping) else "dataset"
+    return EPISODE_KINDS.get(name)
