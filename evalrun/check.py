@@ -42,7 +42,6 @@ from evalrun.errors import BadInput, CheckFailed
 from evalrun.pipeline.dispatch import Dispatcher
 from evalrun.pipeline.runner import Prepared, check_destination, execute, load_run_config, prepare
 from evalrun.records.entries import (
-    MODEL_CALLS,
     CompletionResponse,
     Entry,
     FailedCallEntry,
@@ -50,6 +49,7 @@ from evalrun.records.entries import (
 )
 from evalrun.records.formats import CHECK_FORMAT
 from evalrun.records.seeds import derive_rng
+from evalrun.records.view import ChainView
 from evalrun.rundir import layout
 from evalrun.rundir.reader import iter_chains, load_record, open_run, part_pairs, read_outputs, read_scores
 from evalrun.stats.estimates import estimate
@@ -112,7 +112,7 @@ def recorded_episodes(run: layout.RunDir, ids: frozenset[str]) -> dict[str, Reco
     for log_rel, _out_rel in part_pairs(run, load_record(run)):
         for chain in iter_chains(run.path / log_rel, log_rel):
             if chain.episode in ids:
-                model = sorted((e for e in chain.entries if isinstance(e, MODEL_CALLS)), key=lambda e: e.call)
+                model = sorted(ChainView.of(chain.entries).model_calls, key=lambda e: e.call)
                 calls[chain.episode] = tuple(generation(e) for e in model)
     answers: dict[str, list[tuple[str, str | None]]] = defaultdict(list)
     for eid, metric, extracted in zip(*read_scores(run, ["episode_id", "metric", "extracted"]).to_pydict().values(),

@@ -5,7 +5,7 @@ A set is one canonical-JSON file per instance, ``<item>.json`` (the world task's
 and ``index.json``, which lists every file with its sha256. The index's own sha256
 names the set in a run's manifest. This module only reads, checks hashes and writes bytes; it never
 solves anything (the solver lives in :mod:`evalrun.worlds.solver`, the build and the full check in
-:mod:`evalrun.worlds.freeze`), so evaluation reads references without ever importing a solver.
+:mod:`evalrun.worlds.reference_sets`), so evaluation reads references without ever importing a solver.
 """
 
 from __future__ import annotations

@@ -40,7 +40,7 @@ from typing import Any
 
 from evalrun.config import ScorerConfig
 from evalrun.engines import Completion, SamplingSpec
-from evalrun.episodes import encode
+from evalrun.episodes import EncodedPart, encode
 from evalrun.episodes.harness import encode_generator, record_episode
 from evalrun.episodes.plan import Episode, episode_id
 from evalrun.pipeline.manifest import Digest, seed_set_hash
@@ -86,7 +86,7 @@ _EPISODES: list[Episode] = []
 _COMPLETIONS: list[Completion] = []
 
 
-def _encode_batch(lo: int, episodes: list[Episode], generator: Canonical) -> writer.EncodedPart:
+def _encode_batch(lo: int, episodes: list[Episode], generator: Canonical) -> EncodedPart:
     """What an engine worker does with a batch once the engine has answered (evalrun.pipeline.worker)."""
     completions = _COMPLETIONS[lo : lo + len(episodes)]
     results = [record_episode(e, c, generator) for e, c in zip(episodes, completions, strict=True)]
@@ -94,7 +94,7 @@ def _encode_batch(lo: int, episodes: list[Episode], generator: Canonical) -> wri
     return encode.encode_part(results, provenance)
 
 
-def _encode_range(lo: int, hi: int, generator: Canonical) -> writer.EncodedPart:
+def _encode_range(lo: int, hi: int, generator: Canonical) -> EncodedPart:
     return _encode_batch(lo, _EPISODES[lo:hi], generator)
 
 
@@ -114,7 +114,7 @@ def write_parts_pool(parts: writer.PartWriter, episodes: list[Episode], part_siz
                      window: int, send_episodes: bool) -> None:  # fmt: skip
     """Workers encode, the driver commits in batch order; at most ``window`` batches in flight."""
     generator = encode_generator(GENERATOR)
-    pending: deque[Future[parts.EncodedPart]] = deque()
+    pending: deque[Future[EncodedPart]] = deque()
     for lo in range(0, len(episodes), part_size):
         if len(pending) >= window:
             parts.write(pending.popleft().result())

@@ -48,7 +48,7 @@ from tokenizers.trainers import BpeTrainer
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from evalrun.config import load
-from evalrun.config.model import hash_model_dir, write_pins
+from evalrun.engines.pins import hash_model_dir, write_pins
 from evalrun.episodes.agent import planned_world_tasks
 from evalrun.worlds import effects_for, make_world
 from evalrun.worlds.actions import chat_messages

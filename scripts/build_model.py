@@ -160,7 +160,7 @@ def main() -> None:
     model.generation_config.save_pretrained(args.out)
 
     if args.write_pins:
-        from evalrun.config.model import hash_model_dir, write_pins
+        from evalrun.engines.pins import hash_model_dir, write_pins
 
         write_pins(args.write_pins, hash_model_dir(args.out))
         print(f"pins written to {args.write_pins}")

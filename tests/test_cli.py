@@ -15,8 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from evalrun import config
-from evalrun.analysis.gate import digest_record
-from evalrun.analysis.runs import load_run
+from evalrun.analysis.runs import digest_record, load_run
 from evalrun.cli import cli, main
 from evalrun.cli.render import render_summary, stdout_console
 from evalrun.config import load as load_config

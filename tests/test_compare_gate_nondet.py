@@ -11,9 +11,9 @@ import pyarrow as pa
 import pytest
 
 from evalrun.analysis.compare import changed_things, compare_paths, manifest_diff
-from evalrun.analysis.gate import digest_record, gate_paths, pooled_range
+from evalrun.analysis.gate import gate_paths, pooled_range
 from evalrun.analysis.nondet import EpisodeOutputs, analyse, episode_nondet, nondet_paths
-from evalrun.analysis.runs import load_run
+from evalrun.analysis.runs import digest_record, load_run
 from evalrun.cli import main
 from evalrun.errors import BadInput
 from evalrun.records.canonical import canonical_json

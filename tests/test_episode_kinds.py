@@ -21,7 +21,7 @@ from evalrun.audit.rescore import rescore_run
 from evalrun.audit.verify import verify_run
 from evalrun.config import EvalConfig, load
 from evalrun.engines import Completion, GenerationRequest
-from evalrun.episodes import EPISODE_KINDS, Engines, Provenance, episode_kind
+from evalrun.episodes import EPISODE_KINDS, EncodedPart, Engines, Provenance, episode_kind
 from evalrun.episodes.dataset import DatasetKind
 from evalrun.episodes.encode import encode_part, output_rows
 from evalrun.episodes.harness import EpisodeResult, completion_record, encode_generator, generate_each
@@ -32,11 +32,11 @@ from evalrun.pipeline.dispatch import Dispatcher
 from evalrun.pipeline.runner import execute, prepare
 from evalrun.records.canonical import Canonical
 from evalrun.records.chain import ChainBuilder
-from evalrun.records.entries import EndEntry, Entry, EpisodeSeeds, HeaderEntry, ModelEntry, generation_request
+from evalrun.records.entries import EndEntry, EpisodeSeeds, HeaderEntry, ModelEntry, generation_request
 from evalrun.records.formats import Generator
 from evalrun.records.seeds import derive_seed
+from evalrun.records.view import ChainView
 from evalrun.report import build_report
-from evalrun.rundir.writer import EncodedPart
 from evalrun.scoring.parts import PartScorer
 from evalrun.tasks import Task
 
@@ -118,10 +118,8 @@ class VoteKind(DatasetKind):
     def recorded_prompt_record(self, manifest: Mapping[str, Any]) -> dict[str, Any]:
         return {**super().recorded_prompt_record(manifest), "votes": manifest["task"]["votes"]}
 
-    def row_mismatch(self, row: dict[str, Any], entries: list[Entry]) -> str | None:
-        header = entries[0]
-        assert isinstance(header, HeaderEntry)
-        calls = [e for e in entries if isinstance(e, ModelEntry)]
+    def row_mismatch(self, row: dict[str, Any], chain: ChainView) -> str | None:
+        header, calls = chain.header, chain.generations
         if len(calls) != VOTES:
             return "output"
         chosen = _majority([Completion(c.response.text, tuple(c.response.token_ids), tuple(c.response.logprobs),

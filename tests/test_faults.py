@@ -19,7 +19,7 @@ import pytest
 from evalrun.cli.main import main
 from evalrun.config import load
 from evalrun.engines import Completion, GenerationRequest
-from evalrun.episodes import Provenance
+from evalrun.episodes import EncodedPart, Provenance
 from evalrun.episodes.encode import encode_part
 from evalrun.episodes.harness import run_episodes
 from evalrun.episodes.plan import Episode
@@ -371,7 +371,7 @@ def test_background_commit_writes_what_writing_each_part_in_turn_writes(
     durable: list[int] = []
     background_run = layout.create_run_dir(tmp_path, "background")
 
-    def seen(index: int, part: writer.EncodedPart) -> None:
+    def seen(index: int, part: EncodedPart) -> None:
         assert background_run.output_part(index).read_bytes() == part.table == parts[index].table
         assert background_run.log_part(index).read_bytes() == part.log
         durable.append(index)

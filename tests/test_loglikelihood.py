@@ -37,7 +37,7 @@ REQUESTS = [r for group in CANDIDATES for r in group]
 @pytest.fixture(scope="module")
 def vllm_engine() -> Iterator[Any]:
     """One in-process vLLM engine on the default (pinned) model and engine settings, as a worker builds it."""
-    from evalrun.config.model import resolve_model
+    from evalrun.engines.pins import resolve_model
     from evalrun.pipeline import determinism
 
     config = load([])

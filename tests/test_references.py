@@ -20,8 +20,8 @@ from evalrun.episodes.agent import ScriptedAgent, run_agent_episodes
 from evalrun.errors import BadInput, CheckFailed
 from evalrun.pipeline.manifest import scoring_context
 from evalrun.pipeline.runner import prepare
-from evalrun.worlds import freeze, solver
-from evalrun.worlds.freeze import build_references, check_reference_set
+from evalrun.worlds import reference_sets, solver
+from evalrun.worlds.reference_sets import build_references, check_reference_set
 from evalrun.worlds.scripted import scripted_policy
 from evalrun.worlds.shift_planner import generate_instance, plan_violations, verify_shift_planner
 from evalrun.worlds.solver import Solved, SolverSettings
@@ -106,7 +106,7 @@ def _not_optimal(instance: Any, settings: SolverSettings) -> Solved:
 
 
 def test_a_reference_that_is_not_optimal_is_refused_unless_allowed(tmp_path: Path, monkeypatch: Any) -> None:
-    monkeypatch.setattr(freeze, "solve", _not_optimal)
+    monkeypatch.setattr(reference_sets, "solve", _not_optimal)
     with pytest.raises(CheckFailed, match=r"not OPTIMAL .*cost-1000: FEASIBLE"):
         build_references(tasks(), root=tmp_path)
     assert not (tmp_path / "shift-planner").exists()  # nothing written

@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from evalrun.analysis.runs import OVERALL, Run, load_run, model_hash, pick_metric
+from evalrun.analysis.runs import OVERALL, Run, digest_record, load_run, pick_metric
 from evalrun.errors import CheckFailed
 from evalrun.records.formats import Rebaseline
 from evalrun.records.seeds import derive_seed
@@ -33,19 +33,6 @@ from evalrun.stats.estimates import PairedEstimate, item_means, paired, trial_me
 
 RULES = ("range", "paired")
 DIGEST_PARTS = ("prompt_pack", "seed_set", "scoring")
-
-
-def digest_record(run: Run) -> dict[str, str]:
-    """The six-field record of the release-gate seed."""
-    d = run.digest
-    return {
-        "candidate": run.manifest["identity"]["model"]["id"],
-        "model_checkpoint": model_hash(run.manifest),
-        "prompt_pack": d["prompt_pack"],
-        "seed_set": d["seed_set"],
-        "scoring": d["scoring"],
-        "digest": d["digest"],
-    }
 
 
 @dataclass(frozen=True)

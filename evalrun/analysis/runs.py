@@ -71,6 +71,19 @@ def model_hash(manifest: dict[str, Any]) -> str:
     return canonical_hash(manifest["identity"]["model"]["files"])
 
 
+def digest_record(run: Run) -> dict[str, str]:
+    """The six-field record of the release-gate seed."""
+    d = run.digest
+    return {
+        "candidate": run.manifest["identity"]["model"]["id"],
+        "model_checkpoint": model_hash(run.manifest),
+        "prompt_pack": d["prompt_pack"],
+        "seed_set": d["seed_set"],
+        "scoring": d["scoring"],
+        "digest": d["digest"],
+    }
+
+
 def pick_metric(runs: list[Run], metric: str | None) -> str:
     """``metric`` if every run has it; else the one metric all runs share (exit 2 when ambiguous)."""
     shared = sorted(set.intersection(*(set(r.metrics) for r in runs)))

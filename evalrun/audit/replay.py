@@ -30,9 +30,10 @@ from evalrun.episodes import Engines, Provenance, kind_of
 from evalrun.pipeline.environment import git_state
 from evalrun.pipeline.manifest import generator_info
 from evalrun.records.canonical import Canonical, canonical_json
-from evalrun.records.entries import MODEL_CALLS, EndEntry, FailedCallEntry, HeaderEntry
+from evalrun.records.entries import FailedCallEntry
 from evalrun.records.merkle import merkle_root
 from evalrun.records.outputs import same_scores
+from evalrun.records.view import ChainView
 from evalrun.rundir import layout
 from evalrun.rundir.reader import (
     iter_chains,
@@ -168,24 +169,19 @@ def load_recording(
     prompt_tokens = dict(zip(*read_outputs(run, ["episode_id", "prompt_tokens"]).to_pydict().values(), strict=True))
     for log_rel, _out_rel in part_pairs(run, record):
         for eid, entries, lines, head, _start in iter_chains(run.path / log_rel, log_rel, known_format_only=True):
-            header = entries[0]
-            assert isinstance(header, HeaderEntry)  # the reader starts every chain with a header
-            generator = Canonical(canonical_json(header.generator.as_record()))
+            chain = ChainView.of(entries)
+            generator = Canonical(canonical_json(chain.header.generator.as_record()))
             recorded[eid] = Recorded(lines=tuple(lines), head=head, generator=generator)
-            for entry in entries:
-                if isinstance(entry, FailedCallEntry):
-                    calls[(eid, entry.call)] = RecordedCall(
-                        episode_id=eid, seq=entry.seq, call=entry.call, request=entry.request.as_record(),
-                        request_hash=entry.request_hash, response=None, prompt_tokens=0, error=entry.error,
-                    )  # fmt: skip
-                elif isinstance(entry, MODEL_CALLS):
-                    calls[(eid, entry.call)] = RecordedCall(
-                        episode_id=eid, seq=entry.seq, call=entry.call, request=entry.request.as_record(),
-                        request_hash=entry.request_hash, response=entry.response.as_record(),
-                        prompt_tokens=prompt_tokens.get(eid, 0),
-                    )  # fmt: skip
-                elif isinstance(entry, EndEntry) and entry.status == "error":
-                    failed[eid] = entry.error or ""
+            for entry in chain.model_calls:
+                refused = isinstance(entry, FailedCallEntry)
+                calls[(eid, entry.call)] = RecordedCall(
+                    episode_id=eid, seq=entry.seq, call=entry.call, request=entry.request.as_record(),
+                    request_hash=entry.request_hash, response=None if refused else entry.response.as_record(),
+                    prompt_tokens=0 if refused else prompt_tokens.get(eid, 0),
+                    error=entry.error if refused else None,
+                )  # fmt: skip
+            if chain.failure is not None:
+                failed[eid] = chain.failure
     return recorded, calls, failed
 
 

@@ -25,9 +25,9 @@ import click
 
 from evalrun import config
 from evalrun.analysis.compare import compare_paths
-from evalrun.analysis.gate import RULES, digest_record, gate_paths
+from evalrun.analysis.gate import RULES, gate_paths
 from evalrun.analysis.nondet import nondet_paths
-from evalrun.analysis.runs import load_run
+from evalrun.analysis.runs import digest_record, load_run
 from evalrun.audit.ledger import anchor_run, verify_anchored
 from evalrun.audit.proofs import check_proof, load_proof, prove
 from evalrun.audit.rebaseline import rebaseline_runs
@@ -58,7 +58,7 @@ from evalrun.report import ROWS, TRANSCRIPTS, build_report
 from evalrun.rundir import layout
 from evalrun.rundir.attest import write_attestation
 from evalrun.rundir.reader import load_record, open_run, read_config, read_summary
-from evalrun.worlds.freeze import check_reference_set, raise_problems
+from evalrun.worlds.reference_sets import check_reference_set, raise_problems
 
 PROG = "evalrun"
 T = TypeVar("T")

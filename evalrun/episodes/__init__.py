@@ -23,14 +23,13 @@ from typing import Any, Protocol, TypeVar, runtime_checkable
 import pyarrow as pa
 
 from evalrun.config import EvalConfig
-from evalrun.config.model import ResolvedModel
 from evalrun.config.registry import Registry
 from evalrun.engines import Engine
+from evalrun.engines.pins import ResolvedModel
 from evalrun.records.canonical import Canonical
-from evalrun.records.entries import Entry
-from evalrun.rundir.writer import EncodedPart
+from evalrun.records.view import ChainView
 from evalrun.scoring import ScoringContext
-from evalrun.scoring.parts import PartScorer
+from evalrun.scoring.parts import PartScorer, ScoredPart
 from evalrun.tasks.rubric import Rubric
 
 
@@ -42,6 +41,24 @@ class Provenance:
     hardware: str  # canonical JSON of the worker's hardware fingerprint
     batch_size: int
     latency_s: float
+
+
+@dataclass(frozen=True)
+class EncodedPart:
+    """A batch's results as the bytes of its log part and output part: the message a worker sends the driver.
+
+    Encoded where the results are (a worker), so the driver only commits bytes to disk
+    (:class:`evalrun.rundir.writer.PartWriter`) and never does per-episode work; a Ray worker scores the rows
+    too (``scored``), and an inline one hands over the rows themselves (``rows``, never pickled), so the driver
+    never decodes its own parts.
+    """
+
+    log: bytes
+    table: bytes
+    heads: tuple[tuple[str, str], ...]  # (episode_id, head)
+    output_tokens: int
+    scored: ScoredPart | None = None  # the rows scored where they were made (a Ray worker)
+    rows: pa.Table | None = field(default=None, compare=False, repr=False)  # what ``table`` encodes, in this process
 
 
 @dataclass
@@ -184,8 +201,8 @@ class EpisodeKind(Protocol):
         """The scoring context record (:meth:`ScoringContext.as_record`) the manifest implies, rubric as recorded."""
         ...
 
-    def row_mismatch(self, row: dict[str, Any], entries: list[Entry]) -> str | None:
-        """The first output column of ``row`` that disagrees with its chain's typed ``entries``, or None."""
+    def row_mismatch(self, row: dict[str, Any], chain: ChainView) -> str | None:
+        """The first output column of ``row`` that disagrees with its ``chain`` (verify's row check), or None."""
         ...
 
     def freeze(self, config: EvalConfig, root: Path | None, options: FreezeOptions) -> Frozen:

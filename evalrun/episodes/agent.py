@@ -27,7 +27,7 @@ from evalrun.config.registry import Registry
 from evalrun.config.settings import WorldConfig
 from evalrun.engines import Completion, Engine, GenerationRequest, SamplingSpec
 from evalrun.engines.replay import Divergence, first_divergence
-from evalrun.episodes.harness import completion_record, encode_generator, generate_each
+from evalrun.episodes.harness import completion_record, encode_generator, failed_call, generate_each, header_fields
 from evalrun.episodes.plan import episode_id, sampling_spec
 from evalrun.errors import BadInput
 from evalrun.records.canonical import Canonical, canonical_hash, sha256_hex
@@ -41,8 +41,6 @@ from evalrun.records.entries import (
     EnvEntry,
     EnvRequest,
     EnvValue,
-    EpisodeSeeds,
-    FailedCallEntry,
     HeaderEntry,
     JoinEntry,
     ModelEntry,
@@ -470,9 +468,7 @@ def _start(episode: AgentEpisode, generator: Generator, source: EffectSource) ->
     seeded = effects_for(task)
     state = _Live(episode, world, recorder, seeded, source)
     effects = RecordingEffects(seeded, source, None)
-    header: dict[str, Any] = {"generator": generator, "item": task.item_id, "repeat": episode.repeat,
-                              "seed": episode.seed, "seeds": EpisodeSeeds(sampling=str(episode.sampling.seed)),
-                              "task": episode.task}  # fmt: skip
+    header = header_fields(episode, generator)
     try:
         with network_guard():
             state.task_text = world.reset(task, effects)
@@ -499,8 +495,7 @@ def _advance(state: _Live, reply: Reply) -> None:
     if reply.request is not None:
         state.model_calls += 1
         if reply.refused is not None:  # e.g. the history no longer fits the context
-            recorder.append(FailedCallEntry, call=model_call, error=reply.refused,
-                            request=generation_request(reply.request.prompt, reply.request.sampling))  # fmt: skip
+            failed_call(recorder.chain, model_call, reply.request, reply.refused)
             state.error = f"the engine refused model call {model_call}: {reply.refused}"
             return
         assert reply.completion is not None

@@ -16,8 +16,8 @@ from typing import Any
 import pyarrow as pa
 
 from evalrun.config import TRUNCATE_LEFT, EvalConfig
-from evalrun.config.model import ResolvedModel
-from evalrun.episodes import Engines, FreezeOptions, Provenance, episode_kind
+from evalrun.engines.pins import ResolvedModel
+from evalrun.episodes import EncodedPart, Engines, FreezeOptions, Provenance, episode_kind
 from evalrun.episodes.context import apply_context_limit
 from evalrun.episodes.encode import encode_part, output_rows
 from evalrun.episodes.harness import EpisodeResult, run_batches, run_episodes
@@ -25,18 +25,12 @@ from evalrun.episodes.plan import Episode, build_plan
 from evalrun.episodes.recorded import as_dict, manifest_failure, section, without
 from evalrun.records.canonical import Canonical, canonical_hash
 from evalrun.records.entries import (
-    EndEntry,
-    Entry,
-    FailedCallEntry,
-    GenerationRequest,
-    HeaderEntry,
+    GenerationRequestRecord,
     JudgeEntry,
-    LoglikelihoodEntry,
     LoglikelihoodResponse,
-    ModelEntry,
 )
 from evalrun.records.outputs import FAILED_FINISH_REASON
-from evalrun.rundir.writer import EncodedPart
+from evalrun.records.view import ChainView
 from evalrun.scoring import ScoringContext
 from evalrun.scoring.parts import PartScorer
 from evalrun.tasks import Task, freeze_answers, load_task
@@ -198,13 +192,11 @@ class DatasetKind:
     def prompt_source(self, key: str) -> str:
         return "task.choices" if key == "choices" else "task.prompt_pack"
 
-    def row_mismatch(self, row: dict[str, Any], entries: list[Entry]) -> str | None:
-        header = entries[0]
-        assert isinstance(header, HeaderEntry)  # the reader starts every chain with a header
+    def row_mismatch(self, row: dict[str, Any], chain: ChainView) -> str | None:
+        header = chain.header
         expected: dict[str, Any] = {"task": header.task, "item_id": header.item, "seed": header.seed,
                                     "repeat": header.repeat}  # fmt: skip
-        generated = [e for e in entries if isinstance(e, ModelEntry)]
-        scored = [e for e in entries if isinstance(e, LoglikelihoodEntry)]
+        generated, scored = chain.generations, chain.option_scores
         first = generated[0] if generated else scored[0] if scored else None
         if first is not None:
             expected.update(prompt=first.request.prompt, prompt_sha256=first.request.prompt_sha256)
@@ -216,17 +208,16 @@ class DatasetKind:
             )  # fmt: skip
         elif scored:
             expected.update(output="", token_ids=[], token_logprobs=[], finish_reason="not_generated", output_tokens=0)
-        end = entries[-1]
-        if isinstance(end, EndEntry) and end.status == "error":  # a failed episode (docs/design.md "Failed episodes")
-            refused = [e for e in entries if isinstance(e, FailedCallEntry)]
-            if first is None and refused and isinstance(refused[0].request, GenerationRequest):
+        if chain.failure is not None:  # a failed episode (docs/design.md "Failed episodes")
+            refused = chain.refused
+            if first is None and refused and isinstance(refused[0].request, GenerationRequestRecord):
                 expected.update(prompt=refused[0].request.prompt, prompt_sha256=refused[0].request.prompt_sha256)
             expected.update(output="", token_ids=[], token_logprobs=[], finish_reason=FAILED_FINISH_REASON,
                             output_tokens=0)  # fmt: skip
         expected.update(
             fewshot_ids=header.fewshot or [], shuffle_order=header.shuffle_order or [],
             option_logprobs=[e.response.logprob for e in scored] if scored else None,
-            judgements=_judgements([e for e in entries if isinstance(e, JudgeEntry)]),
+            judgements=_judgements(chain.judgements),
         )  # fmt: skip
         for column, value in expected.items():
             if row[column] != value:
@@ -240,7 +231,7 @@ class DatasetKind:
         return FrozenAnswers(config.task.name, index.record(), index.directory, index.sha256)
 
 
-def _judgements(judges: list[JudgeEntry]) -> list[dict[str, Any]]:
+def _judgements(judges: Sequence[JudgeEntry]) -> list[dict[str, Any]]:
     """The output row's judgements as the chain's judge entries give them, in call order."""
     judged: dict[tuple[str, str], dict[str, Any]] = {}
     for entry in judges:

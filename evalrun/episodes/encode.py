@@ -13,13 +13,13 @@ from typing import Any
 
 import pyarrow as pa
 
-from evalrun.episodes import Provenance, Result
+from evalrun.episodes import EncodedPart, Provenance, Result
 from evalrun.episodes.agent import AgentEpisode, AgentResult
 from evalrun.episodes.harness import EpisodeResult, Judgement
 from evalrun.episodes.plan import Episode
 from evalrun.records.canonical import canonical_json, sha256_hex
 from evalrun.records.outputs import FAILED_FINISH_REASON, OUTPUT_SCHEMA, STAGED_COLUMNS
-from evalrun.rundir.writer import EncodedPart, table_bytes
+from evalrun.rundir.writer import table_bytes
 from evalrun.scoring.parts import PartScorer
 
 

@@ -10,9 +10,8 @@ import contextlib
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from hashlib import sha256 as _sha256
 from json.encoder import encode_basestring  # type: ignore[attr-defined]
-from typing import Any
+from typing import Any, Protocol
 
 from evalrun.engines import (
     Completion,
@@ -25,8 +24,8 @@ from evalrun.engines import (
     SamplingSpec,
 )
 from evalrun.episodes.plan import Episode, JudgeCall
-from evalrun.records.canonical import MAX_SAFE_INTEGER, Canonical, _es6_number, canonical_json
-from evalrun.records.chain import GENESIS, ChainBuilder
+from evalrun.records.canonical import Canonical, canonical_json
+from evalrun.records.chain import ChainBuilder
 from evalrun.records.entries import (
     CompletionResponse,
     EndEntry,
@@ -41,13 +40,13 @@ from evalrun.records.entries import (
     generation_request,
     loglikelihood_request,
 )
-from evalrun.records.formats import SCHEDULE_FORMAT, Generator
+from evalrun.records.formats import Generator
 from evalrun.records.outputs import FAILED_FINISH_REASON
+from evalrun.records.single_call import single_call_chain
 from evalrun.tasks import render_prompt
 from evalrun.tasks.selection import LETTERS, option_continuation
 
 _string = encode_basestring  # JCS string escaping (see evalrun.records.canonical)
-_FORMAT = _string(SCHEDULE_FORMAT)
 
 
 @dataclass(frozen=True)
@@ -112,65 +111,21 @@ def _sampling_text(sampling: SamplingSpec) -> str:
 _SAMPLING_TEMPLATES: dict[tuple[Any, ...], tuple[str, str]] = {}
 
 
-def _array(values: tuple[Any, ...] | list[Any]) -> str:
-    """Canonical JSON of a list of token ids or logprobs."""
-    kinds = set(map(type, values))
-    if kinds == _FLOAT:
-        return f"[{','.join(map(_es6_number, values))}]"
-    if kinds == _INT and min(values) >= -MAX_SAFE_INTEGER and max(values) <= MAX_SAFE_INTEGER:
-        return f"[{','.join(map(str, values))}]"
-    return canonical_json(list(values))
-
-
-_FLOAT, _INT = {float}, {int}
-
-
-def _integer(value: Any) -> str:
-    if type(value) is int and -MAX_SAFE_INTEGER <= value <= MAX_SAFE_INTEGER:
-        return str(value)
-    return canonical_json(value)
-
-
 def record_episode(episode: Episode, completion: Completion, generator: dict[str, Any] | Canonical) -> EpisodeResult:
-    """The chain of one single-turn episode: header, one model call, end.
-
-    The three lines are assembled directly in canonical form (keys in JCS order, every value
-    through the canonical encoder), which is several times faster than building and encoding the
-    typed entries; a property test (tests/test_formats.py) checks them byte for byte against the
-    generic encoder, :class:`evalrun.records.chain.ChainBuilder` over :class:`HeaderEntry`,
-    :class:`ModelEntry` and :class:`EndEntry`.
-    """
-    eid = _string(episode.episode_id)
+    """The chain of one single-turn episode: header, one model call, end, assembled directly in canonical form
+    by :func:`evalrun.records.single_call.single_call_chain` (several times faster than building and encoding the
+    typed entries; a property test, tests/test_formats.py, checks the lines against the generic encoder)."""
     seeds = (
         f'{{"sampling":{_string(str(episode.sampling.seed))}}}'
         if type(episode) is Episode
         else canonical_json(episode.seeds_record())
     )
-    header = (
-        f'{{"episode":{eid},"format":{_FORMAT},"generator":{encode_generator(generator)},'
-        f'"item":{_string(episode.item_id)},"kind":"header","prev":"{GENESIS}",'
-        f'"repeat":{_integer(episode.repeat)},"seed":{_integer(episode.seed)},'
-        f'"seeds":{seeds},"seq":0,"task":{_string(episode.task)}}}'
-    )
-    h0 = _sha256(f"{GENESIS}{header}".encode()).hexdigest()
-    prompt = episode.prompt
-    prompt_sha256 = _sha256(prompt.encode()).hexdigest()
-    request = (
-        f'{{"prompt":{_string(prompt)},"prompt_sha256":"{prompt_sha256}",'
-        f'"sampling":{_sampling_text(episode.sampling)}}}'
-    )
-    response = (
-        f'{{"finish_reason":{_string(completion.finish_reason)},"logprobs":{_array(completion.logprobs)},'
-        f'"text":{_string(completion.text)},"token_ids":{_array(completion.token_ids)}}}'
-    )
-    model = (
-        f'{{"call":0,"episode":{eid},"kind":"model","prev":"{h0}","request":{request},'
-        f'"request_hash":"{_sha256(request.encode()).hexdigest()}","response":{response},"seq":1}}'
-    )
-    h1 = _sha256(f"{h0}{model}".encode()).hexdigest()
-    end = f'{{"episode":{eid},"kind":"end","model_calls":1,"prev":"{h1}","seq":2,"status":"ok"}}'
-    head = _sha256(f"{h1}{end}".encode()).hexdigest()
-    return EpisodeResult(episode, completion, (header, model, end), head, prompt_sha256)
+    lines, head, prompt_sha256 = single_call_chain(
+        episode.episode_id, episode.task, episode.item_id, episode.seed, episode.repeat, seeds,
+        encode_generator(generator), episode.prompt, _sampling_text(episode.sampling), completion.text,
+        completion.finish_reason, completion.token_ids, completion.logprobs,
+    )  # fmt: skip
+    return EpisodeResult(episode, completion, lines, head, prompt_sha256)
 
 
 def run_episodes(engine: Engine, episodes: list[Episode], generator: dict[str, Any] | Canonical,
@@ -271,10 +226,39 @@ FAILED = Completion(text="", token_ids=(), logprobs=(), finish_reason=FAILED_FIN
 """What a failed episode's output row shows: no text, no tokens, finish_reason ``failed``."""
 
 
+class Identified(Protocol):
+    """What every episode's header records of it, whatever its kind."""
+
+    @property
+    def task(self) -> str: ...
+
+    @property
+    def item_id(self) -> str: ...
+
+    @property
+    def seed(self) -> int: ...
+
+    @property
+    def repeat(self) -> int: ...
+
+    @property
+    def sampling(self) -> SamplingSpec: ...
+
+
+def header_fields(episode: Identified, generator: Generator) -> dict[str, Any]:
+    """The fields of an episode's header that every kind records (a kind adds its own: few-shot ids, a world)."""
+    return {"generator": generator, "item": episode.item_id, "repeat": episode.repeat, "seed": episode.seed,
+            "seeds": EpisodeSeeds(sampling=str(episode.sampling.seed)), "task": episode.task}  # fmt: skip
+
+
+def failed_call(chain: ChainBuilder, call: int, request: GenerationRequest, reason: str) -> None:
+    """Append a model call the engine refused: the request, and the reason instead of a response."""
+    chain.append(FailedCallEntry, call=call, request=generation_request(request.prompt, request.sampling),
+                 error=reason)  # fmt: skip
+
+
 def _header_fields(episode: Episode, generator: Generator) -> dict[str, Any]:
-    header: dict[str, Any] = {"generator": generator, "item": episode.item_id, "repeat": episode.repeat,
-                              "seed": episode.seed, "seeds": EpisodeSeeds(**episode.seeds_record()),
-                              "task": episode.task}  # fmt: skip
+    header = header_fields(episode, generator)
     if episode.fewshot_ids:
         header["fewshot"] = list(episode.fewshot_ids)
     if episode.options:
@@ -287,8 +271,7 @@ def record_failed_call(episode: Episode, reason: str, generator: dict[str, Any] 
     instead of a response, end with status error."""
     chain = ChainBuilder(episode.episode_id)
     chain.append(HeaderEntry, **_header_fields(episode, Generator.model_validate_json(encode_generator(generator))))
-    request = generation_request(episode.prompt, episode.sampling)
-    chain.append(FailedCallEntry, call=0, request=request, error=reason)
+    failed_call(chain, 0, GenerationRequest(episode.prompt, episode.sampling), reason)
     chain.append(EndEntry, model_calls=1, status="error", error=reason)
     return EpisodeResult(episode, FAILED, tuple(chain.lines), chain.head, episode.prompt_sha256, error=reason)
 

@@ -12,8 +12,8 @@ from typing import Any
 import pyarrow as pa
 
 from evalrun.config import EvalConfig
-from evalrun.config.model import ResolvedModel
-from evalrun.episodes import Engines, FreezeOptions, Provenance, episode_kind
+from evalrun.engines.pins import ResolvedModel
+from evalrun.episodes import EncodedPart, Engines, FreezeOptions, Provenance, episode_kind
 from evalrun.episodes.agent import (
     AGENTS,
     Agent,
@@ -31,14 +31,13 @@ from evalrun.episodes.encode import agent_output_rows, encode_agent_part
 from evalrun.episodes.recorded import as_dict, section, without
 from evalrun.errors import BadInput
 from evalrun.records.canonical import Canonical, sha256_hex
-from evalrun.records.entries import EndEntry, Entry, HeaderEntry, ModelEntry
 from evalrun.records.outputs import FAILED_FINISH_REASON
-from evalrun.rundir.writer import EncodedPart
+from evalrun.records.view import ChainView
 from evalrun.scoring import ScoringContext
 from evalrun.scoring.context import verifier_identity
 from evalrun.scoring.parts import PartScorer
 from evalrun.tasks.rubric import Rubric
-from evalrun.worlds.freeze import BuildReport, build_references
+from evalrun.worlds.reference_sets import BuildReport, build_references
 from evalrun.worlds.solver import SolverSettings
 
 NO_CONTEXT = ScoringContext().as_record()
@@ -156,14 +155,13 @@ class WorldKind:
     def prompt_source(self, key: str) -> str:
         return "task.world and decoding"
 
-    def row_mismatch(self, row: dict[str, Any], entries: list[Entry]) -> str | None:
+    def row_mismatch(self, row: dict[str, Any], chain: ChainView) -> str | None:
         """An agent episode's row against its chain (see :func:`evalrun.episodes.encode.agent_output_rows`)."""
-        header, end = entries[0], entries[-1]
-        assert isinstance(header, HeaderEntry)  # the reader starts every chain with a header
-        if not isinstance(end, EndEntry):
+        header, end = chain.header, chain.end
+        if end is None:
             return "finish_reason"
         text = header.world.task_text if header.world is not None else ""
-        tokens = sum(len(e.response.token_ids) for e in entries if isinstance(e, ModelEntry))
+        tokens = sum(len(e.response.token_ids) for e in chain.generations)
         expected: dict[str, Any] = {
             "task": header.task, "item_id": header.item, "seed": header.seed, "repeat": header.repeat,
             "prompt": text, "prompt_sha256": sha256_hex(text), "output": "", "token_ids": [], "token_logprobs": [],

@@ -35,13 +35,12 @@ import io
 import json
 import zipfile
 from collections import defaultdict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from evalrun.analysis.gate import digest_record
-from evalrun.analysis.runs import load_run
+from evalrun.analysis.runs import digest_record, load_run
 from evalrun.audit.verify import verify_run
 from evalrun.errors import BadInput, CheckFailed
 from evalrun.export.inspect_schema import (
@@ -74,18 +73,14 @@ from evalrun.export.inspect_schema import (
 )
 from evalrun.records.canonical import canonical_hash, canonical_json
 from evalrun.records.entries import (
-    ClockEntry,
     EndEntry,
     Entry,
-    EnvEntry,
     HeaderEntry,
     ModelEntry,
     ObservationEntry,
-    RandomEntry,
-    ToolEntry,
-    UuidEntry,
 )
 from evalrun.records.formats import Record, seal_of
+from evalrun.records.view import ChainView, EffectEntry
 from evalrun.rundir import layout
 from evalrun.rundir.reader import iter_chains, load_record, open_run, part_pairs, read_outputs, read_summary
 from evalrun.rundir.writer import write_atomic
@@ -100,7 +95,6 @@ _STOP_REASONS: dict[str, StopReason] = {
     "length": "max_tokens",
     "max_tokens": "max_tokens",
 }
-_EFFECTS = (ClockEntry, RandomEntry, UuidEntry, EnvEntry)
 
 
 @dataclass(frozen=True)
@@ -361,7 +355,7 @@ def _sample(row: dict[str, Any], epoch: int, run: RunContents, model: str) -> Ev
     uuid = canonical_hash([run.record.manifest_sha256, episode])  # unique to this run's episode (dataframes key on it)
     ids = (f"{uuid[:16]}-{n}" for n in range(len(entries) + 2))
     error = end.error if end.status != "ok" else None
-    messages, reads = _messages(row["prompt"], entries, model, ids)
+    messages, reads = _messages(row["prompt"], ChainView.of(entries), model, ids)
     prompt = row["prompt"]
     replies = [m for m in messages if isinstance(m, AssistantMessage)]
     stop_reason = _STOP_REASONS.get(row["finish_reason"], "unknown")
@@ -442,7 +436,7 @@ def _observation_text(entry: ObservationEntry) -> str:
     return entry.content if isinstance(entry.content, str) else canonical_json(entry.content)
 
 
-def _read_record(entry: ClockEntry | RandomEntry | UuidEntry | EnvEntry) -> dict[str, Any]:
+def _read_record(entry: EffectEntry) -> dict[str, Any]:
     return {
         "kind": entry.kind,
         "call": entry.call,
@@ -452,7 +446,7 @@ def _read_record(entry: ClockEntry | RandomEntry | UuidEntry | EnvEntry) -> dict
 
 
 def _messages(
-    prompt: str, entries: Sequence[Entry], model: str, ids: Iterator[str]
+    prompt: str, chain: ChainView, model: str, ids: Iterator[str]
 ) -> tuple[list[ChatMessage], list[dict[str, Any]]]:
     """An episode's chain as chat messages, whatever its kind: what the model was first shown (``prompt``, the
     output row's: the item's prompt, or the world's task text), then per turn the reply (assistant, with its
@@ -460,60 +454,46 @@ def _messages(
     tool message per result in the order the chain recorded them, each holding the reads its call made. Also
     the reads made outside any tool call (while a world was generated)."""
     messages: list[ChatMessage] = [UserMessage(id=next(ids), content=prompt, source="input")]
-    reply: dict[str, Any] | None = None  # the turn's assistant message, until its calls are answered
-    functions: dict[int, str] = {}
-    reads: dict[int | None, list[dict[str, Any]]] = defaultdict(list)
-
-    def close_reply() -> None:
-        nonlocal reply
-        if reply is not None:
+    for turn in chain.turns:
+        reply: dict[str, Any] = {"content": ""}  # a scripted agent's turn: tool calls with no model call
+        if isinstance(turn.reply, ModelEntry):
+            response = turn.reply.response
+            reply = {"content": response.text, "source": "generate",
+                     "metadata": {"call": turn.reply.call, "finish_reason": response.finish_reason}}  # fmt: skip
+        if turn.calls:
+            reply["tool_calls"] = [
+                ToolCall(id=_call_id(c.request.call), function=c.request.request.name,
+                         arguments=dict(c.request.request.arguments))
+                for c in turn.calls
+            ]  # fmt: skip
+        if isinstance(turn.reply, ModelEntry) or turn.calls:
             messages.append(AssistantMessage(id=next(ids), model=model, **reply))
-            reply = None
-
-    for entry in entries[1:]:
-        if isinstance(entry, ModelEntry):
-            close_reply()
-            reply = {
-                "content": entry.response.text,
-                "source": "generate",
-                "metadata": {"call": entry.call, "finish_reason": entry.response.finish_reason},
-            }
-        elif isinstance(entry, ToolEntry):
-            if reply is None:  # a scripted agent's turn: tool calls with no model call
-                reply = {"content": ""}
-            call = ToolCall(
-                id=_call_id(entry.call), function=entry.request.name, arguments=dict(entry.request.arguments)
+        for call in turn.calls:
+            if call.result is None:
+                continue
+            text = _observation_text(call.result)
+            reads = [_read_record(r) for r in call.reads]
+            messages.append(
+                ToolMessage(
+                    id=next(ids),
+                    content=text,
+                    tool_call_id=_call_id(call.request.call),
+                    function=call.request.request.name,
+                    error=ToolCallError(type="unknown", message=text) if call.result.status == "error" else None,
+                    metadata={"reads": reads} if reads else None,
+                )
             )
-            reply["tool_calls"] = [*reply.get("tool_calls", []), call]
-            functions[entry.call] = entry.request.name
-        elif isinstance(entry, _EFFECTS):
-            reads[entry.tool].append(_read_record(entry))
-        elif isinstance(entry, ObservationEntry):
-            close_reply()
-            text = _observation_text(entry)
-            if entry.call is not None:
-                call_reads = reads.pop(entry.call, None)
-                messages.append(
-                    ToolMessage(
-                        id=next(ids),
-                        content=text,
-                        tool_call_id=_call_id(entry.call),
-                        function=functions.get(entry.call),
-                        error=ToolCallError(type="unknown", message=text) if entry.status == "error" else None,
-                        metadata={"reads": call_reads} if call_reads else None,
-                    )
+        if turn.unread is not None:  # the reply could not be read as tool calls: what the agent was shown
+            text = _observation_text(turn.unread)
+            messages.append(
+                ToolMessage(
+                    id=next(ids),
+                    content=text,
+                    error=ToolCallError(type="parsing", message=text),
+                    metadata={"reply": turn.unread.reply},
                 )
-            else:  # the reply could not be read as tool calls: what the agent was shown
-                messages.append(
-                    ToolMessage(
-                        id=next(ids),
-                        content=text,
-                        error=ToolCallError(type="parsing", message=text),
-                        metadata={"reply": entry.reply},
-                    )
-                )
-    close_reply()
-    return messages, reads.get(None, [])
+            )
+    return messages, [_read_record(r) for r in chain.setup_reads]
 
 
 def _summary(sample: EvalSample) -> EvalSampleSummary:

@@ -14,7 +14,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from evalrun.config import EvalConfig, SeedsConfig
-from evalrun.config.model import ResolvedModel
+from evalrun.engines.pins import ResolvedModel
 from evalrun.episodes import EpisodeKind
 from evalrun.pipeline.environment import (
     evalrun_version,

@@ -22,9 +22,9 @@ from typing import Any
 import pyarrow as pa
 
 from evalrun.config import REPO_ROOT, EvalConfig, ModelConfig, load_stored, parse_overrides, to_yaml, validate
-from evalrun.config.model import ResolvedModel, model_directory, resolve_model
 from evalrun.engines import ENGINES
-from evalrun.episodes import EPISODE_KINDS, EpisodeKind, Planned, kind_of
+from evalrun.engines.pins import ResolvedModel, model_directory, resolve_model
+from evalrun.episodes import EPISODE_KINDS, EncodedPart, EpisodeKind, Planned, kind_of
 from evalrun.errors import BadInput, CheckFailed, Interrupted, WriteFailed
 from evalrun.pipeline import failpoints
 from evalrun.pipeline.dispatch import DISPATCHERS, Dispatcher, dispatcher_key, open_dispatcher
@@ -328,7 +328,7 @@ class _Committed:
         self.scoring = Scoring(self.setup.spec, self.setup.context)
         self.refused: set[str] = set()  # workers whose scored rows carried another scoring hash
 
-    def __call__(self, index: int, part: writer.EncodedPart) -> None:
+    def __call__(self, index: int, part: EncodedPart) -> None:
         failpoints.hit(f"after-part-{index}")
         if part.scored is not None and part.scored.scoring_hash == self.scoring_hash:
             self.scoring.add_scored(part.scored.table())

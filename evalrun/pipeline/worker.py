@@ -21,13 +21,12 @@ import pyarrow as pa
 
 from evalrun.config import DeterminismConfig, EngineConfig
 from evalrun.engines import build_engine, logs
-from evalrun.episodes import Engines, Planned, Provenance, kind_of_episodes
+from evalrun.episodes import EncodedPart, Engines, Planned, Provenance, kind_of_episodes
 from evalrun.errors import BadInput
 from evalrun.pipeline import determinism
 from evalrun.pipeline.canary import CanaryResult, canary_at_start
 from evalrun.pipeline.environment import hardware_fingerprint, library_versions, python_version
 from evalrun.records.canonical import canonical_json
-from evalrun.rundir.writer import EncodedPart
 from evalrun.scoring.parts import PartScorer, ScoredPart, ScoringSetup
 
 

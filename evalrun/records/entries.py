@@ -87,13 +87,13 @@ class SamplingSource(Protocol):
     def as_record(self) -> dict[str, Any]: ...
 
 
-class GenerationRequest(RecordModel):
+class GenerationRequestRecord(RecordModel):
     prompt: str
     prompt_sha256: Hex64
     sampling: SamplingRecord
 
 
-class LoglikelihoodRequest(RecordModel):
+class LoglikelihoodRequestRecord(RecordModel):
     """How likely ``continuation`` is after ``prompt``."""
 
     continuation: str
@@ -206,7 +206,7 @@ class ModelEntry(Entry):
 
     kind: Literal["model"] = "model"
     call: Count
-    request: GenerationRequest
+    request: GenerationRequestRecord
     request_hash: Hex64
     response: CompletionResponse
 
@@ -217,7 +217,7 @@ class LoglikelihoodEntry(Entry):
     kind: Literal["model"] = "model"
     call: Count
     option: Count  # the original option index scored
-    request: LoglikelihoodRequest
+    request: LoglikelihoodRequestRecord
     request_hash: Hex64
     response: LoglikelihoodResponse
 
@@ -233,13 +233,13 @@ class JudgeEntry(Entry, OptionalFields):
     shuffle_order: list[Count]  # shown position -> original option, for this criterion and judge
     option: Count | None = None  # loglikelihood judging: the original option scored ...
     position: Count | None = None  # ... and where it was shown
-    request: GenerationRequest | LoglikelihoodRequest
+    request: GenerationRequestRecord | LoglikelihoodRequestRecord
     request_hash: Hex64
     response: CompletionResponse | LoglikelihoodResponse
 
     @model_validator(mode="after")
     def _one_mode(self) -> JudgeEntry:
-        scored = isinstance(self.request, LoglikelihoodRequest)
+        scored = isinstance(self.request, LoglikelihoodRequestRecord)
         if scored != isinstance(self.response, LoglikelihoodResponse):
             raise ValueError("request and response are of different call types")
         if scored != (self.option is not None) or scored != (self.position is not None):
@@ -269,7 +269,7 @@ class FailedCallEntry(Entry):
 
     kind: Literal["model"] = "model"
     call: Count
-    request: GenerationRequest | LoglikelihoodRequest
+    request: GenerationRequestRecord | LoglikelihoodRequestRecord
     request_hash: Hex64
     error: str
 
@@ -441,16 +441,16 @@ def request_hash(request: RecordModel) -> str:
     return sha256_hex(request_text(request))
 
 
-def generation_request(prompt: str, sampling: SamplingSource) -> GenerationRequest:
+def generation_request(prompt: str, sampling: SamplingSource) -> GenerationRequestRecord:
     """What a model entry records of a generation request."""
-    return GenerationRequest(
+    return GenerationRequestRecord(
         prompt=prompt, prompt_sha256=sha256_hex(prompt), sampling=SamplingRecord(**sampling.as_record())
     )
 
 
-def loglikelihood_request(context: str, continuation: str) -> LoglikelihoodRequest:
+def loglikelihood_request(context: str, continuation: str) -> LoglikelihoodRequestRecord:
     """What a model entry records of a loglikelihood request."""
-    return LoglikelihoodRequest(continuation=continuation, prompt=context, prompt_sha256=sha256_hex(context))
+    return LoglikelihoodRequestRecord(continuation=continuation, prompt=context, prompt_sha256=sha256_hex(context))
 
 
 def request_fields(prompt: str, sampling: SamplingSource) -> dict[str, Any]:

@@ -210,7 +210,7 @@ def seal_of(record: Record) -> str:
 # --- summary.json ------------------------------------------------------------------------------
 
 
-class Estimate(OptionalFields):
+class SummaryEstimate(OptionalFields):
     """One metric's estimate over items (see :mod:`evalrun.stats.estimates`)."""
 
     mean: float
@@ -231,8 +231,8 @@ class Summary(RecordModel):
 
     format: str
     method: str
-    tasks: dict[str, dict[str, Estimate]]
-    overall: dict[str, Estimate]
+    tasks: dict[str, dict[str, SummaryEstimate]]
+    overall: dict[str, SummaryEstimate]
 
 
 # --- manifest.json -----------------------------------------------------------------------------

@@ -19,26 +19,21 @@ from typing import Any
 import pyarrow as pa
 
 from evalrun.analysis.compare import CompareReport, compare_runs
-from evalrun.analysis.gate import digest_record
 from evalrun.analysis.nondet import NondetReport, nondet_runs
-from evalrun.analysis.runs import OVERALL, Run, load_run
+from evalrun.analysis.runs import OVERALL, Run, digest_record, load_run
 from evalrun.audit.verify import verify_run
 from evalrun.episodes import kind_of_manifest
 from evalrun.errors import BadInput, CheckFailed
 from evalrun.records.entries import (
     ClockEntry,
-    EndEntry,
-    EnvEntry,
     FailedCallEntry,
     HeaderEntry,
-    JoinEntry,
     ModelEntry,
-    ObservationEntry,
     RandomEntry,
-    ToolEntry,
     UuidEntry,
 )
 from evalrun.records.outputs import FINAL_STATE, OUTPUT_SCHEMA, SCORES_SCHEMA
+from evalrun.records.view import ChainView, EffectEntry
 from evalrun.rundir import layout
 from evalrun.rundir.reader import (
     iter_chains,
@@ -69,7 +64,7 @@ class Field:
 
 
 @dataclass(frozen=True)
-class Section:
+class FieldGroup:
     """A titled list of recorded fields (the run's identity, shown as a two-column table)."""
 
     title: str
@@ -87,7 +82,7 @@ class Verification:
 
 
 @dataclass(frozen=True)
-class Estimate:
+class SummaryLine:
     """One (task, metric) line of summary.json."""
 
     task: str
@@ -122,7 +117,7 @@ class EpisodeTable:
 
 
 @dataclass(frozen=True)
-class Step:
+class TranscriptStep:
     """One line of an agent episode's transcript."""
 
     kind: str  # task | model | tool | observation | clock | random | uuid | env | join | error | end | final | verdict
@@ -132,13 +127,13 @@ class Step:
 
 
 @dataclass(frozen=True)
-class Transcript:
+class EpisodeTranscript:
     episode_id: str
     task: str
     item_id: str
     seed: int
     repeat: int
-    steps: tuple[Step, ...]
+    steps: tuple[TranscriptStep, ...]
 
 
 @dataclass(frozen=True)
@@ -147,13 +142,13 @@ class RunData:
     name: str
     digest: str | None
     verification: Verification
-    identity: tuple[Section, ...]
-    estimates: tuple[Estimate, ...]
+    identity: tuple[FieldGroup, ...]
+    estimates: tuple[SummaryLine, ...]
     trials: tuple[TrialMean, ...]
     episodes: EpisodeTable
     kind: str  # the kind of episode (evalrun.episodes)
     transcribed: bool  # its episodes are shown step by step (the kind says so: a world's are)
-    transcripts: tuple[Transcript, ...]
+    transcripts: tuple[EpisodeTranscript, ...]
     problems: tuple[str, ...]  # parts of the run that could not be read
 
 
@@ -273,7 +268,7 @@ def _digest_fields(run: Run | None, manifest: Mapping[str, Any]) -> list[Field]:
 
 def identity_sections(
     manifest: Mapping[str, Any], record: Mapping[str, Any] | None, run: Run | None
-) -> tuple[Section, ...]:
+) -> tuple[FieldGroup, ...]:
     """The run's identity as the manifest and record.json state it (verify checks them; see the banner)."""
     record = record or {}
     digest = _digest_fields(run, manifest)
@@ -330,20 +325,20 @@ def identity_sections(
     engine_fields = [Field("name", shown(engine.get("name"))), Field("version", shown(engine.get("version"))),
                      *flat_fields(engine.get("settings"), "settings.")]  # fmt: skip
     return (
-        Section("Digest", tuple(digest), digest_note),
-        Section("Model pins", tuple(model_fields)),
-        Section("Engine", tuple(engine_fields)),
-        Section("Determinism: asked and honoured", tuple(determinism_fields)),
-        Section("Hardware", tuple(hardware)),
-        Section("Software", tuple(software)),
-        Section("Run", tuple(run_fields)),
+        FieldGroup("Digest", tuple(digest), digest_note),
+        FieldGroup("Model pins", tuple(model_fields)),
+        FieldGroup("Engine", tuple(engine_fields)),
+        FieldGroup("Determinism: asked and honoured", tuple(determinism_fields)),
+        FieldGroup("Hardware", tuple(hardware)),
+        FieldGroup("Software", tuple(software)),
+        FieldGroup("Run", tuple(run_fields)),
     )
 
 
 # --- scores ------------------------------------------------------------------------------------
 
 
-def estimates(summary: Mapping[str, Any]) -> tuple[Estimate, ...]:
+def estimates(summary: Mapping[str, Any]) -> tuple[SummaryLine, ...]:
     """Every (task, metric) of summary.json, tasks in name order, then the overall line of each metric."""
     out = []
     tasks = sorted((summary.get("tasks") or {}).items())
@@ -352,7 +347,7 @@ def estimates(summary: Mapping[str, Any]) -> tuple[Estimate, ...]:
     for task, metrics in tasks:
         for metric, entry in sorted(metrics.items()):
             ci = entry.get("ci95") or [None, None]
-            out.append(Estimate(
+            out.append(SummaryLine(
                 task=task, metric=metric, mean=float(entry["mean"]),
                 low=None if ci[0] is None else float(ci[0]), high=None if ci[1] is None else float(ci[1]),
                 interval=str(entry.get("interval", "clustered")), items=int(entry.get("n_items", 0)),
@@ -435,56 +430,64 @@ def _during(tool: int | None) -> str:
     return f" during tool call {tool}" if tool is not None else ""
 
 
-def _header_steps(header: HeaderEntry) -> list[Step]:
+def _header_steps(header: HeaderEntry) -> list[TranscriptStep]:
     """The task a header records, when it records one as text of its own (a world's)."""
     w = header.world
     if w is None:
         return []
-    return [Step("task", f"task · {w.name} v{w.world} · family {w.family} · world seed {w.world_seed} "
-                         f"· agent {w.agent} · clock starts {w.start}", w.task_text)]  # fmt: skip
+    return [TranscriptStep("task", f"task · {w.name} v{w.world} · family {w.family} · world seed {w.world_seed} "
+                                   f"· agent {w.agent} · clock starts {w.start}", w.task_text)]  # fmt: skip
 
 
-def transcript_steps(entries: Iterable[Any]) -> list[Step]:
+def transcript_steps(entries: Iterable[Any]) -> list[TranscriptStep]:
     """A readable step per chain entry of an agent episode (docs/design.md "Agent episodes")."""
-    steps = []
-    tools: dict[int, str] = {}
-    for e in entries:
-        if isinstance(e, HeaderEntry):
-            steps.extend(_header_steps(e))
-        elif isinstance(e, ModelEntry):
+    chain = ChainView.of(list(entries))
+    steps = _header_steps(chain.header)
+    steps.extend(_read_step(r) for r in chain.setup_reads)
+    for turn in chain.turns:
+        e = turn.reply
+        if isinstance(e, ModelEntry):
             r = e.response
-            steps.append(Step("model", f"model turn {e.call} · {len(r.token_ids)} tokens · {r.finish_reason}",
-                              clip(r.text)))  # fmt: skip
+            steps.append(TranscriptStep("model", f"model turn {e.call} · {len(r.token_ids)} tokens · {r.finish_reason}",
+                                        clip(r.text)))  # fmt: skip
         elif isinstance(e, FailedCallEntry):
-            steps.append(Step("error", f"model call {e.call} refused", clip(e.error), "error"))
-        elif isinstance(e, ToolEntry):
-            tools[e.call] = e.request.name
-            steps.append(Step("tool", f"tool call {e.call} · {e.request.name}", _pretty(e.request.arguments)))
-        elif isinstance(e, ObservationEntry):
-            if e.call is not None:
-                title = f"result of tool call {e.call} ({tools.get(e.call, '?')}) · {e.status}"
-            else:
-                title = f"reply of model call {e.reply} not understood · {e.status}"
-            steps.append(Step("observation", title, _pretty(e.content), e.status))
-        elif isinstance(e, ClockEntry):
-            steps.append(Step("clock", f"clock read {e.call} ({e.request.clock}){_during(e.tool)}",
-                              _clock_text(e.response.seconds)))  # fmt: skip
-        elif isinstance(e, RandomEntry):
-            steps.append(Step("random", f"random draw {e.call} · {e.request.purpose}, {e.request.bits} bits"
-                                        f"{_during(e.tool)}", e.response.value))  # fmt: skip
-        elif isinstance(e, UuidEntry):
-            steps.append(Step("uuid", f"generated id {e.call}{_during(e.tool)}", e.response.uuid))
-        elif isinstance(e, EnvEntry):
-            steps.append(Step("env", f"environment read {e.call} · {e.request.name}{_during(e.tool)}",
-                              shown(e.response.value)))  # fmt: skip
-        elif isinstance(e, JoinEntry):
-            steps.append(Step("join", f"waited for tool calls {', '.join(map(str, e.calls))} (results in this order)",
-                              ""))  # fmt: skip
-        elif isinstance(e, EndEntry):
-            why = f"stopped: {e.stop}" if e.stop else "ended"
-            steps.append(Step("end", f"{why} · {e.steps if e.steps is not None else '?'} steps · {e.model_calls} model "
-                                     f"calls · status {e.status}", e.error or "", e.status))  # fmt: skip
+            steps.append(TranscriptStep("error", f"model call {e.call} refused", clip(e.error), "error"))
+        for call in turn.calls:
+            request = call.request
+            steps.append(TranscriptStep("tool", f"tool call {request.call} · {request.request.name}",
+                                        _pretty(request.request.arguments)))  # fmt: skip
+        for call in turn.calls:
+            steps.extend(_read_step(r) for r in call.reads)
+            if call.result is not None:
+                title = f"result of tool call {call.request.call} ({call.request.request.name}) · {call.result.status}"
+                steps.append(TranscriptStep("observation", title, _pretty(call.result.content), call.result.status))
+        if turn.unread is not None:
+            title = f"reply of model call {turn.unread.reply} not understood · {turn.unread.status}"
+            steps.append(TranscriptStep("observation", title, _pretty(turn.unread.content), turn.unread.status))
+        if turn.join is not None:
+            calls = ", ".join(map(str, turn.join.calls))
+            steps.append(TranscriptStep("join", f"waited for tool calls {calls} (results in this order)", ""))
+    end = chain.end
+    if end is not None:
+        why = f"stopped: {end.stop}" if end.stop else "ended"
+        count = end.steps if end.steps is not None else "?"
+        steps.append(TranscriptStep("end", f"{why} · {count} steps · {end.model_calls} model calls · status "
+                                           f"{end.status}", end.error or "", end.status))  # fmt: skip
     return steps
+
+
+def _read_step(e: EffectEntry) -> TranscriptStep:
+    """One effect a world read, as a transcript shows it."""
+    if isinstance(e, ClockEntry):
+        return TranscriptStep("clock", f"clock read {e.call} ({e.request.clock}){_during(e.tool)}",
+                              _clock_text(e.response.seconds))  # fmt: skip
+    if isinstance(e, RandomEntry):
+        return TranscriptStep("random", f"random draw {e.call} · {e.request.purpose}, {e.request.bits} bits"
+                                        f"{_during(e.tool)}", e.response.value)  # fmt: skip
+    if isinstance(e, UuidEntry):
+        return TranscriptStep("uuid", f"generated id {e.call}{_during(e.tool)}", e.response.uuid)
+    return TranscriptStep("env", f"environment read {e.call} · {e.request.name}{_during(e.tool)}",
+                          shown(e.response.value))  # fmt: skip
 
 
 Verdicts = Mapping[str, Mapping[str, tuple[float, str | None]]]  # episode -> metric -> (value, extracted)
@@ -492,9 +495,9 @@ Verdicts = Mapping[str, Mapping[str, tuple[float, str | None]]]  # episode -> me
 
 def transcripts(
     run: layout.RunDir, final_states: Mapping[str, str | None], verdicts: Verdicts, limit: int
-) -> tuple[Transcript, ...]:
+) -> tuple[EpisodeTranscript, ...]:
     """The first ``limit`` agent episodes in run order, from their chains, final states and scores."""
-    out: list[Transcript] = []
+    out: list[EpisodeTranscript] = []
     for log_part in sorted(run.log.glob("part-*.jsonl")):
         if len(out) >= limit:
             break
@@ -506,16 +509,18 @@ def transcripts(
             final = final_states.get(chain.episode)
             if final is not None:
                 try:
-                    steps.append(Step("final", "final state", _pretty(json.loads(final))))
+                    steps.append(TranscriptStep("final", "final state", _pretty(json.loads(final))))
                 except json.JSONDecodeError:
-                    steps.append(Step("final", "final state", clip(final)))
+                    steps.append(TranscriptStep("final", "final state", clip(final)))
             verdict = verdicts.get(chain.episode, {})
             if verdict:
                 lines = [f"{metric}: {value:g}" + (f" (extracted {answer})" if answer else "")
                          for metric, (value, answer) in sorted(verdict.items())]  # fmt: skip
                 passed = verdict.get("pass", (1.0, None))[0] >= 1.0
-                steps.append(Step("verdict", "the verifier's verdict", "\n".join(lines), "ok" if passed else "error"))
-            out.append(Transcript(chain.episode, header.task, header.item, header.seed, header.repeat, tuple(steps)))
+                status = "ok" if passed else "error"
+                steps.append(TranscriptStep("verdict", "the verifier's verdict", "\n".join(lines), status))
+            out.append(EpisodeTranscript(chain.episode, header.task, header.item, header.seed, header.repeat,
+                                         tuple(steps)))  # fmt: skip
             if len(out) >= limit:
                 break
     return tuple(out)
@@ -556,7 +561,7 @@ def gather_run(path: Path, rows: int = ROWS, transcript_limit: int = TRANSCRIPTS
         outputs = OUTPUT_SCHEMA.empty_table().select([*TABLE_COLUMNS, FINAL_STATE])
     scores = scores if scores is not None else SCORES_SCHEMA.empty_table()
     table = episode_table(outputs, scores, rows)
-    found: tuple[Transcript, ...] = ()
+    found: tuple[EpisodeTranscript, ...] = ()
     if kind.transcribed and transcript_limit > 0:
         finals = dict(zip(outputs.column("episode_id").to_pylist(), outputs.column(FINAL_STATE).to_pylist(),
                           strict=True))  # fmt: skip

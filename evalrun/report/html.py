@@ -24,10 +24,10 @@ from evalrun.report import plots
 from evalrun.report.data import (
     ROW_FIELDS,
     Comparison,
-    Estimate,
     Nondeterminism,
     ReportData,
     RunData,
+    SummaryLine,
     primary_metric,
     shown,
 )
@@ -87,7 +87,7 @@ def _environment() -> Environment:
 class _RunView:
     letter: str
     data: RunData
-    headline: Estimate | None
+    headline: SummaryLine | None
     scores_plot: Markup | None
     spread_plot: Markup | None
     episodes_json: Markup
@@ -111,7 +111,7 @@ def _markup(svg: str | None) -> Markup | None:
     return None if svg is None else Markup(svg)  # matplotlib's SVG, made here
 
 
-def headline(estimates: Sequence[Estimate]) -> Estimate | None:
+def headline(estimates: Sequence[SummaryLine]) -> SummaryLine | None:
     """The one figure a run's card shows: its main metric, overall when it has several tasks."""
     if not estimates:
         return None

@@ -20,7 +20,7 @@ from typing import Any
 
 from evalrun.analysis.compare import CompareReport
 from evalrun.analysis.nondet import NondetReport
-from evalrun.report.data import Estimate, TrialMean
+from evalrun.report.data import SummaryLine, TrialMean
 
 BLUE, ORANGE, GRAY, DARK = "#2563eb", "#ea580c", "#9ca3af", "#1f2937"
 WIDTH = 6.0  # inches: about the width a plot is shown at in the page's two columns, so text keeps its size
@@ -71,7 +71,7 @@ def _label(task: str, metric: str, one_task: bool) -> str:
     return metric if one_task else f"{task} · {metric}"
 
 
-def scores_svg(estimates: Sequence[Estimate], name: str = "scores") -> str | None:
+def scores_svg(estimates: Sequence[SummaryLine], name: str = "scores") -> str | None:
     """Per task and metric: the mean and its 95% interval over items (as summary.json states them)."""
     if not estimates:
         return None

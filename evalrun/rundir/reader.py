@@ -26,8 +26,8 @@ from evalrun.records.chain import GENESIS, link
 from evalrun.records.entries import (
     Entry,
     EntryError,
-    GenerationRequest,
-    LoglikelihoodRequest,
+    GenerationRequestRecord,
+    LoglikelihoodRequestRecord,
     parse_entry,
     request_hash,
 )
@@ -329,7 +329,7 @@ def _check_request(entry: Entry, line: str, where: str) -> None:
     try:
         if (stop < 0 or sha256_hex(line[start:stop]) != expected) and request_hash(request) != expected:
             raise _fail(where, f"episode {entry.episode} seq {entry.seq}: request_hash does not match the request")
-        prompted = isinstance(request, GenerationRequest | LoglikelihoodRequest)
+        prompted = isinstance(request, GenerationRequestRecord | LoglikelihoodRequestRecord)
         if prompted and sha256_hex(request.prompt) != request.prompt_sha256:
             raise _fail(where, f"episode {entry.episode} seq {entry.seq}: prompt_sha256 does not match the prompt")
     except ValueError as exc:  # e.g. a lone surrogate escaped in a string: no UTF-8 text holds it

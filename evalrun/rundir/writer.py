@@ -14,9 +14,8 @@ import os
 import queue
 import threading
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO, TypeVar
+from typing import Any, BinaryIO, Generic, Protocol, TypeVar
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -26,7 +25,6 @@ from evalrun.records.canonical import canonical_json, file_sha256, sha256_hex
 from evalrun.records.formats import RecordModel
 from evalrun.records.heads import Heads
 from evalrun.rundir.layout import ATTESTATION, LOCK, LOG, OUTPUTS, PART_PATTERN, RECORD, SCORES, SUMMARY, RunDir
-from evalrun.scoring.parts import ScoredPart
 
 T = TypeVar("T")
 
@@ -108,21 +106,25 @@ def table_bytes(table: pa.Table) -> bytes:
     return sink.getvalue().to_pybytes()
 
 
-@dataclass(frozen=True)
-class EncodedPart:
-    """A batch's results as the bytes of its log part and output part.
+class PartBytes(Protocol):
+    """What the part writer commits of a batch: the bytes of its log part and output part, the heads of its
+    episodes (episode id, head) and its output tokens. The message a worker sends with them is the
+    pipeline's (:class:`evalrun.episodes.encode.EncodedPart`); the writer hands it back to ``on_durable``."""
 
-    Encoded where the results are (a worker), so the driver only commits bytes to disk and never
-    does per-episode work; a Ray worker scores the rows too (``scored``), and an inline one hands over
-    the rows themselves (``rows``, never pickled), so the driver never decodes its own parts.
-    """
+    @property
+    def log(self) -> bytes: ...
 
-    log: bytes
-    table: bytes
-    heads: tuple[tuple[str, str], ...]  # (episode_id, head)
-    output_tokens: int
-    scored: ScoredPart | None = None  # the rows scored where they were made (a Ray worker)
-    rows: pa.Table | None = field(default=None, compare=False, repr=False)  # what ``table`` encodes, in this process
+    @property
+    def table(self) -> bytes: ...
+
+    @property
+    def heads(self) -> tuple[tuple[str, str], ...]: ...
+
+    @property
+    def output_tokens(self) -> int: ...
+
+
+P = TypeVar("P", bound=PartBytes)
 
 
 @contextlib.contextmanager
@@ -162,7 +164,7 @@ def remove_temporaries(run: RunDir) -> None:
             stray.unlink()
 
 
-class PartWriter:
+class PartWriter(Generic[P]):
     """Writes result batches as numbered parts and keeps what record.json needs.
 
     ``background=True``: :meth:`write` numbers the part and queues its bytes; a committer thread
@@ -178,7 +180,7 @@ class PartWriter:
     MAX_GROUP = 16  # parts committed with one directory fsync each for log/ and outputs/
 
     def __init__(
-        self, run: RunDir, *, background: bool = False, on_durable: Callable[[int, EncodedPart], None] | None = None
+        self, run: RunDir, *, background: bool = False, on_durable: Callable[[int, P], None] | None = None
     ) -> None:
         self.run = run
         self.next_index = 0
@@ -190,15 +192,15 @@ class PartWriter:
         self.kept_parts = 0
         self._background = background
         self._on_durable = on_durable
-        self._queue: queue.Queue[tuple[int, EncodedPart] | None] = queue.Queue(self.MAX_QUEUED)
+        self._queue: queue.Queue[tuple[int, P] | None] = queue.Queue(self.MAX_QUEUED)
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
         self._stopping = False
 
     @classmethod
     def recover(
-        cls, run: RunDir, *, background: bool = False, on_durable: Callable[[int, EncodedPart], None] | None = None
-    ) -> PartWriter:
+        cls, run: RunDir, *, background: bool = False, on_durable: Callable[[int, P], None] | None = None
+    ) -> PartWriter[P]:
         """Keep every complete part of an interrupted run and discard everything else.
 
         A part is complete when its output part exists (it is renamed into place after its log
@@ -240,7 +242,7 @@ class PartWriter:
         writer.next_index = max(indices, default=-1) + 1
         return writer
 
-    def write(self, part: EncodedPart) -> bool:
+    def write(self, part: P) -> bool:
         """Commit one part (or queue it, in the background): log part first, then output part.
         False for a batch already written."""
         self._raise_failure()
@@ -317,7 +319,7 @@ class PartWriter:
             if group[-1] is None:
                 return
 
-    def _commit(self, parts: list[tuple[int, EncodedPart]]) -> None:
+    def _commit(self, parts: list[tuple[int, P]]) -> None:
         logs = [(self.run.log_part(index), part.log) for index, part in parts]
         tables = [(self.run.output_part(index), part.table) for index, part in parts]
         for (path, _), digest in zip(logs, _commit_group(logs), strict=True):

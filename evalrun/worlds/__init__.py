@@ -7,7 +7,7 @@
 - :mod:`evalrun.worlds.invoice_desk`: the ``invoice-desk`` world, versions 1 and 2;
 - :mod:`evalrun.worlds.shift_planner`: the ``shift-planner`` world, scored against frozen references;
 - :mod:`evalrun.worlds.solver`: the CP-SAT model of a shift-planner instance (imports ortools lazily);
-- :mod:`evalrun.worlds.freeze`: ``evalrun references build`` and ``check``;
+- :mod:`evalrun.worlds.reference_sets`: ``evalrun references build`` and ``check``;
 - :mod:`evalrun.worlds.scripted`: the scripted reference agent and a driver;
 - :mod:`evalrun.worlds.scripted_planner`: its policies for ``shift-planner`` (optimal, greedy).
 

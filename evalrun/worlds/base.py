@@ -415,7 +415,7 @@ class World(ABC):
     def frozen_reference(cls, task: WorldTask) -> dict[str, Any] | None:
         """The reference record of ``task`` for a world whose answers its own code computes (a
         ground truth), frozen by ``evalrun references build`` and recomputed by ``check``; None for a
-        world without, or one whose references a solver computes (:mod:`evalrun.worlds.freeze`)."""
+        world without, or one whose references a solver computes (:mod:`evalrun.worlds.reference_sets`)."""
         return None
 
     @classmethod

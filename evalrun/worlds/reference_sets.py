@@ -1,5 +1,6 @@
-"""``evalrun references build`` and ``check``: freeze CP-SAT reference solutions, and re-validate them
-without trusting them (docs/design.md "Frozen references").
+"""A world's reference sets for ``evalrun references build`` and ``check`` (docs/design.md "Frozen references"):
+CP-SAT reference solutions for a planning world (shift-planner), or the ground truth a world's own code
+computes (invoice-desk, status COMPUTED), frozen and re-validated without trusting them.
 
 A reference file records the instance (family, seed, item, the instance's canonical hash, the CP-SAT
 model's hash), the solver (OR-Tools version, every parameter set), and the result (status,
