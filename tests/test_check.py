@@ -10,8 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from evalrun.audit.rescore import rescore_recorded
-from evalrun.check import (
+from evalrun.audit.check import (
     Generation,
     RecordedEpisode,
     episode_agreement,
@@ -20,6 +19,7 @@ from evalrun.check import (
     rescore_verdict,
     sample_items,
 )
+from evalrun.audit.rescore import rescore_recorded
 from evalrun.cli import main
 from evalrun.config import validate
 from evalrun.config.compose import load_stored

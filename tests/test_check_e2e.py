@@ -16,9 +16,9 @@ import pytest
 from rich.console import Console
 from tokenizers import Tokenizer
 
+from evalrun.audit.check import check_run, sample_items
 from evalrun.audit.rescore import recorded_context, recorded_scorer
 from evalrun.audit.verify import verify_run
-from evalrun.check import check_run, sample_items
 from evalrun.cli import render
 from evalrun.pipeline.dispatch import Dispatcher
 from evalrun.records.canonical import canonical_json, file_sha256

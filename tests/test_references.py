@@ -12,7 +12,6 @@ from typing import Any
 
 import pytest
 
-from evalrun import references
 from evalrun.cli.main import main
 from evalrun.config import load
 from evalrun.episodes import kind_of_manifest
@@ -20,6 +19,7 @@ from evalrun.episodes.agent import ScriptedAgent, run_agent_episodes
 from evalrun.errors import BadInput, CheckFailed
 from evalrun.pipeline.manifest import scoring_context
 from evalrun.pipeline.runner import prepare
+from evalrun.rundir import references
 from evalrun.worlds import reference_sets, solver
 from evalrun.worlds.reference_sets import build_references, check_reference_set
 from evalrun.worlds.scripted import scripted_policy

@@ -28,13 +28,13 @@ from evalrun.analysis.compare import compare_paths
 from evalrun.analysis.gate import RULES, gate_paths
 from evalrun.analysis.nondet import nondet_paths
 from evalrun.analysis.runs import digest_record, load_run
+from evalrun.audit.check import DEFAULT_REPEAT_ITEMS, check_run
 from evalrun.audit.ledger import anchor_run, verify_anchored
 from evalrun.audit.proofs import check_proof, load_proof, prove
 from evalrun.audit.rebaseline import rebaseline_runs
 from evalrun.audit.replay import replay_run
 from evalrun.audit.rescore import rescore_run
 from evalrun.audit.verify import verify_run
-from evalrun.check import DEFAULT_REPEAT_ITEMS, check_run
 from evalrun.cli import render
 from evalrun.engines import logs
 from evalrun.episodes import FreezeOptions, kind_of
@@ -53,11 +53,11 @@ from evalrun.pipeline import dispatch, runner
 from evalrun.pipeline.canary import describe as describe_canary
 from evalrun.pipeline.worker import canary_on_demand
 from evalrun.records.canonical import canonical_json
-from evalrun.references import load_answers, load_index, parse_set_name
 from evalrun.report import ROWS, TRANSCRIPTS, build_report
 from evalrun.rundir import layout
 from evalrun.rundir.attest import write_attestation
 from evalrun.rundir.reader import load_record, open_run, read_config, read_summary
+from evalrun.rundir.references import load_answers, load_index, parse_set_name
 from evalrun.worlds.reference_sets import check_reference_set, raise_problems
 
 PROG = "evalrun"

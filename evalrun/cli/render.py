@@ -21,10 +21,10 @@ from evalrun.analysis.compare import CompareReport
 from evalrun.analysis.gate import GateDecision
 from evalrun.analysis.nondet import NondetReport
 from evalrun.analysis.runs import OVERALL
+from evalrun.audit.check import CheckReport
 from evalrun.audit.replay import ReplayReport
 from evalrun.audit.rescore import RescoreReport
 from evalrun.audit.verify import VerifyReport
-from evalrun.check import CheckReport
 from evalrun.pipeline.canary import CanaryResult, describe
 from evalrun.records.formats import REPLAY_FORMAT, RESCORE_FORMAT, VERIFY_FORMAT
 

@@ -17,11 +17,11 @@ from typing import Any
 
 from jinja2.exceptions import UndefinedError
 
-from evalrun import references
 from evalrun.config import ChoicesConfig, EvalConfig
 from evalrun.config.jsonl import objects
 from evalrun.errors import BadInput
 from evalrun.records.canonical import file_sha256
+from evalrun.rundir import references
 from evalrun.tasks.pack import PromptPack, load_pack, template_pack
 from evalrun.tasks.rubric import Rubric, load_rubric
 from evalrun.tasks.selection import LETTERS

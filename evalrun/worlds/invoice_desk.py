@@ -28,10 +28,10 @@ from pathlib import Path
 from random import Random
 from typing import Any, ClassVar
 
-from evalrun import references
 from evalrun.errors import BadInput
 from evalrun.records.canonical import canonical_hash
 from evalrun.records.seeds import derive_rng
+from evalrun.rundir import references
 from evalrun.worlds.base import (
     JSON,
     TODAY,

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from evalrun import references
 from evalrun.errors import BadInput, CheckFailed
 from evalrun.records.canonical import canonical_hash, sha256_hex
+from evalrun.rundir import references
 from evalrun.worlds.base import World, WorldTask, world_class
 from evalrun.worlds.shift_planner import (
     NAME,

@@ -14,7 +14,7 @@ feasible plan is planted while generating, so every instance has one. Two famili
 ``rest`` (the same rules plus the rest rule).
 
 The reference objective is never computed here: the world reads it at reset from the frozen
-reference files (:mod:`evalrun.references`, docs/design.md "Frozen references") and puts it
+reference files (:mod:`evalrun.rundir.references`, docs/design.md "Frozen references") and puts it
 in the final state, so the verifier is pure and evaluation never runs a solver. The verifier's
 metrics: ``feasible`` (0/1), ``gap`` = (cost - reference) / max(reference, 1), capped at 1.0 (an
 infeasible or missing plan scores the cap, so it is never better than a feasible one), and
@@ -29,10 +29,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from evalrun import references
 from evalrun.errors import BadInput
 from evalrun.records.canonical import canonical_hash
 from evalrun.records.seeds import derive_rng
+from evalrun.rundir import references
 from evalrun.worlds.base import (
     JSON,
     TODAY,

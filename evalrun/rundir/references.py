@@ -16,10 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from evalrun.config.paths import REPO_ROOT
 from evalrun.errors import BadInput
 from evalrun.records.canonical import canonical_json, sha256_hex
 
-REFERENCES_ROOT = Path(__file__).resolve().parents[1] / "references"  # the repository's references/
+REFERENCES_ROOT = REPO_ROOT / "references"  # the repository's references/
 INDEX = "index.json"
 INDEX_FORMAT = "evalrun-reference-index/1"
 REFERENCE_FORMAT = "evalrun-reference/1"
