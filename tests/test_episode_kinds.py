@@ -21,9 +21,8 @@ from evalrun.audit.rescore import rescore_run
 from evalrun.audit.verify import verify_run
 from evalrun.config import EvalConfig, load
 from evalrun.engines import Completion, GenerationRequest
-from evalrun.episodes import EPISODE_KINDS, EncodedPart, Engines, Provenance, episode_kind
+from evalrun.episodes import EPISODE_KINDS, Engines, episode_kind
 from evalrun.episodes.dataset import DatasetKind
-from evalrun.episodes.encode import encode_part, output_rows
 from evalrun.episodes.harness import EpisodeResult, completion_record, encode_generator, generate_each
 from evalrun.episodes.plan import Episode
 from evalrun.errors import BadInput, CheckFailed
@@ -37,7 +36,6 @@ from evalrun.records.formats import Generator
 from evalrun.records.seeds import derive_seed
 from evalrun.records.view import ChainView
 from evalrun.report import build_report
-from evalrun.scoring.parts import PartScorer
 from evalrun.tasks import Task
 
 VOTES = 3
@@ -58,7 +56,8 @@ def _majority(completions: Sequence[Completion]) -> Completion:
 @episode_kind("vote")
 class VoteKind(DatasetKind):
     """A dataset task's items, each answered ``VOTES`` times with its own sampling seed; the output is the
-    majority answer. Loading, the manifest's sections and the scoring context are the dataset kind's."""
+    majority answer. Loading, the manifest's sections, the output rows and the scoring context are the
+    dataset kind's."""
 
     name = "vote"
 
@@ -102,13 +101,6 @@ class VoteKind(DatasetKind):
                     generator: dict[str, Any] | Canonical) -> Iterator[list[Any]]:  # fmt: skip
         for batch in batches:
             yield self.run(engines, batch, generator)
-
-    def encode(self, results: list[EpisodeResult], provenance: Provenance,
-               scorer: PartScorer | None = None) -> EncodedPart:  # fmt: skip
-        return encode_part(results, provenance, scorer)
-
-    def output_rows(self, results: list[EpisodeResult], provenance: Provenance) -> pa.Table:
-        return output_rows(results, provenance)
 
     def replay(self, engines: Engines, episode: VoteEpisode, recorded: Sequence[str],
                generator: dict[str, Any] | Canonical) -> EpisodeResult:  # fmt: skip
@@ -182,6 +174,13 @@ def test_a_forged_vote_fails_verify_naming_the_column(vote_run: Path, tmp_path: 
     pq.write_table(pa.Table.from_pylist(rows, schema=table.schema), part)
     with pytest.raises(CheckFailed, match=r"column 'output' differs from the chain"):
         verify_run(forged)
+
+
+def test_a_world_task_given_a_dataset_kind_is_refused_naming_task_kind() -> None:
+    for kind in ("dataset", "vote"):
+        with pytest.raises(BadInput, match=r"task\.kind.*expected task\.kind=world") as info:
+            prepare(load(["task=invoice_desk", f"task.kind={kind}"]))
+        assert info.value.where == "task.kind" and repr(kind) in info.value.message
 
 
 def test_an_unregistered_kind_is_refused_naming_task_kind_before_anything_loads() -> None:

@@ -23,6 +23,7 @@ from evalrun.episodes.encode import encode_part, output_rows
 from evalrun.episodes.harness import EpisodeResult, run_batches, run_episodes
 from evalrun.episodes.plan import Episode, build_plan
 from evalrun.episodes.recorded import as_dict, manifest_failure, section, without
+from evalrun.errors import BadInput
 from evalrun.records.canonical import Canonical, canonical_hash
 from evalrun.records.entries import (
     GenerationRequestRecord,
@@ -83,6 +84,9 @@ class DatasetKind:
     # --- config -> plan ---
 
     def load(self, config: EvalConfig, model_dir: Path | None) -> tuple[EvalConfig, Task]:
+        if config.task.world is not None:  # composed as a world task, then given another kind
+            raise BadInput("task.kind", f"{config.task.kind!r} runs dataset items, and the task has a task.world "
+                                        "section: expected task.kind=world (or null)")  # fmt: skip
         task = load_task(config)
         return config.with_decoding(task.pack.decoding), task  # a pack's decoding settings win over the group's
 
