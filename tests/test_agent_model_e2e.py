@@ -5,6 +5,7 @@ worlds, rescored bit for bit from the final states."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -14,6 +15,7 @@ from evalrun.audit.replay import replay_run
 from evalrun.audit.rescore import rescore_run
 from evalrun.audit.verify import verify_run
 from evalrun.config import load
+from evalrun.errors import BadInput
 from evalrun.pipeline.dispatch import Dispatcher
 from evalrun.pipeline.runner import execute, prepare
 
@@ -49,3 +51,15 @@ def test_model_agent_episodes_are_recorded_verified_replayed_and_rescored(model_
     replayed = replay_run(model_run, [])
     assert not replayed.divergences and replayed.root_matches and replayed.scores_identical
     assert rescore_run(model_run, []).bytes_identical
+
+
+def test_replaying_a_model_agent_without_its_model_is_refused_naming_it(model_run: Path, tmp_path: Path) -> None:
+    """A model agent's prompts are rendered with the model's chat template: a replay where the recorded model
+    directory is gone is a BadInput naming model.path, before any episode is replayed."""
+    moved = Path(shutil.copytree(model_run, tmp_path / "moved"))
+    manifest = json.loads((moved / "manifest.json").read_text())
+    manifest["model"]["path"] = str(tmp_path / "no-such-model")
+    (moved / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(BadInput, match=r"chat template.*manifest's model\.path") as caught:
+        replay_run(moved, [])
+    assert caught.value.where == "model.path"

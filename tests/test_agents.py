@@ -17,6 +17,8 @@ import pytest
 from evalrun.config import load
 from evalrun.config.settings import DecodingConfig, SeedsConfig
 from evalrun.engines import Completion, GenerationRequest
+from evalrun.engines.replay import ReplayEngine
+from evalrun.episodes import Engines, kind_named, replay_episodes
 from evalrun.episodes.agent import (
     AgentBudget,
     AgentEpisode,
@@ -24,7 +26,6 @@ from evalrun.episodes.agent import (
     ScriptedAgent,
     plain_chat,
     plan_agent_episodes,
-    replay_agent_episodes,
     run_agent_episodes,
 )
 from evalrun.errors import BadInput
@@ -51,6 +52,12 @@ def suite(version: str = "1", seeds: tuple[int, int] = (1000, 1006)) -> list[Wor
 def plan(tasks: list[WorldTask], agent: str = "scripted", repeats: int = 1, **budget: int) -> list[AgentEpisode]:
     seeds = SeedsConfig(master=7, set=(0,), repeats=repeats)
     return plan_agent_episodes("invoice-desk", tasks, DECODING, seeds, agent, AgentBudget(**budget))
+
+
+def replay(episodes: list[AgentEpisode], recorded: dict[str, tuple[str, ...]]) -> tuple[list[Any], list[Any]]:
+    """The world kind's replay of scripted episodes, through the one replay loop (no model: an empty replay engine)."""
+    engine = ReplayEngine({}, {})
+    return replay_episodes(kind_named("world"), Engines(engine, engine, None), episodes, recorded, lambda _: GENERATOR)
 
 
 def kinds(lines: tuple[str, ...]) -> list[str]:
@@ -149,7 +156,7 @@ def test_replay_against_fresh_worlds_reproduces_every_line() -> None:
     episodes = plan(suite())
     results = run_agent_episodes(episodes, ScriptedAgent(), GENERATOR)
     recorded = {r.episode.episode_id: r.log_lines for r in results}
-    replayed, divergences = replay_agent_episodes(episodes, recorded, ScriptedAgent(), lambda _: GENERATOR)
+    replayed, divergences = replay(episodes, recorded)
     assert not divergences and [r.head for r in replayed] == [r.head for r in results]
     assert [r.final_state for r in replayed] == [r.final_state for r in results]
 
@@ -160,13 +167,13 @@ def test_a_world_change_is_the_first_divergence_at_that_tool_call(monkeypatch: p
     episodes = plan(suite(seeds=(1000, 1001)))
     recorded = {r.episode.episode_id: r.log_lines for r in run_agent_episodes(episodes, ScriptedAgent(), GENERATOR)}
     changed = [replace(e, world_task=replace(e.world_task, version="2")) for e in episodes]
-    _, divergences = replay_agent_episodes(changed, recorded, ScriptedAgent(), lambda _: GENERATOR)
+    _, divergences = replay(changed, recorded)
     assert len(divergences) == 2 and all(d.seq == 0 for d in divergences)  # the header names the world version
     # world code changed without a version bump (v2's behaviour under v1's name): the header agrees,
     # the first read or observation v2 makes differently is the divergence
     drifted = type("Drifted", (InvoiceDeskV2,), {"version": "1"})
     monkeypatch.setitem(WORLDS._plugins, "invoice-desk@1", drifted)
-    _, divergences = replay_agent_episodes(episodes, recorded, ScriptedAgent(), lambda _: GENERATOR)
+    _, divergences = replay(episodes, recorded)
     assert len(divergences) == 2
     for d in divergences:
         assert d.seq is not None and d.seq > 0
@@ -240,5 +247,5 @@ def test_parallel_calls_run_at_once_and_are_recorded_alike_whatever_the_thread_t
     clocks = [json.loads(x) for x in runs[0][0].log_lines if '"kind":"clock"' in x]
     assert all("tool" in c for c in clocks)  # every read names the tool call it was made in
     recorded = {r.episode.episode_id: r.log_lines for r in runs[0]}
-    replayed, divergences = replay_agent_episodes(episodes, recorded, ScriptedAgent(), lambda _: GENERATOR)
+    replayed, divergences = replay(episodes, recorded)
     assert not divergences and [r.head for r in replayed] == [r.head for r in runs[0]]

@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from evalrun.config import EvalConfig, load_stored, validate
-from evalrun.engines.replay import Divergence, RecordedCall, ReplayEngine, first_divergence
-from evalrun.episodes import Engines, Provenance, kind_of
+from evalrun.engines.replay import Divergence, RecordedCall, ReplayEngine
+from evalrun.episodes import Engines, Provenance, kind_of, replay_episodes
 from evalrun.pipeline.environment import git_state
 from evalrun.pipeline.manifest import generator_info
 from evalrun.records.canonical import Canonical, canonical_json
@@ -217,22 +217,12 @@ def replay_run(path: Path, overrides: list[str]) -> ReplayReport:
     planned = {e.episode_id for e in episodes}
     divergences = [Divergence(eid, 0, "an episode of the current plan", "an episode the plan lacks")
                    for eid in sorted(set(recorded) - planned)]  # fmt: skip
-    results: list[Any] = []
-    for episode in sorted(episodes, key=lambda e: e.episode_id):  # one by one: a divergence stops no other
-        eid = episode.episode_id
-        if eid not in recorded:
-            divergences.append(Divergence(eid, 0, "a recorded episode", "a newly planned episode"))
-            continue
-        try:
-            result = kind.replay(engines, episode, recorded[eid].lines, recorded[eid].generator)
-        except Divergence as d:
-            divergences.append(d)
-            continue
-        difference = first_divergence(eid, recorded[eid].lines, result.log_lines)
-        if difference is not None:
-            divergences.append(difference)
-        else:
-            results.append(result)
+    divergences += [Divergence(e.episode_id, 0, "a recorded episode", "a newly planned episode")
+                    for e in episodes if e.episode_id not in recorded]  # fmt: skip
+    replayable = sorted((e for e in episodes if e.episode_id in recorded), key=lambda e: e.episode_id)
+    lines = {eid: r.lines for eid, r in recorded.items()}
+    results, diverged = replay_episodes(kind, engines, replayable, lines, lambda e: recorded[e.episode_id].generator)
+    divergences += diverged
     divergences.sort(key=lambda d: d.episode)
     scores_identical = None
     if not divergences:

@@ -26,6 +26,7 @@ from evalrun.config import EvalConfig
 from evalrun.config.registry import Registry
 from evalrun.engines import Engine
 from evalrun.engines.pins import ResolvedModel
+from evalrun.engines.replay import Divergence, first_divergence
 from evalrun.records.canonical import Canonical
 from evalrun.records.view import ChainView
 from evalrun.scoring import ScoringContext
@@ -243,6 +244,34 @@ def kind_named(name: str) -> EpisodeKind:
 def kind_of_episodes(episodes: Sequence[Planned]) -> EpisodeKind:
     """The kind of a batch's episodes (every episode of a batch is of the run's kind)."""
     return EPISODE_KINDS.get(episodes[0].kind)
+
+
+def replay_episodes(
+    kind: EpisodeKind,
+    engines: Engines,
+    episodes: Iterable[Planned],
+    recorded: Mapping[str, Sequence[str]],
+    generator: Callable[[Planned], dict[str, Any] | Canonical],
+) -> tuple[list[Any], list[Divergence]]:
+    """Replay each of ``episodes`` (every one recorded) through ``kind.replay``, one at a time so that a
+    divergence in one stops no other, and compare its new chain with the recorded lines: the results of the
+    episodes that came out line for line as recorded, and the first divergence of each of the others.
+    ``generator``: the generator each episode's header recorded. The one replay loop of every kind."""
+    results: list[Any] = []
+    divergences: list[Divergence] = []
+    for episode in episodes:
+        lines = recorded[episode.episode_id]
+        try:
+            result = kind.replay(engines, episode, lines, generator(episode))
+        except Divergence as divergence:
+            divergences.append(divergence)
+            continue
+        difference = first_divergence(episode.episode_id, lines, result.log_lines)
+        if difference is None:
+            results.append(result)
+        else:
+            divergences.append(difference)
+    return results, divergences
 
 
 def kind_of_manifest(manifest: Mapping[str, Any]) -> EpisodeKind:

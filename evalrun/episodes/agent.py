@@ -7,7 +7,8 @@ reply, each call's effects (``clock``, ``random``, ``uuid``, ``env``) and ``obse
 order, and a ``join`` entry when the reply held several calls; an unparseable reply gets an error
 ``observation`` answering the model call; the end entry says why the episode stopped and hashes
 its final state. Everything that could vary between two runs of the episode is in the chain, so
-a replay serves it from there (:func:`replay_agent_episodes`) and never reads a live clock or model.
+a replay serves it from there (:class:`ScheduleSource`, through the world kind's ``replay``) and never reads a
+live clock or model.
 
 Live episodes advance in lockstep: every episode waiting for the model is generated in one engine
 call, so a worker with 256 live episodes makes one engine call per turn, not 256.
@@ -26,7 +27,7 @@ from evalrun.config import DecodingConfig, EvalConfig, SeedsConfig, TaskConfig
 from evalrun.config.registry import Registry
 from evalrun.config.settings import WorldConfig
 from evalrun.engines import Completion, Engine, GenerationRequest, SamplingSpec
-from evalrun.engines.replay import Divergence, first_divergence
+from evalrun.engines.replay import Divergence
 from evalrun.episodes.harness import completion_record, encode_generator, failed_call, generate_each, header_fields
 from evalrun.episodes.plan import episode_id, sampling_spec
 from evalrun.errors import BadInput
@@ -375,10 +376,9 @@ class ModelAgent:
 
 @agent("model")
 def model_agent(engine: Engine, model_path: str | None) -> Agent:
-    """The run's model, prompted through its own chat template (the model's directory must be here)."""
-    if model_path is None:
-        raise BadInput("model.path", "a model agent renders its prompts with the model's chat template: the model "
-                                     "directory is not here")  # fmt: skip
+    """The run's model, prompted through its own chat template (the world kind refuses, before anything loads,
+    a model agent whose model's directory is not here)."""
+    assert model_path is not None
     return ModelAgent(engine, chat_template_renderer(model_path))
 
 
@@ -602,33 +602,3 @@ class ScheduleSource:
             raise Divergence(self.episode, entry.seq, f"{where}: {entry.request.as_record()}",
                              f"{request.as_record()}")  # fmt: skip
         return entry.response
-
-
-def replay_agent_episodes(
-    episodes: Sequence[AgentEpisode],
-    recorded: dict[str, Sequence[str]],
-    agent: Agent,
-    generator: Callable[[AgentEpisode], dict[str, Any] | Canonical],
-) -> tuple[list[AgentResult], list[Divergence]]:
-    """Rebuild each world from its seed, serve every recorded read (model replies through ``agent``,
-    a replay engine for ``agent=model``; effects from the chain), and compare the new chain with the
-    recorded one line by line: the first differing line is the divergence (episode, seq, expected, got).
-    ``generator``: the generator each episode's header recorded."""
-
-    def source(e: AgentEpisode) -> EffectSource:
-        return ScheduleSource(e.episode_id, recorded[e.episode_id])
-
-    divergences: list[Divergence] = []
-    results: list[AgentResult] = []
-    for e in episodes:  # one by one, so a divergence in one episode never stops another
-        try:
-            (result,) = run_agent_episodes([e], agent, generator(e), source)
-        except Divergence as d:
-            divergences.append(d)
-            continue
-        difference = first_divergence(e.episode_id, recorded[e.episode_id], result.log_lines)
-        if difference is not None:
-            divergences.append(difference)
-        else:
-            results.append(result)
-    return results, divergences

@@ -122,15 +122,15 @@ def agent_finish_reason(stop: str | None) -> str:
 
 def encode_agent_part(results: list[AgentResult], provenance: Provenance,
                       scorer: PartScorer | None = None) -> EncodedPart:  # fmt: skip
-    return encoded_part(results, agent_output_rows(results, provenance), sum(r.output_tokens for r in results), scorer)
+    return _encoded(results, agent_output_rows(results, provenance), sum(r.output_tokens for r in results), scorer)
 
 
 def encode_part(results: list[EpisodeResult], provenance: Provenance, scorer: PartScorer | None = None) -> EncodedPart:
     tokens = sum(len(r.completion.token_ids) for r in results)
-    return encoded_part(results, output_rows(results, provenance), tokens, scorer)
+    return _encoded(results, output_rows(results, provenance), tokens, scorer)
 
 
-def encoded_part(results: Sequence[Result], rows: pa.Table, output_tokens: int,
+def _encoded(results: Sequence[Result], rows: pa.Table, output_tokens: int,
                  scorer: PartScorer | None) -> EncodedPart:  # fmt: skip
     """A part's bytes, and its rows: scored by ``scorer`` when given (a Ray worker's part), else as they
     are, for the driver to score (an inline worker's part, which is never pickled)."""

@@ -86,7 +86,8 @@ class WorldKind:
         config = agent_decoding(config)
         if world.agent == "model" and model_dir is None:
             raise BadInput("model.path", "a model agent renders its prompts with the model's chat template: the "
-                                         "model directory is not here")  # fmt: skip
+                                         "model's directory (for a replay, the manifest's model.path) is not "
+                                         "here")  # fmt: skip
         return config, load_agent_task(config.task, config.limit, model_dir)
 
     def plan(self, config: EvalConfig, task: AgentTask, model_dir: Path | None) -> Sequence[AgentEpisode]:

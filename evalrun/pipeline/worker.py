@@ -112,7 +112,6 @@ class EngineWorker:
         self.canary, not_run = canary_at_start(self.engine, spec.determinism.canary, spec.engine_factory is not None)
         if not_run is not None:
             self.determinism["notes"].append(not_run)
-        self.model_path = spec.model_path
         self._scorers: dict[bytes, PartScorer | None] = {}  # by pickled ScoringSetup
         self.judge_engine = self.engine
         if spec.judge_model_path is not None:
