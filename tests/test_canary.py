@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
+import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -278,3 +280,186 @@ def test_the_canary_command_refuses_bad_input_with_exit_2(capsys: pytest.Capture
     assert main(["canary", "engine.name=tpu"]) == 2
     assert "engine.name" in capsys.readouterr().err
     assert main(["canary", "--jsn"]) == 2
+
+
+# --- a failed canary in a run: the warning, the record, the table and report, require_invariant -------------
+
+
+@pytest.fixture
+def torch_state(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """What a strict worker sets in this process (torch's flags and threads, vLLM's variables), restored after."""
+    import torch
+
+    for name in ("VLLM_BATCH_INVARIANT", "CUBLAS_WORKSPACE_CONFIG", "VLLM_CPU_ATTN_SPLIT_KV"):
+        monkeypatch.delenv(name, raising=False)
+    before = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
+              torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark, torch.get_num_threads())  # fmt: skip
+    yield
+    torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = before[2], before[3]
+    torch.set_num_threads(before[4])
+
+
+SKEWED_LINE = ("NOT batch-invariant: 8 of 8 canary checks differ, max |dlogprob| 1.431e-05 (batch size 1 against 2, "
+               "4, 8, 16); first: greedy, batch size 2, needle at 1, token 0 (logprobs)")  # fmt: skip
+
+
+def _cli_run(tmp_path: Path, *overrides: str) -> int:
+    return main(["run", "cluster=inline", "limit=3", f"run.root={tmp_path / 'runs'}", "run.progress=false",
+                 *overrides])  # fmt: skip
+
+
+def _runs(tmp_path: Path) -> list[Path]:
+    root = tmp_path / "runs"
+    return sorted(root.iterdir()) if root.is_dir() else []
+
+
+def test_a_strict_run_whose_canary_fails_warns_once_and_its_table_report_and_timings_show_the_record(
+    fake_engines: None, torch_state: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert _cli_run(tmp_path, "engine.name=skewed") == 0  # determinism=strict, the default
+    out, err = capsys.readouterr()
+    (run,) = _runs(tmp_path)
+    warnings = [line for line in err.splitlines() if "batch-invariant" in line]
+    assert len(warnings) == 1, err
+    assert warnings[0].startswith("evalrun: warning: worker inline-0@") and SKEWED_LINE in warnings[0]
+    # the record the table and the report read: the manifest's, with the verdict and the figures
+    record = json.loads((run / "manifest.json").read_text())["workers"][0]["canary"]
+    assert record["invariant"] is False and record["max_abs_logprob_diff"] == pytest.approx(1.431e-05, rel=1e-3)
+    assert sum(not c["equal"] for c in record["checks"]) == 8 and record["batch_sizes"] == [2, 4, 8, 16]
+    lines = out.splitlines()
+    table = next(i for i, line in enumerate(lines) if line.startswith("results: "))
+    under = [line for line in lines[table:] if line.startswith("warning: worker ")]
+    assert len(under) == 1 and SKEWED_LINE in under[0], out
+    assert lines[-1] == str(run)
+    timings = next(line for line in err.splitlines() if line.startswith("timings: "))
+    assert re.search(r"; canary \d+\.\d s \(inline-0@", timings), timings
+    seconds = json.loads((run / "record.json").read_text())["timings"]["canary"]
+    assert list(seconds.values()) == [record["seconds"]]
+    html = (run / "report.html").read_text()
+    assert 'id="canary-failed-0"' in html and "not batch-invariant" in html and "8 of 8 canary checks differ" in html
+
+
+def test_an_invariant_or_unstrict_run_prints_no_warning_yet_the_table_still_shows_a_recorded_failure(
+    fake_engines: None, torch_state: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert _cli_run(tmp_path, "engine.name=fake") == 0
+    out, err = capsys.readouterr()
+    assert "batch-invariant" not in out + err
+    assert "canary-failed" not in (_runs(tmp_path)[0] / "report.html").read_text()
+    assert _cli_run(tmp_path / "off", "engine.name=skewed", "determinism=off") == 0
+    out, err = capsys.readouterr()
+    assert "batch-invariant" not in err  # determinism=off asks for nothing: no warning while it runs
+    assert sum(SKEWED_LINE in line for line in out.splitlines()) == 1  # what the record says, shown
+
+
+def test_the_table_and_report_read_the_recorded_canary_of_a_finished_or_old_run(
+    fake_engines: None, torch_state: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from evalrun.cli import render
+    from evalrun.report import build_report
+
+    run = _run(tmp_path, "engine.name=skewed")  # through the runner, not the command: nothing printed yet
+    capsys.readouterr()
+    data = build_report([run], tmp_path / "again.html")  # as `evalrun report RUN` builds it, from the files
+    assert data.runs[0].canary_failures == (f"worker {_worker(run)}: {SKEWED_LINE}",)
+    assert 'id="canary-failed-0"' in (tmp_path / "again.html").read_text()
+    assert main(["resume", str(run)]) == 0  # a finished run: its table printed again, from its record
+    assert sum(SKEWED_LINE in line for line in capsys.readouterr().out.splitlines()) == 1
+    golden = Path(shutil.copytree(GOLDEN / "addition-v1", tmp_path / "addition-v1"))  # made before the canary
+    data = build_report([golden], tmp_path / "golden.html")
+    assert data.runs[0].canary_failures == () and "canary-failed" not in (tmp_path / "golden.html").read_text()
+    manifest = json.loads((golden / "manifest.json").read_text())
+    console = render.stdout_console()
+    render.render_canary_failures(console, manifest, None)
+    assert capsys.readouterr().out == ""
+
+
+def _worker(run: Path) -> str:
+    return json.loads((run / "manifest.json").read_text())["workers"][0]["worker"]
+
+
+def test_failure_lines_come_from_the_record_alone_and_count_workers_that_replaced_others() -> None:
+    failed = canary.run_canary(FakeEngine(skew=batch_dependent_logprobs)).as_record()
+    passed = canary.run_canary(FakeEngine()).as_record()
+    manifest = {"workers": [{"worker": "ray-0", "canary": passed}, {"worker": "ray-1", "canary": None},
+                            {"worker": "old"}]}  # fmt: skip
+    record = {"dispatch": {"workers": [{"worker": "ray-0", "canary": failed}, {"worker": "ray-2", "canary": failed}]}}
+    assert canary.failure_lines(manifest) == []
+    assert canary.failure_lines(manifest, record) == [f"worker ray-2: {SKEWED_LINE}"]  # ray-0: the manifest's
+    assert canary.failure_line(failed) == SKEWED_LINE
+    assert not canary.record_failed(None) and not canary.record_failed(passed) and canary.record_failed(failed)
+
+
+def test_require_invariant_stops_a_run_whose_canary_fails_with_exit_1_and_nothing_written(
+    fake_engines: None, torch_state: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for profile in ("strict", "off"):
+        assert _cli_run(tmp_path, "engine.name=skewed", f"determinism={profile}",
+                        "determinism.require_invariant=true") == 1  # fmt: skip
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err[-1].startswith("evalrun run: check failed: worker inline-0@"), err
+        assert err[-1].endswith(f"{SKEWED_LINE} (determinism.require_invariant=true; nothing was written)")
+        assert not any("warning" in line and "batch-invariant" in line for line in err)  # the error says it
+        assert _runs(tmp_path) == []  # no run directory: nothing that could pass for a result
+    assert _cli_run(tmp_path, "engine.name=fake", "determinism.require_invariant=true") == 0
+    (run,) = _runs(tmp_path)
+    assert "require_invariant: true" in (run / "config.yaml").read_text()
+    manifest = json.loads((run / "manifest.json").read_text())
+    assert manifest["determinism"]["asked"]["require_invariant"] is True
+    assert "require_invariant" not in manifest["identity"]["determinism"]  # checks the engine, computes nothing
+
+
+def test_require_invariant_needs_the_canary_and_is_left_out_of_the_records_while_unset(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["run", "determinism.require_invariant=true", "determinism.canary=false"]) == 2
+    assert "determinism.require_invariant: true needs determinism.canary=true" in capsys.readouterr().err
+    config = load([])
+    assert config.determinism.require_invariant is None and "require_invariant" not in config.determinism.as_record()
+
+
+def test_require_invariant_stops_on_a_canary_that_did_not_run_naming_why() -> None:
+    from evalrun.errors import CheckFailed
+    from evalrun.pipeline.runner import check_canary
+
+    config = load(["determinism.require_invariant=true"])
+    note = "determinism.canary: not run: the engine refused its prompts (too long)"
+    info = {"worker": "w", "canary": None, "determinism": {"notes": [note, "another note"]}}
+    with pytest.raises(CheckFailed) as caught:
+        check_canary(config, info, None)
+    assert str(caught.value) == (
+        f"worker w: the batch-invariance canary did not run: {note} "
+        "(determinism.require_invariant=true needs it to pass; nothing was written)"
+    )
+    check_canary(load([]), info, None)  # without it, a canary that did not run is a note, as before
+
+
+def test_a_worker_runs_torch_on_the_cpus_it_is_given_and_records_them(fake_engines: None, torch_state: None) -> None:
+    import torch
+
+    from evalrun.pipeline.runner import worker_threads
+
+    assert worker_threads(load([])) == worker_threads(load(["cluster=inline"])) == 1
+    assert worker_threads(load(["cluster.cpus_per_worker=2.5"])) == 2
+    assert worker_threads(load(["cluster.cpus_per_worker=0.5"])) == 1
+    spec = WorkerSpec(model_path="unused", model_dtype="float32", engine=EngineConfig(name="fake"), determinism=OFF,
+                      threads=1)  # fmt: skip
+    info = EngineWorker(spec, "w").info()
+    assert info["determinism"]["honoured"]["torch_threads"] == torch.get_num_threads() == 1
+    info = EngineWorker(WorkerSpec(**{**spec.__dict__, "threads": None}), "w").info()  # left as it is
+    assert info["determinism"]["honoured"]["torch_threads"] == torch.get_num_threads()
+
+
+def test_the_timings_line_shows_each_workers_canary_and_old_records_read_as_before() -> None:
+    from evalrun.cli.render import timings_line
+    from evalrun.pipeline.runner import PhaseClock
+
+    workers = [{"worker": "ray-0", "engine_load_s": 8.2, "canary": {"seconds": 1.25}},
+               {"worker": "ray-1", "engine_load_s": 9.0, "canary": None}]  # fmt: skip
+    timings = PhaseClock().record(workers)
+    assert timings["engine_load"] == {"ray-0": 8.2, "ray-1": 9.0} and timings["canary"] == {"ray-0": 1.25}
+    assert timings_line({"start-up": 1.0, **timings}) == ("start-up 1.00 s; engine load 8.2 s (ray-0), 9.0 s (ray-1); "
+                                                          "canary 1.2 s (ray-0)")  # fmt: skip
+    assert "canary" not in PhaseClock().record([{"worker": "w", "engine_load_s": 1.0, "canary": None}])
+    assert timings_line({"start-up": 1.0, "engine_load": {"w": 2.0}}) == "start-up 1.00 s; engine load 2.0 s (w)"

@@ -152,8 +152,9 @@ def test_every_worker_is_recorded_and_each_row_names_its_worker(both_live, tmp_p
 
     # phase timings: provenance beside the dispatch record, outside the seal
     timings = record["timings"]
-    assert set(timings) == {"start-up", "generation", "writing", "scoring", "records", "engine_load"}
+    assert set(timings) == {"start-up", "generation", "writing", "scoring", "records", "engine_load", "canary"}
     assert set(timings["engine_load"]) == set(names) and all(v > 0 for v in timings["engine_load"].values())
+    assert set(timings["canary"]) == set(names) and all(v > 0 for v in timings["canary"].values())
     assert all(timings[phase] >= 0 for phase in ("start-up", "writing", "scoring", "records"))
     without = Record.model_validate({k: v for k, v in record.items() if k not in ("timings", "seal")})
     assert seal_of(without) == record["seal"]

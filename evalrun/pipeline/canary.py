@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import struct
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -245,3 +245,49 @@ def describe(result: CanaryResult) -> str:
     return (f"NOT batch-invariant: {failed} of {len(result.checks)} checks differ; first: {m.mode}, batch size "
             f"{m.batch_size}, needle at {m.position}, token {m.token_index} ({m.differs_in}); max |dlogprob| "
             f"{result.max_abs_logprob_diff:.3e}")  # fmt: skip
+
+
+# --- the verdict as a run records it (the manifest's workers[].canary, record.json's dispatch.workers) --------
+
+
+def record_failed(record: Any) -> bool:
+    """Whether a recorded canary (``CanaryResult.as_record()``) says the engine is not batch-invariant; a
+    canary that did not run (None) or a run made before the canary (no record) failed nothing."""
+    return isinstance(record, Mapping) and record.get("invariant") is False
+
+
+def failure_line(record: Mapping[str, Any]) -> str:
+    """A failed canary's record in one line: how many checks differed, the largest |dlogprob|, the batch
+    sizes compared (the needle alone, batch size 1, against each batch) and the first mismatch. Read from
+    the record alone, so that a run's stored record says it the same way whenever it is read."""
+    checks = [c for c in record.get("checks") or [] if isinstance(c, Mapping)]
+    differ = sum(c.get("equal") is not True for c in checks)
+    sizes = ", ".join(map(str, record.get("batch_sizes") or [])) or "?"
+    worst = record.get("max_abs_logprob_diff")
+    worst_text = f"{worst:.3e}" if isinstance(worst, int | float) else "?"
+    m = record.get("first_mismatch")
+    first = (f"; first: {m.get('mode')}, batch size {m.get('batch_size')}, needle at {m.get('position')}, token "
+             f"{m.get('token_index')} ({m.get('differs_in')})") if isinstance(m, Mapping) else ""  # fmt: skip
+    return (f"NOT batch-invariant: {differ} of {len(checks)} canary checks differ, max |dlogprob| {worst_text} "
+            f"(batch size 1 against {sizes}){first}")  # fmt: skip
+
+
+def recorded_canaries(*worker_lists: Iterable[Any]) -> list[tuple[str, Any]]:
+    """(worker, canary record or None) for each worker named in ``worker_lists`` (the manifest's ``workers``,
+    then record.json's ``dispatch.workers``, which adds workers that replaced others mid-run), each once, in
+    order; a worker listed without a ``canary`` key (made before the canary) is left out."""
+    seen: dict[str, Any] = {}
+    for workers in worker_lists:
+        for w in workers or []:
+            if isinstance(w, Mapping) and "canary" in w and str(w.get("worker")) not in seen:
+                seen[str(w.get("worker"))] = w["canary"]
+    return list(seen.items())
+
+
+def failure_lines(manifest: Mapping[str, Any], record: Mapping[str, Any] | None = None) -> list[str]:
+    """One line per worker whose recorded canary failed (``worker W: NOT batch-invariant: ...``), from a run's
+    manifest and record.json (either may lack the workers: a run made before the canary has none)."""
+    dispatch = (record or {}).get("dispatch")
+    later = dispatch.get("workers") if isinstance(dispatch, Mapping) else None
+    recorded = recorded_canaries(manifest.get("workers") or [], later or [])
+    return [f"worker {worker}: {failure_line(c)}" for worker, c in recorded if record_failed(c)]

@@ -120,6 +120,9 @@ def _model_identity(model: ResolvedModel | None) -> dict[str, Any] | None:
     return {"id": model.id, "revision": model.revision, "files": model.files, "pinned": model.pinned}
 
 
+CANARY_SETTINGS = ("canary", "require_invariant")  # determinism settings about the canary, not the run's results
+
+
 def run_identity(kind: EpisodeKind, config: EvalConfig, task: Any, model: ResolvedModel, digest: Digest,
                  episodes: int, judge_model: ResolvedModel | None = None) -> dict[str, Any]:  # fmt: skip
     """Everything that decides what a run computes, and nothing that legitimately varies (paths,
@@ -135,7 +138,7 @@ def run_identity(kind: EpisodeKind, config: EvalConfig, task: Any, model: Resolv
         "decoding": config.decoding.as_record(),
         "seeds": seeds_identity(config.seeds),
         # the canary checks the engine and changes nothing the run computes (runs made before it resume)
-        "determinism": {k: v for k, v in config.determinism.as_record().items() if k != "canary"},
+        "determinism": {k: v for k, v in config.determinism.as_record().items() if k not in CANARY_SETTINGS},
         "generator": generator_info(),
     }
 

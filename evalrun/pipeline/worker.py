@@ -45,6 +45,11 @@ class WorkerSpec:
     engine_factory: Callable[[WorkerSpec], Any] | None = None
     judge_model_path: str | None = None  # a second engine, same settings, for a rubric's judges
     judge_model_dtype: str | None = None
+    # torch's intra-op (OpenMP) threads in the worker's process, set before its engine is built: the CPUs a
+    # worker is given (cluster.cpus_per_worker), in the driver's process as in a Ray actor of that many CPUs
+    # (Ray sets OMP_NUM_THREADS to them). None: torch's default, one per core, whose spinning threads slowed
+    # an inline engine 10x on a machine whose cores other processes share (docs/nondeterminism.md "What it costs").
+    threads: int | None = None
 
     def as_record(self) -> dict[str, Any]:
         factory = self.engine_factory
@@ -56,6 +61,7 @@ class WorkerSpec:
             "engine_factory": None if factory is None else f"{factory.__module__}.{factory.__qualname__}",
             "judge_model_path": self.judge_model_path,
             "judge_model_dtype": self.judge_model_dtype,
+            "threads": self.threads,
         }
 
 
@@ -104,6 +110,7 @@ class EngineWorker:
         self._log = logs.route(stderr_is_a_log=self._own_process)
         settings = spec.determinism.as_record()
         self.determinism = determinism.apply(settings, seed=spec.engine.seed, engine=spec.engine.name)
+        self.determinism["honoured"]["torch_threads"] = _set_threads(spec.threads)  # kernels split work by threads
         self.hardware = canonical_json(hardware_fingerprint())
         started = time.perf_counter()
         self.engine = _build_engine(spec)
@@ -119,7 +126,7 @@ class EngineWorker:
                 spec, model_path=spec.judge_model_path, model_dtype=spec.judge_model_dtype or spec.model_dtype
             )
             self.judge_engine = _build_engine(judge)
-        self.engines = Engines(self.engine, self.judge_engine, spec.model_path)
+        self.engines = Engines(self.engine, self.judge_engine)
 
     def info(self) -> dict[str, Any]:
         return {
@@ -219,6 +226,16 @@ def _in_ray_actor() -> bool:
     """Whether this worker is a Ray actor (in a process of its own), not inline in the driver."""
     ray = sys.modules.get("ray")
     return ray is not None and ray.is_initialized() and ray.get_runtime_context().get_actor_id() is not None
+
+
+def _set_threads(threads: int | None) -> int:
+    """torch's intra-op threads set to ``threads`` (None: left as they are); the number it now uses. Called
+    before the engine is built: vLLM's CPU worker then replaces ``torch.set_num_threads`` with a no-op."""
+    import torch
+
+    if threads is not None and threads >= 1 and torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
+    return int(torch.get_num_threads())
 
 
 def _build_engine(spec: WorkerSpec) -> Any:
