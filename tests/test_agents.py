@@ -24,7 +24,6 @@ from evalrun.episodes.agent import (
     AgentEpisode,
     ModelAgent,
     ScriptedAgent,
-    plain_chat,
     plan_agent_episodes,
     run_agent_episodes,
 )
@@ -57,7 +56,7 @@ def plan(tasks: list[WorldTask], agent: str = "scripted", repeats: int = 1, **bu
 def replay(episodes: list[AgentEpisode], recorded: dict[str, tuple[str, ...]]) -> tuple[list[Any], list[Any]]:
     """The world kind's replay of scripted episodes, through the one replay loop (no model: an empty replay engine)."""
     engine = ReplayEngine({}, {})
-    return replay_episodes(kind_named("world"), Engines(engine, engine, None), episodes, recorded, lambda _: GENERATOR)
+    return replay_episodes(kind_named("world"), Engines(engine, engine), episodes, recorded, lambda _: GENERATOR)
 
 
 def kinds(lines: tuple[str, ...]) -> list[str]:
@@ -121,7 +120,7 @@ class ScriptedModel(ModelAgent):
 def test_model_agent_advances_every_live_episode_in_one_engine_call() -> None:
     episodes = plan(suite(seeds=(1000, 1020)), agent="model")
     engine = ScriptedEngine(episodes)
-    agent = ScriptedModel(engine, plain_chat)
+    agent = ScriptedModel(engine)
     results = run_agent_episodes(episodes, agent, GENERATOR)
     assert all(r.scores["pass"] == 1.0 for r in results)
     assert engine.calls[0] == len(episodes) == 40  # every live episode in the first engine call
@@ -135,20 +134,20 @@ def test_model_agent_advances_every_live_episode_in_one_engine_call() -> None:
 def test_bad_replies_and_budgets_are_recorded_and_scored_as_failures() -> None:
     episodes = plan(suite(seeds=(1000, 1001)), agent="model", max_steps=3)
     engine = ScriptedEngine(episodes, garbage='{"tool_calls":[{"name":"launch_rockets","arguments":{}}]} ok')
-    results = run_agent_episodes(episodes, ModelAgent(engine, plain_chat), GENERATOR)
+    results = run_agent_episodes(episodes, ModelAgent(engine), GENERATOR)
     for r in results:
         assert r.stop == "max_steps" and r.scores["pass"] == 0.0 and r.error is None
         observations = [parse_line(x) for x in r.log_lines if '"kind":"observation"' in x]
         assert len(observations) == 3 and all(isinstance(o, ObservationEntry) and o.reply is not None
                                               and o.status == "error" for o in observations)  # fmt: skip
     engine = ScriptedEngine(episodes, garbage='{"tool_calls":[{"name":"launch_rockets","arguments":{}}]}')
-    results = run_agent_episodes(episodes, ModelAgent(engine, plain_chat), GENERATOR)
+    results = run_agent_episodes(episodes, ModelAgent(engine), GENERATOR)
     for r in results:
         observations = [json.loads(x) for x in r.log_lines if '"kind":"observation"' in x]
         assert all(o["call"] >= 0 and "unknown tool" in o["content"] for o in observations)
     tokens = plan(suite(seeds=(1000, 1001)), agent="model", max_tokens=10)
     engine = ScriptedEngine(tokens, garbage="x" * 40)  # 6 tokens a reply
-    results = run_agent_episodes(tokens, ModelAgent(engine, plain_chat), GENERATOR)
+    results = run_agent_episodes(tokens, ModelAgent(engine), GENERATOR)
     assert all(r.stop == "max_tokens" and r.output_tokens >= 10 and len(r.steps) == 2 for r in results)
 
 

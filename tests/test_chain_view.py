@@ -11,7 +11,7 @@ import pytest
 
 from evalrun.config import DecodingConfig, SeedsConfig
 from evalrun.engines import Completion, GenerationRequest, SamplingSpec
-from evalrun.episodes.agent import AgentBudget, ModelAgent, ScriptedAgent, plain_chat, plan_agent_episodes
+from evalrun.episodes.agent import AgentBudget, ModelAgent, ScriptedAgent, plan_agent_episodes
 from evalrun.episodes.agent import run_agent_episodes as run_agents
 from evalrun.episodes.harness import record_episode
 from evalrun.episodes.plan import Episode
@@ -72,7 +72,7 @@ class _Garbage:
 
 
 def test_an_unreadable_model_reply_is_a_turn_with_its_answer() -> None:
-    (result, *_rest) = run_agents(_episodes("model", max_steps=2), ModelAgent(_Garbage(), plain_chat), GENERATOR)
+    (result, *_rest) = run_agents(_episodes("model", max_steps=2), ModelAgent(_Garbage()), GENERATOR)
     view = ChainView.of(_entries(result.log_lines))
     assert _placed(view) == list(range(len(result.log_lines)))
     assert len(view.turns) == 2 and all(isinstance(t.reply, ModelEntry) and not t.calls for t in view.turns)

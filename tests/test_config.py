@@ -174,3 +174,14 @@ def test_hub_id_and_revision_resolve_from_the_local_cache_only(tmp_path: Path) -
     with pytest.raises(BadInput) as unpinned_revision:
         prepare(load(["limit=2", *hub]))
     assert unpinned_revision.value.where == "model.revision"
+
+
+def test_a_newline_stop_string_typed_on_the_command_line_is_a_newline() -> None:
+    """Hydra hands `decoding.stop=["\\n"]` over as a backslash and an n, which never matches: evalrun reads
+    the escapes \\n, \\t, \\r and \\\\ in stop strings (decoding.stop, task.world.stop)."""
+    from evalrun.config import load as load_config
+
+    assert load_config(['decoding.stop=["\\n"]']).decoding.stop == ("\n",)
+    assert load_config(["decoding.stop=['a\\tb']"]).decoding.stop == ("a\tb",)
+    world = load_config(["task=invoice_desk", 'task.world.stop=["\\n\\n"]'])
+    assert world.task.world is not None and world.task.world.stop == ("\n\n",)

@@ -21,7 +21,7 @@ from evalrun.audit.rescore import rescore_run
 from evalrun.audit.verify import verify_run
 from evalrun.config import EvalConfig, load
 from evalrun.engines import Completion, GenerationRequest
-from evalrun.episodes import EPISODE_KINDS, Engines, episode_kind
+from evalrun.episodes import EPISODE_KINDS, Engines, ModelFiles, episode_kind
 from evalrun.episodes.dataset import DatasetKind
 from evalrun.episodes.harness import EpisodeResult, completion_record, encode_generator, generate_each
 from evalrun.episodes.plan import Episode
@@ -61,9 +61,9 @@ class VoteKind(DatasetKind):
 
     name = "vote"
 
-    def plan(self, config: EvalConfig, task: Task, model_dir: Path | None) -> Sequence[VoteEpisode]:
+    def plan(self, config: EvalConfig, task: Task, model: ModelFiles) -> Sequence[VoteEpisode]:
         names = [f.name for f in fields(Episode)]
-        return [VoteEpisode(**{n: getattr(e, n) for n in names}) for e in super().plan(config, task, model_dir)]
+        return [VoteEpisode(**{n: getattr(e, n) for n in names}) for e in super().plan(config, task, model)]
 
     def prompt_record(self, config: EvalConfig, task: Task) -> dict[str, Any]:
         return {**super().prompt_record(config, task), "votes": VOTES}

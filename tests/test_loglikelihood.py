@@ -44,7 +44,7 @@ def vllm_engine() -> Iterator[Any]:
     m, settings = config.model, config.engine
     model = resolve_model(
         model_id=m.id, path=m.path, revision=m.revision, pins=dict(m.sha256), pinned=m.pinned,
-        cache_dir=m.cache_dir, repo_root=REPO_ROOT,
+        cache_dir=m.cache_dir,
     )  # fmt: skip
     determinism.apply(config.determinism.as_record(), seed=settings.seed)  # before vLLM is imported
     from evalrun.engines.vllm import VLLMEngine

@@ -141,3 +141,22 @@ def test_canonical_template_gives_the_canonical_json_of_the_filled_value(
     assert filled == canonical_json({**fields, "~a": [*items, number], "~b": {"x": text}})
     with pytest.raises(ValueError, match="expected 3 slots"):
         canonical_template(value, 3)
+
+
+def test_output_warnings_name_empty_and_cut_off_generations() -> None:
+    """A run whose generations are nearly all empty, or all cut at the token limit, says so; a healthy run,
+    failed episodes and agent episodes do not count as either."""
+    import pyarrow as pa
+
+    from evalrun.records.outputs import output_warnings
+
+    def table(rows: list[tuple[str, str]]) -> pa.Table:
+        return pa.table({"output": [r[0] for r in rows], "finish_reason": [r[1] for r in rows]})
+
+    assert output_warnings(table([("86", "stop"), ("", "stop"), ("130", "length")])) == []
+    empty = output_warnings(table([("", "stop")] * 9 + [(" 4", "stop"), ("", "failed")]))
+    assert len(empty) == 1 and empty[0].startswith("9 of 10 outputs are empty")
+    cut = output_warnings(table([("1111", "length"), ("2222", "length")]))
+    assert cut == ["all 2 outputs were cut at the token limit (decoding.max_tokens): none ended by itself or at a "
+                   "stop string"]  # fmt: skip
+    assert output_warnings(table([("", "done"), ("", "max_steps"), ("", "failed")])) == []

@@ -17,7 +17,7 @@ import pytest
 from evalrun.audit.verify import verify_run
 from evalrun.cli import main
 from evalrun.config import load
-from evalrun.episodes.agent import ModelAgent, ScriptedAgent, plain_chat, run_agent_episodes
+from evalrun.episodes.agent import ModelAgent, ScriptedAgent, run_agent_episodes
 from evalrun.errors import CheckFailed
 from evalrun.pipeline.manifest import run_identity
 from evalrun.pipeline.runner import prepare
@@ -149,13 +149,13 @@ def test_a_scripted_agent_episode_reads_as_a_transcript_step_by_step() -> None:
 
 def test_a_model_agent_s_turns_and_unreadable_replies_are_in_its_transcript() -> None:
     episodes = plan(suite(seeds=(1000, 1001)), agent="model")
-    (result, *_) = run_agent_episodes(episodes, ScriptedModel(ScriptedEngine(episodes), plain_chat), GENERATOR)
+    (result, *_) = run_agent_episodes(episodes, ScriptedModel(ScriptedEngine(episodes)), GENERATOR)
     steps = transcript_steps(parse_line(line) for line in result.log_lines)
     turns = [s for s in steps if s.kind == "model"]
     assert turns and all(s.title.startswith("model turn ") and '"tool_calls"' in s.text for s in turns)
     assert [s.kind for s in steps].index("model") < [s.kind for s in steps].index("tool")  # the reply, then its calls
     garbage = ScriptedEngine(episodes, garbage="not a tool call")
-    (failed, *_) = run_agent_episodes(episodes, ModelAgent(garbage, plain_chat), GENERATOR)
+    (failed, *_) = run_agent_episodes(episodes, ModelAgent(garbage), GENERATOR)
     steps = transcript_steps(parse_line(line) for line in failed.log_lines)
     unread = [s for s in steps if s.kind == "observation"]
     assert unread and all(s.title.startswith("reply of model call ") and s.status == "error" for s in unread)

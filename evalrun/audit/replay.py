@@ -24,9 +24,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from evalrun.chat import ModelChat
 from evalrun.config import EvalConfig, load_stored, validate
 from evalrun.engines.replay import Divergence, RecordedCall, ReplayEngine
-from evalrun.episodes import Engines, Provenance, kind_of, replay_episodes
+from evalrun.episodes import Engines, ModelFiles, Provenance, kind_of, replay_episodes
 from evalrun.pipeline.environment import git_state
 from evalrun.pipeline.manifest import generator_info
 from evalrun.records.canonical import Canonical, canonical_json
@@ -194,10 +195,20 @@ def replay_config(run: layout.RunDir, overrides: list[str]) -> EvalConfig:
     return validate(cfg)
 
 
-def _recorded_model_dir(manifest: dict[str, Any]) -> Path | None:
-    """The directory of the run's model when it is here (its tokenizer and chat template), else None."""
-    path = (manifest.get("model") or {}).get("path")
-    return Path(path) if isinstance(path, str) and Path(path).is_dir() else None
+def recorded_model_files(run: layout.RunDir, manifest: dict[str, Any]) -> ModelFiles:
+    """The run's model as planning reads it: its directory when it is here, else the tokenizer files the run
+    kept (``RUN/tokenizer``: rendering, token counts and tool parsing need no more), and the chat template
+    and special tokens the run recorded (``model.chat``; of the directory for a run recorded before)."""
+    model = manifest.get("model") if isinstance(manifest.get("model"), dict) else {}
+    path = model.get("path")
+    directory = Path(path) if isinstance(path, str) and Path(path).is_dir() else None
+    if directory is None and run.tokenizer.is_dir():
+        directory = run.tokenizer
+    if "chat" in model:
+        chat = ModelChat.recorded(model["chat"])
+    else:
+        chat = ModelChat.of_directory(directory) if directory is not None else None
+    return ModelFiles(directory, chat, f"the manifest's model.path {path}")
 
 
 def replay_run(path: Path, overrides: list[str]) -> ReplayReport:
@@ -207,13 +218,13 @@ def replay_run(path: Path, overrides: list[str]) -> ReplayReport:
     run = open_run(path)
     recorded, calls, failed = load_recording(run)
     manifest = read_manifest(run)
-    model_dir = _recorded_model_dir(manifest)
+    model = recorded_model_files(run, manifest)
     config = replay_config(run, overrides)
     kind = kind_of(config)
-    config, task = kind.load(config, model_dir)
-    episodes = kind.plan(config, task, model_dir)
+    config, task = kind.load(config, model)
+    episodes = kind.plan(config, task, model)
     engine = ReplayEngine(calls, failed)
-    engines = Engines(engine, engine, str(model_dir) if model_dir is not None else None)
+    engines = Engines(engine, engine)
     planned = {e.episode_id for e in episodes}
     divergences = [Divergence(eid, 0, "an episode of the current plan", "an episode the plan lacks")
                    for eid in sorted(set(recorded) - planned)]  # fmt: skip

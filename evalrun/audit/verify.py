@@ -238,9 +238,9 @@ def check_no_strays(run: layout.RunDir, record: Record) -> None:
     """Every file in the run directory, at any depth, is one a run writes: the layout's names (the
     report.html view among them, which no record lists or hashes), the files record.json lists,
     ``evalrun rescore``'s outputs, the engine's logs (``logs/<name>.log``: provenance, hashed nowhere),
-    and the lock while a driver holds it."""
+    and the lock while a driver holds it. The ``tokenizer`` folder's files are listed in record.json."""
     expected = _TOP_LEVEL | set(record.files)
-    folders = {layout.LOG, layout.OUTPUTS, layout.RESCORE, layout.LOGS}
+    folders = {layout.LOG, layout.OUTPUTS, layout.RESCORE, layout.LOGS, layout.TOKENIZER}
     for path in sorted(run.path.rglob("*")):
         rel = path.relative_to(run.path).as_posix()
         if path.is_symlink():

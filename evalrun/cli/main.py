@@ -37,6 +37,7 @@ from evalrun.audit.rescore import rescore_run
 from evalrun.audit.verify import verify_run
 from evalrun.cli import render
 from evalrun.engines import logs
+from evalrun.engines.pins import model_config_yaml
 from evalrun.episodes import FreezeOptions, kind_of
 from evalrun.errors import (
     EXIT_BAD_INPUT,
@@ -53,10 +54,11 @@ from evalrun.pipeline import dispatch, runner
 from evalrun.pipeline.canary import describe as describe_canary
 from evalrun.pipeline.worker import canary_on_demand
 from evalrun.records.canonical import canonical_json
+from evalrun.records.outputs import output_warnings
 from evalrun.report import ROWS, TRANSCRIPTS, build_report
 from evalrun.rundir import layout
 from evalrun.rundir.attest import write_attestation
-from evalrun.rundir.reader import load_record, open_run, read_config, read_summary
+from evalrun.rundir.reader import load_record, open_run, read_config, read_manifest, read_outputs, read_summary
 from evalrun.rundir.references import load_answers, load_index, parse_set_name
 from evalrun.worlds.reference_sets import check_reference_set, raise_problems
 
@@ -138,7 +140,13 @@ def _print_results(console: Any, run_dir: Path) -> None:
     """The run's summary.json as a table (nothing when the run wrote none)."""
     run = layout.RunDir(run_dir)
     if run.summary.is_file():
-        render.render_summary(console, read_summary(run), title=f"results: {run_dir}")
+        warnings = output_warnings(read_outputs(run, ["output", "finish_reason"]))
+        render.render_summary(console, read_summary(run), title=f"results: {run_dir}", warnings=warnings)
+        for warning in warnings:
+            click.echo(f"{PROG}: warning: {warning}", err=True)
+    if run.summary.is_file() and run.manifest.is_file():
+        record = load_record(run).as_record() if run.record.is_file() else None
+        render.render_canary_failures(console, read_manifest(run), record)
     if run.record.is_file():
         timings = load_record(run).timings
         if timings:
@@ -618,6 +626,33 @@ def report_command(runs: tuple[Path, ...], output: Path, rows: int, transcripts:
     if failed:
         raise CheckFailed(f"{failed[0].path}: verify: {failed[0].verification.message} (the report {output} "
                           "shows it)")  # fmt: skip
+
+
+# --- models --------------------------------------------------------------------------------------------
+
+
+@cli.command("pin", short_help="Write the model config that pins a model directory by its files' sha256.")
+@click.argument("model_dir", type=RUN_PATH)
+@click.option("-o", "--output", type=RUN_PATH, metavar="FILE.yaml",
+              help="Write the config there (e.g. conf/model/NAME.yaml, then `evalrun run model=NAME`) and print "
+                   "its path; without it the config goes to stdout.")  # fmt: skip
+@click.option("--name", help="The config's name (default: the directory's name).")
+@click.option("--id", "model_id", metavar="ID", help="The model's id, as manifests record it (default: its name).")
+def pin(model_dir: Path, output: Path | None, name: str | None, model_id: str | None) -> None:
+    """Pin the Hugging Face model directory MODEL_DIR: a model config with the sha256 of every file, the
+    dtype from its config.json, and its chat template's sha256 as a comment.
+
+    The config's path is MODEL_DIR as given: a relative one is read from the working directory when the
+    config is used, as every relative path is. Exit 2 when MODEL_DIR is not a directory, has no config.json
+    or no weight files (*.safetensors, *.bin), or its config or tokenizer does not load with transformers
+    (offline).
+    """
+    text = model_config_yaml(model_dir, path=str(model_dir), name=name, model_id=model_id)
+    if output is None:
+        click.echo(text, nl=False)
+        return
+    output.write_text(text, encoding="utf-8")
+    click.echo(str(output))
 
 
 # --- frozen references --------------------------------------------------------------------------------

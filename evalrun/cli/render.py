@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,7 @@ from evalrun.audit.replay import ReplayReport
 from evalrun.audit.rescore import RescoreReport
 from evalrun.audit.verify import VerifyReport
 from evalrun.pipeline.canary import CanaryResult, describe
+from evalrun.pipeline.canary import failure_lines as canary_failure_lines
 from evalrun.records.formats import REPLAY_FORMAT, RESCORE_FORMAT, VERIFY_FORMAT
 
 OFF_TERMINAL_WIDTH = 200
@@ -98,9 +99,10 @@ def jsonable(value: Any) -> Any:
 # --- run and resume: the results -------------------------------------------------------------------
 
 
-def render_summary(console: Console, summary: Mapping[str, Any], title: str) -> None:
+def render_summary(console: Console, summary: Mapping[str, Any], title: str, warnings: Sequence[str] = ()) -> None:
     """One row per task and metric of summary.json (and the overall rows when there are several tasks);
-    a column naming each interval's method when the summary records it (evalrun.summary/2)."""
+    a column naming each interval's method when the summary records it (evalrun.summary/2); ``warnings``
+    (what makes the numbers meaningless: empty outputs, say) under the table."""
     tasks: Mapping[str, Mapping[str, Any]] = summary.get("tasks", {})
     groups = list(tasks.items())
     if len(tasks) > 1:
@@ -122,6 +124,16 @@ def render_summary(console: Console, summary: Mapping[str, Any], title: str) -> 
         )  # fmt: skip
     console.print(title, soft_wrap=True, highlight=False, markup=False)  # a path stays on one line
     _emit(console, table)
+    for warning in warnings:
+        _line(console, f"warning: {warning}")
+
+
+def render_canary_failures(console: Console, manifest: Mapping[str, Any], record: Mapping[str, Any] | None) -> None:
+    """Under the results table, a line per worker whose batch-invariance canary failed, as the run's
+    manifest (and record.json, for workers that replaced others) recorded it: a run read again later
+    (``evalrun resume`` of a finished run) says the same."""
+    for line in canary_failure_lines(manifest, record):
+        _line(console, f"warning: {line}; the results may depend on the batch they ran in")
 
 
 # --- audit -----------------------------------------------------------------------------------------
@@ -383,11 +395,15 @@ def render_canary(console: Console, result: CanaryResult, worker: Mapping[str, A
 
 
 def timings_line(timings: dict[str, Any]) -> str:
-    """record.json's ``timings`` in one line: each phase, then every worker's engine load."""
+    """record.json's ``timings`` in one line: each phase, then every worker's engine load and its
+    batch-invariance canary (runs made before it have no ``canary``)."""
     order = ("start-up", "generation", "writing", "scoring", "records")
-    names = [n for n in order if n in timings] + sorted(n for n in timings if n not in order and n != "engine_load")
+    per_worker = ("engine_load", "canary")
+    names = [n for n in order if n in timings] + sorted(n for n in timings if n not in order and n not in per_worker)
     phases = [f"{name} {timings[name]:.2f} s" for name in names]
-    loads = timings.get("engine_load") or {}
-    if loads:
-        phases.append("engine load " + ", ".join(f"{seconds:.1f} s ({worker})" for worker, seconds in loads.items()))
+    for key in per_worker:
+        seconds_by_worker = timings.get(key) or {}
+        if seconds_by_worker:
+            each = ", ".join(f"{seconds:.1f} s ({worker})" for worker, seconds in seconds_by_worker.items())
+            phases.append(f"{key.replace('_', ' ')} {each}")
     return "; ".join(phases)

@@ -16,6 +16,7 @@ model loads (:func:`evalrun.pipeline.runner.prepare`).
 
 from __future__ import annotations
 
+import math
 import re
 import types
 from collections.abc import Mapping
@@ -30,8 +31,8 @@ from evalrun.records.seeds import MASTER_SEED_LIMIT
 MISSING = "???"  # Hydra's marker of a value the config must supply
 MAX_TEMPERATURE = 2.0  # vLLM's limit
 NOT_A_SETTING = {"setting": False}  # field metadata: resolved by validation, not composed or recorded
-# field metadata: a null value is left out of the record (and a record without the field reads as null), so
-# records made before the setting existed are unchanged
+# field metadata: a null value (or an empty mapping) is left out of the record, and a record without the field
+# reads as the default, so records made before the setting existed are unchanged
 LEFT_OUT_WHEN_NULL = {"left_out_when_null": True}
 OR_AUTO = {"or_auto": True}  # field metadata: may be composed as "auto", which validation resolves to a value
 AUTO = "auto"
@@ -39,6 +40,8 @@ MASTER_SEED_EXPECTED = "a non-negative integer or auto (integers below 2**53)"
 
 Dtype = Literal["float32", "bfloat16", "float16", "auto"]
 ChoiceScoring = Literal["letter", "loglikelihood", "both"]
+ChatFormatName = Literal["auto", "chat", "plain"]
+ToolFormatName = Literal["auto", "json", "native"]
 
 S = TypeVar("S", bound="Section")
 
@@ -101,6 +104,10 @@ def _typed(tp: Any, value: Any, where: str) -> Any:
         if not isinstance(value, (list, tuple)):
             raise _fail(where, "a list", value)
         return tuple(_typed(get_args(tp)[0], v, f"{where}.{i}") for i, v in enumerate(value))
+    if origin in (dict, Mapping) and get_args(tp)[1] is Any:
+        if not (isinstance(value, Mapping) and all(isinstance(k, str) and _json_scalar(v) for k, v in value.items())):
+            raise _fail(where, "a mapping of names to strings, numbers, true/false or null", value)
+        return dict(value)
     if origin in (dict, Mapping):
         if not (isinstance(value, Mapping) and all(isinstance(x, str) for kv in value.items() for x in kv)):
             raise _fail(where, "a mapping of strings to strings", value)
@@ -109,6 +116,14 @@ def _typed(tp: Any, value: Any, where: str) -> Any:
     if not isinstance(value, accepted) or (tp is not bool and isinstance(value, bool)):
         raise _fail(where, expected, value)
     return value
+
+
+def _null_or_empty(value: Any) -> bool:
+    return value is None or (isinstance(value, dict) and not value)
+
+
+def _json_scalar(value: Any) -> bool:
+    return value is None or isinstance(value, (str, bool, int)) or (isinstance(value, float) and math.isfinite(value))
 
 
 def _record(value: Any) -> Any:
@@ -150,7 +165,7 @@ class Section:
         return {
             f.name: _record(getattr(self, f.name))
             for f in settings_fields(type(self))
-            if not (f.metadata.get("left_out_when_null") and getattr(self, f.name) is None)
+            if not (f.metadata.get("left_out_when_null") and _null_or_empty(getattr(self, f.name)))
         }
 
 
@@ -316,11 +331,21 @@ class WorldConfig(Section):
     reply_tokens: int = 256  # decoding.max_tokens of every model reply (the task's decoding setting)
     max_steps: int = 12  # turns before an episode is stopped (scored as it stands: no report, no pass)
     max_tokens: int = 4096  # tokens the model may generate over the episode
+    # every model reply's stop strings (a reply ends at the model's end of turn; [] for none); null: the
+    # decoding group's, as runs recorded before this setting
+    stop: tuple[str, ...] | None = field(default=None, metadata=LEFT_OUT_WHEN_NULL)
+    # how a model agent sees the tools (evalrun/worlds/tool_formats.py): json (evalrun's protocol, in prose),
+    # native (JSON Schema through the chat template, replies read by the vLLM tool parser ``tool_parser``);
+    # auto (null): native when the model's chat template takes tools, else json
+    tool_format: ToolFormatName | None = field(default=None, metadata=LEFT_OUT_WHEN_NULL)
+    tool_parser: str | None = field(default=None, metadata=LEFT_OUT_WHEN_NULL)  # hermes, llama3_json, mistral, ...
 
     def check(self) -> None:
         for key in ("reply_tokens", "max_steps", "max_tokens"):
             if getattr(self, key) < 1:
                 raise _fail(f"task.world.{key}", "an integer >= 1", getattr(self, key))
+        if self.stop is not None and any(not s for s in self.stop):
+            raise _fail("task.world.stop", "non-empty stop strings", list(self.stop))
         if not self.family:
             raise _fail("task.world.family", "at least one task family", list(self.family))
 
@@ -346,6 +371,12 @@ class TaskConfig(Section):
     references: str | None = None
     # The kind of episode (evalrun.episodes.EPISODE_KINDS); None: world with task.world, else dataset
     kind: str | None = field(default=None, metadata=LEFT_OUT_WHEN_NULL)
+    # How prompts reach the model (evalrun/chat): chat (messages through the chat template, generation
+    # prompt added), plain (the rendered text as it is), auto (None: chat when there is a chat template)
+    chat_format: ChatFormatName | None = field(default=None, metadata=LEFT_OUT_WHEN_NULL)
+    chat_template: str | None = field(default=None, metadata=LEFT_OUT_WHEN_NULL)  # a file used instead of the model's
+    # extra variables of the chat template (enable_thinking: false), as lm-eval's chat_template_kwargs
+    chat_template_kwargs: Mapping[str, Any] = field(default_factory=dict, metadata=LEFT_OUT_WHEN_NULL)
 
     @property
     def episode_kind(self) -> str:
@@ -425,6 +456,14 @@ class DeterminismConfig(Section):
     cublas_workspace_config: str = ":4096:8"
     disable_v1_multiprocessing: bool = True
     canary: bool = True  # the batch-invariance canary at worker start (evalrun.pipeline.canary)
+    # true: a worker whose canary fails (or does not run) stops the run, exit 1, before anything is written;
+    # null (as false): a strict run warns and goes on. Added after runs were recorded: left out while null.
+    require_invariant: bool | None = field(default=None, metadata=LEFT_OUT_WHEN_NULL)
+
+    def check(self) -> None:
+        if self.require_invariant and not self.canary:
+            raise BadInput("determinism.require_invariant", "true needs determinism.canary=true (the canary is "
+                                                            "what shows the engine batch-invariant)")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -462,6 +501,7 @@ class EvalConfig(Section):
     dataset_path: Path = field(default=Path(), kw_only=True, metadata=NOT_A_SETTING)
     prompt_path: Path = field(default=Path(), kw_only=True, metadata=NOT_A_SETTING)  # template file or pack dir
     rubric_path: Path | None = field(default=None, kw_only=True, metadata=NOT_A_SETTING)
+    chat_template_path: Path | None = field(default=None, kw_only=True, metadata=NOT_A_SETTING)
 
     def check(self) -> None:
         """Every check of values that needs no file: a BadInput names the first field at fault."""
@@ -471,6 +511,7 @@ class EvalConfig(Section):
             raise _fail("limit", "an integer >= 1 or null", self.limit)
         self.engine.check()
         self.cluster.check()
+        self.determinism.check()
         self.task.check()
         if self.seeds.fewshot is not None and self.task.world is not None:
             raise BadInput("seeds.fewshot", "an agent task (task.world) has no few-shot examples: expected null")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -74,6 +75,28 @@ def _with_master_seed(raw: dict[str, Any]) -> tuple[dict[str, Any], bool]:
     return {**raw, "seeds": {**seeds, "master": generate_master_seed()}}, True
 
 
+_ESCAPES = {"\\n": "\n", "\\t": "\t", "\\r": "\r", "\\\\": "\\"}
+
+
+def unescape_stop(text: str) -> str:
+    r"""A stop string as typed on a command line: Hydra hands ``"\n"`` over as a backslash and an ``n``, which
+    would never match, so ``\n``, ``\t``, ``\r`` and ``\\`` are read as the newline, tab, return and backslash."""
+    return re.sub(r"\\[ntr\\]", lambda m: _ESCAPES[m.group(0)], text)
+
+
+def _with_stops_unescaped(raw: dict[str, Any]) -> dict[str, Any]:
+    """``decoding.stop`` and ``task.world.stop`` with their escapes read (:func:`unescape_stop`)."""
+    decoding, task = raw.get("decoding"), raw.get("task")
+    if isinstance(decoding, dict) and isinstance(decoding.get("stop"), list):
+        raw = {**raw, "decoding": {**decoding, "stop": [unescape_stop(s) if isinstance(s, str) else s
+                                                         for s in decoding["stop"]]}}  # fmt: skip
+    world = task.get("world") if isinstance(task, dict) else None
+    if isinstance(world, dict) and isinstance(world.get("stop"), list):
+        stops = [unescape_stop(s) if isinstance(s, str) else s for s in world["stop"]]
+        raw = {**raw, "task": {**task, "world": {**world, "stop": stops}}}
+    return raw
+
+
 def validate(cfg: DictConfig) -> EvalConfig:
     """Resolve, type, check values and files; raise :class:`BadInput` naming the first problem."""
     try:
@@ -82,7 +105,7 @@ def validate(cfg: DictConfig) -> EvalConfig:
         key = getattr(exc, "full_key", None) or "config"
         raise BadInput(key, f"missing or unresolvable value ({exc.msg if hasattr(exc, 'msg') else exc})") from exc
     assert isinstance(raw, dict)
-    raw, generated = _with_master_seed(raw)
+    raw, generated = _with_master_seed(_with_stops_unescaped(raw))
     settings = EvalConfig.from_record(raw)
     if generated:
         settings = replace(settings, seeds=replace(settings.seeds, master_generated=True))
@@ -91,6 +114,9 @@ def validate(cfg: DictConfig) -> EvalConfig:
     for name, model in (("model", settings.model), ("judge_model", settings.judge_model)):
         if model is not None and model.path:
             _resolve_path(str(Path(model.path)), f"{name}.path", must_be="dir")
+    if task.chat_template is not None:
+        chat_template_path = _resolve_path(task.chat_template, "task.chat_template")
+        settings = replace(settings, chat_template_path=chat_template_path)
     if task.world is not None:  # an agent task: its world is checked where worlds are known (the plan)
         return settings
     assert task.dataset is not None

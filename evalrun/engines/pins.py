@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
+from evalrun.chat import ModelChat
 from evalrun.errors import BadInput
 from evalrun.records.canonical import file_sha256
 
@@ -23,6 +26,8 @@ class ResolvedModel:
     path: Path
     files: dict[str, str]  # relative file name -> sha256
     pinned: bool
+    # its chat template and special tokens, recorded so that a run renders without the directory (None: not read)
+    chat: ModelChat | None = None
 
     def as_record(self) -> dict[str, object]:
         return {
@@ -31,6 +36,7 @@ class ResolvedModel:
             "path": str(self.path),
             "files": dict(sorted(self.files.items())),
             "pinned": self.pinned,
+            **({"chat": self.chat.as_record()} if self.chat is not None else {}),
         }
 
 
@@ -46,10 +52,13 @@ def hash_model_dir(path: Path) -> dict[str, str]:
 
 
 def write_pins(config_file: Path, hashes: dict[str, str]) -> None:
-    """Rewrite the ``sha256`` mapping of a model config file, keeping its other keys."""
-    data = yaml.safe_load(config_file.read_text(encoding="utf-8")) or {}
+    """Rewrite the ``sha256`` mapping of a model config file, keeping its other keys and its leading comments."""
+    text = config_file.read_text(encoding="utf-8")
+    data = yaml.safe_load(text) or {}
     data["sha256"] = dict(sorted(hashes.items()))
-    config_file.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+    lines = text.splitlines(keepends=True)
+    header = "".join(lines[: next((i for i, line in enumerate(lines) if not line.startswith("#")), len(lines))])
+    config_file.write_text(header + yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
 
 
 def _hub_cache_dir(model_id: str, revision: str, cache_dir: str | None) -> Path:
@@ -64,13 +73,16 @@ def _hub_cache_dir(model_id: str, revision: str, cache_dir: str | None) -> Path:
         ) from exc
 
 
-def model_directory(*, model_id: str, path: str | None, revision: str | None, cache_dir: str | None,
-                    repo_root: Path) -> Path:  # fmt: skip
-    """The model's directory, found but not hashed (a BadInput names the field when there is none)."""
+def model_directory(*, model_id: str, path: str | None, revision: str | None, cache_dir: str | None) -> Path:
+    """The model's directory, found but not hashed (a BadInput names the field when there is none).
+
+    A relative ``path`` is relative to the working directory, as every path a user gives is (task.dataset,
+    ``evalrun pin``); the built-in models' configs name theirs from the checkout (``${evalrun.root:}``).
+    """
     if path:
-        directory = Path(path)
+        directory = Path(path).expanduser()
         if not directory.is_absolute():
-            directory = repo_root / directory
+            directory = Path.cwd() / directory
         if not directory.is_dir():
             raise BadInput("model.path", f"{directory} is not a directory")
         return directory
@@ -87,11 +99,9 @@ def resolve_model(
     pins: dict[str, str],
     cache_dir: str | None = None,
     pinned: bool,
-    repo_root: Path,
 ) -> ResolvedModel:
     """Find the model's files and check every pinned hash; raise BadInput naming the first mismatch."""
-    directory = model_directory(model_id=model_id, path=path, revision=revision, cache_dir=cache_dir,
-                                repo_root=repo_root)  # fmt: skip
+    directory = model_directory(model_id=model_id, path=path, revision=revision, cache_dir=cache_dir)
     actual = hash_model_dir(directory)
     if pinned:
         if not pins:
@@ -105,4 +115,88 @@ def resolve_model(
         unpinned = sorted(set(actual) - set(pins))
         if unpinned:
             raise BadInput(f"{directory / unpinned[0]}", "file is not pinned in model.sha256")
-    return ResolvedModel(id=model_id, revision=revision, path=directory.resolve(), files=actual, pinned=pinned)
+    return ResolvedModel(id=model_id, revision=revision, path=directory.resolve(), files=actual, pinned=pinned,
+                         chat=ModelChat.of_directory(directory))  # fmt: skip
+
+
+# --- pinning a directory: the model config `evalrun pin` writes ------------------------------------------
+
+WEIGHT_SUFFIXES = (".safetensors", ".bin")
+# config.json's torch_dtype (or dtype) -> model.dtype
+_DTYPES = {"float32": "float32", "float": "float32", "fp32": "float32",
+           "bfloat16": "bfloat16", "bf16": "bfloat16",
+           "float16": "float16", "half": "float16", "fp16": "float16"}  # fmt: skip
+
+
+def model_dtype(directory: Path) -> str:
+    """The model's dtype as its config.json names it (``torch_dtype``, or ``dtype`` as transformers 5 writes
+    it), in model.dtype's terms; float32 when it names none."""
+    config_file = directory / "config.json"
+    try:
+        config = json.loads(config_file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise BadInput(str(config_file), f"not readable JSON ({exc})") from exc
+    if not isinstance(config, dict):
+        raise BadInput(str(config_file), "expected a JSON object")
+    for key in ("torch_dtype", "dtype"):
+        value = config.get(key)
+        if value is None:
+            continue
+        dtype = _DTYPES.get(str(value).removeprefix("torch."))
+        if dtype is None:
+            raise BadInput(f"{config_file}: {key}", f"expected one of {sorted(set(_DTYPES.values()))}, got {value!r}")
+        return dtype
+    return "float32"
+
+
+def check_loadable(directory: Path) -> None:
+    """The directory is a model transformers can load offline: a directory, a config.json and a tokenizer that
+    AutoConfig and AutoTokenizer read from it alone, and weight files. A BadInput names the directory and what
+    is wrong; nothing is downloaded (``local_files_only``)."""
+    if not directory.is_dir():
+        raise BadInput(str(directory), "not a directory (expected a Hugging Face model directory)")
+    if not (directory / "config.json").is_file():
+        raise BadInput(str(directory), "no config.json (expected a Hugging Face model directory)")
+    names = [p.name for p in directory.rglob("*") if p.is_file()]
+    if not any(name.endswith(WEIGHT_SUFFIXES) for name in names):
+        raise BadInput(str(directory), f"no weight files (*{', *'.join(WEIGHT_SUFFIXES)})")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from transformers import AutoConfig, AutoTokenizer
+
+    for what, loader in (("config", AutoConfig), ("tokenizer", AutoTokenizer)):
+        try:
+            loader.from_pretrained(str(directory), local_files_only=True)
+        except Exception as exc:  # transformers raises many types (OSError, ValueError, KeyError, ...)
+            message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise BadInput(str(directory), f"the {what} does not load with transformers "
+                                           f"{loader.__name__} ({type(exc).__name__}: {message})") from exc  # fmt: skip
+
+
+def model_config_record(directory: Path, *, path: str | None = None, name: str | None = None,
+                        model_id: str | None = None) -> dict[str, object]:  # fmt: skip
+    """The model config (conf/model/NAME.yaml) pinning ``directory``: every file's sha256, the dtype from its
+    config.json, ``path`` as given (default: the directory, absolute), name and id (default: the directory's
+    name). The directory is checked first (:func:`check_loadable`)."""
+    check_loadable(directory)
+    name = name or directory.resolve().name
+    return {
+        "name": name,
+        "id": model_id or name,
+        "path": path if path is not None else str(directory.resolve()),
+        "revision": None,
+        "cache_dir": None,
+        "pinned": True,
+        "dtype": model_dtype(directory),
+        "sha256": dict(sorted(hash_model_dir(directory).items())),
+    }
+
+
+def model_config_yaml(directory: Path, *, path: str | None = None, name: str | None = None,
+                      model_id: str | None = None) -> str:  # fmt: skip
+    """:func:`model_config_record` as a YAML file under two comment lines: the command that wrote it, and the
+    model's chat template sha256 (what a run records as ``model.chat.template_sha256``) or that it has none."""
+    record = model_config_record(directory, path=path, name=name, model_id=model_id)
+    chat = ModelChat.of_directory(directory)
+    comment = f"# chat template sha256: {chat.template_sha256}" if chat.template is not None else "# no chat template"
+    header = f"# written by `evalrun pin {directory}`\n{comment}\n"
+    return header + yaml.safe_dump(record, sort_keys=False)

@@ -22,6 +22,7 @@ from typing import Any, Protocol, TypeVar, runtime_checkable
 
 import pyarrow as pa
 
+from evalrun.chat import ModelChat
 from evalrun.config import EvalConfig
 from evalrun.config.registry import Registry
 from evalrun.engines import Engine
@@ -32,6 +33,21 @@ from evalrun.records.view import ChainView
 from evalrun.scoring import ScoringContext
 from evalrun.scoring.parts import PartScorer, ScoredPart
 from evalrun.tasks.rubric import Rubric
+
+
+@dataclass(frozen=True)
+class ModelFiles:
+    """What planning reads of the run's model without loading it: its directory when it is here (its
+    tokenizer), and its chat template and special tokens (a replay's are the recorded ones, so that a run
+    whose model directory has gone still renders its prompts)."""
+
+    directory: Path | None
+    chat: ModelChat | None
+    where: str = "model.path"  # the field or record it comes from, for error messages
+
+    @classmethod
+    def of(cls, model: ResolvedModel) -> ModelFiles:
+        return cls(model.path, model.chat, f"model.path {model.path}")
 
 
 @dataclass(frozen=True)
@@ -65,12 +81,10 @@ class EncodedPart:
 @dataclass
 class Engines:
     """What a kind runs its episodes on in one worker: the run's engine, the judges' engine (the run's own
-    when there is no judge model), the model's directory (its tokenizer and chat template), and a place for
-    what a kind builds once per worker (an agent, say)."""
+    when there is no judge model), and a place for what a kind builds once per worker (an agent, say)."""
 
     engine: Engine
     judge: Engine
-    model_path: str | None
     built: dict[str, Any] = field(default_factory=dict)
 
     def once(self, key: str, build: Callable[[], Any]) -> Any:
@@ -127,15 +141,14 @@ class EpisodeKind(Protocol):
     transcribed: bool  # the report shows its episodes step by step (a world's; a dataset's are rows)
 
     # --- config -> plan ---
-    def load(self, config: EvalConfig, model_dir: Path | None) -> tuple[EvalConfig, Any]:
+    def load(self, config: EvalConfig, model: ModelFiles) -> tuple[EvalConfig, Any]:
         """The task ``config`` names, loaded and checked (a BadInput names the field), and the config with the
-        task's own decoding settings applied. ``model_dir``: the model's directory when it is here (its
-        tokenizer and chat template), None when it is not (a replay of a run made elsewhere)."""
+        task's own decoding settings applied; prompts are rendered with ``model``'s chat template."""
         ...
 
-    def plan(self, config: EvalConfig, task: Any, model_dir: Path | None) -> Sequence[Planned]:
+    def plan(self, config: EvalConfig, task: Any, model: ModelFiles) -> Sequence[Planned]:
         """Every episode of the run, ids and seeds derived from the config alone; the same code plans a run
-        and its replay (prompts that do not fit the context found with the tokenizer of ``model_dir``)."""
+        and its replay (prompts that do not fit the context found with ``model``'s tokenizer, when it is here)."""
         ...
 
     def scoring_context(self, config: EvalConfig, task: Any, model: ResolvedModel,

@@ -16,13 +16,12 @@ call, so a worker with 256 live episodes makes one engine call per turn, not 256
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
+from evalrun.chat import ChatFormat
 from evalrun.config import DecodingConfig, EvalConfig, SeedsConfig, TaskConfig
 from evalrun.config.registry import Registry
 from evalrun.config.settings import WorldConfig
@@ -30,7 +29,6 @@ from evalrun.engines import Completion, Engine, GenerationRequest, SamplingSpec
 from evalrun.engines.replay import Divergence
 from evalrun.episodes.harness import completion_record, encode_generator, failed_call, generate_each, header_fields
 from evalrun.episodes.plan import episode_id, sampling_spec
-from evalrun.errors import BadInput
 from evalrun.records.canonical import Canonical, canonical_hash, sha256_hex
 from evalrun.records.chain import ChainBuilder
 from evalrun.records.entries import (
@@ -72,10 +70,11 @@ from evalrun.worlds import (
     network_guard,
     world_class,
 )
-from evalrun.worlds.actions import ParseError, Step, ToolCall, chat_messages, format_calls, parse_reply, system_prompt
+from evalrun.worlds.actions import ParseError, Step, ToolCall, format_calls, system_prompt
 from evalrun.worlds.base import score_final_state
 from evalrun.worlds.scripted import Policy, scripted_policy
 from evalrun.worlds.suite import suite_from_mapping, world_tasks
+from evalrun.worlds.tool_formats import JSON_TOOLS, ToolFormat
 
 
 @dataclass(frozen=True)
@@ -98,6 +97,8 @@ class AgentEpisode:
     sampling: SamplingSpec
     agent: str
     budget: AgentBudget
+    chat: ChatFormat | None = None  # how a model agent's messages become its prompt; None: plain ``role:`` lines
+    tools: ToolFormat = JSON_TOOLS  # how the tools are shown and the replies read
 
     @property
     def item_id(self) -> str:
@@ -105,7 +106,8 @@ class AgentEpisode:
 
 
 def plan_agent_episodes(task_name: str, tasks: Sequence[WorldTask], decoding: DecodingConfig, seeds: SeedsConfig,
-                        agent: str, budget: AgentBudget) -> list[AgentEpisode]:  # fmt: skip
+                        agent: str, budget: AgentBudget, chat: ChatFormat | None = None,
+                        tools: ToolFormat = JSON_TOOLS) -> list[AgentEpisode]:  # fmt: skip
     """Episodes of every world task for every seed of the set and repeat, ids and sampling seeds
     derived as for single-turn episodes (docs/design.md "Seeds"): the same config gives the same
     episodes anywhere. The world is generated from the world task's own seed, so every seed and
@@ -117,7 +119,7 @@ def plan_agent_episodes(task_name: str, tasks: Sequence[WorldTask], decoding: De
                 sampling_seed = derive_seed(seeds.master, "sampling", task_name, task.item_id, seed, repeat)
                 sampling = sampling_spec(decoding, sampling_seed)
                 eid = episode_id(task_name, task.item_id, seed, repeat, {"sampling": str(sampling.seed)})
-                episodes.append(AgentEpisode(eid, task_name, task, seed, repeat, sampling, agent, budget))
+                episodes.append(AgentEpisode(eid, task_name, task, seed, repeat, sampling, agent, budget, chat, tools))
     return episodes
 
 
@@ -130,8 +132,9 @@ class AgentTask:
     tasks: tuple[WorldTask, ...]
     versions: dict[str, str]  # the world's name and versions, and its tools' hash
     system_prompt_sha256: str  # the tool list and reply format every model agent is shown
-    chat_template_sha256: str | None  # the model's chat template (agent=model), None: plain rendering
+    chat: ChatFormat | None  # how a model agent's messages become prompts (agent=model), None: plain rendering
     references: dict[str, str] | None = None  # the frozen reference set the world scores against, if any
+    tools: ToolFormat = JSON_TOOLS  # how a model agent is shown the tools and its replies are read
 
     @property
     def budget(self) -> AgentBudget:
@@ -144,7 +147,11 @@ class AgentTask:
             "items": len(self.tasks),
             "versions": self.versions,
             "system_prompt_sha256": self.system_prompt_sha256,
-            "chat_template_sha256": self.chat_template_sha256,
+            "chat_template_sha256": sha256_hex(self.chat.template) if self.chat is not None else None,
+            # a template file or template variables: only then, so the records of the others are unchanged
+            **({"chat": self.chat.as_record()} if self.chat is not None and self.chat.customised else {}),
+            # only for another format than json, so the records of the others are unchanged
+            **({"tool_format": self.tools.as_record()} if self.tools.as_record() is not None else {}),
             # only for a world with references, so the records of the others are unchanged
             **({"references": self.references} if self.references is not None else {}),
         }
@@ -152,9 +159,13 @@ class AgentTask:
 
 def agent_decoding(config: EvalConfig) -> EvalConfig:
     """``config`` with every model reply's token limit, ``task.world.reply_tokens``, as its decoding
-    ``max_tokens`` (a reply is a JSON object of tool calls, not a 16-token answer)."""
-    assert config.task.world is not None
-    return config.with_decoding({"max_tokens": config.task.world.reply_tokens})
+    ``max_tokens`` (a reply is a JSON object of tool calls, not a 16-token answer), and the replies' own
+    stop strings, ``task.world.stop``, when it is set: a reply ends at the model's end of turn, not at the
+    decoding group's ``"\n"`` (null: the decoding group's, as runs recorded before the setting)."""
+    world = config.task.world
+    assert world is not None
+    stop = {"stop": list(world.stop)} if world.stop is not None else {}
+    return config.with_decoding({"max_tokens": world.reply_tokens, **stop})
 
 
 def planned_world_tasks(world: WorldConfig, limit: int | None = None) -> list[WorldTask]:
@@ -168,37 +179,21 @@ def planned_world_tasks(world: WorldConfig, limit: int | None = None) -> list[Wo
     return tasks[:limit] if limit is not None else tasks
 
 
-def load_agent_task(task: TaskConfig, limit: int | None, model_path: Path | None) -> AgentTask:
+def load_agent_task(task: TaskConfig, limit: int | None, chat: ChatFormat | None,
+                    tools: ToolFormat = JSON_TOOLS) -> AgentTask:  # fmt: skip
     """The suite of ``task.world`` (a BadInput names the field), its tasks (the first ``limit``), their
-    frozen references checked (worlds with references), and for ``agent=model`` the chat template of
-    the model at ``model_path``."""
+    frozen references checked (worlds with references), and for ``agent=model`` the chat format its
+    prompts are rendered with."""
     world = task.world
     assert world is not None
     tasks = planned_world_tasks(world, limit)
     cls = world_class(world.name, world.version)
     references = cls.check_references(tasks)  # a missing or mismatched reference: BadInput, before any model loads
-    template = chat_template(model_path) if world.agent == "model" and model_path is not None else None
     return AgentTask(
         name=task.name, config=world, tasks=tuple(tasks), versions=cls.versions(),
         system_prompt_sha256=sha256_hex(system_prompt(cls().tools())),
-        chat_template_sha256=sha256_hex(template) if template is not None else None, references=references,
+        chat=chat if world.agent == "model" else None, references=references, tools=tools,
     )  # fmt: skip
-
-
-def chat_template(model_path: Path) -> str | None:
-    """The model directory's chat template: ``chat_template.jinja`` (where transformers now saves
-    it), else ``chat_template`` in tokenizer_config.json; None when it has none."""
-    jinja = model_path / "chat_template.jinja"
-    config = model_path / "tokenizer_config.json"
-    try:
-        if jinja.is_file():
-            return jinja.read_text(encoding="utf-8")
-        template = json.loads(config.read_text(encoding="utf-8")).get("chat_template")
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError) as exc:
-        raise BadInput(str(config), f"unreadable chat template or tokenizer config ({exc})") from exc
-    return template if isinstance(template, str) else None
 
 
 # --- the recorder ------------------------------------------------------------------------------
@@ -313,15 +308,15 @@ class Agent(Protocol):
         ...
 
 
-AgentFactory = Callable[[Engine, "str | None"], Agent]
-"""How ``task.world.agent=NAME`` is built in a worker: from the worker's engine and its model's directory (None
-when the model is not here)."""
+AgentFactory = Callable[[Engine], Agent]
+"""How ``task.world.agent=NAME`` is built in a worker, from the worker's engine (a model agent renders with the
+chat format each episode carries)."""
 
 AGENTS: Registry[AgentFactory] = Registry("agent", "task.world.agent")
 
 
 def agent(name: str) -> Callable[[AgentFactory], AgentFactory]:
-    """Register an agent: ``@agent("NAME")`` on a function ``(engine, model_path) -> Agent``."""
+    """Register an agent: ``@agent("NAME")`` on a function ``(engine) -> Agent``."""
     return AGENTS.register(name)
 
 
@@ -337,31 +332,23 @@ class ScriptedAgent:
 
 
 @agent("scripted")
-def scripted_agent(engine: Engine, model_path: str | None) -> Agent:
+def scripted_agent(engine: Engine) -> Agent:
     return ScriptedAgent()
 
 
-ChatRenderer = Callable[[list[dict[str, str]]], str]
-
-
-def plain_chat(messages: list[dict[str, str]]) -> str:
-    """A rendering for tokenizers without a chat template: ``role: content`` lines, then ``assistant:``."""
-    return "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant:"
-
-
 class ModelAgent:
-    """``agent=model``: the episode as chat messages, rendered by ``render`` (the tokenizer's chat
-    template), generated by ``engine``: every waiting episode in one engine call."""
+    """``agent=model``: the episode's prompt as its tool format renders it through its chat format (the model's
+    chat template), generated by ``engine``: every waiting episode in one engine call."""
 
-    def __init__(self, engine: Engine, render: ChatRenderer) -> None:
-        self.engine, self.render = engine, render
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
         self.engine_calls = 0
         self.model_calls = 0
 
     def act(self, turns: Sequence[Turn]) -> list[Reply]:
         requests = []
         for t in turns:
-            prompt = self.render(chat_messages(t.tools, t.task_text, t.steps))
+            prompt = t.episode.tools.prompt(t.episode.chat, t.tools, t.task_text, t.steps)
             # every call samples with the episode's settings (verify checks them against the manifest);
             # the token budget is checked after each reply
             requests.append(GenerationRequest(prompt, t.episode.sampling, t.episode.episode_id, t.call))
@@ -375,25 +362,9 @@ class ModelAgent:
 
 
 @agent("model")
-def model_agent(engine: Engine, model_path: str | None) -> Agent:
-    """The run's model, prompted through its own chat template (the world kind refuses, before anything loads,
-    a model agent whose model's directory is not here)."""
-    assert model_path is not None
-    return ModelAgent(engine, chat_template_renderer(model_path))
-
-
-def chat_template_renderer(model_path: str) -> ChatRenderer:
-    """The model's own chat template (tokenizer_config.json), or :func:`plain_chat` when it has none."""
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
-    if not getattr(tokenizer, "chat_template", None):
-        return plain_chat
-
-    def render(messages: list[dict[str, str]]) -> str:
-        return str(tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True))
-
-    return render
+def model_agent(engine: Engine) -> Agent:
+    """The run's model, prompted through the chat format each episode carries (its model's chat template)."""
+    return ModelAgent(engine)
 
 
 # --- episodes ----------------------------------------------------------------------------------
@@ -502,7 +473,7 @@ def _advance(state: _Live, reply: Reply) -> None:
         state.tokens += len(reply.completion.token_ids)
         recorder.append(ModelEntry, call=model_call, request=generation_request(reply.request.prompt,
                         reply.request.sampling), response=completion_record(reply.completion))  # fmt: skip
-    parsed = parse_reply(reply.text)
+    parsed = state.episode.tools.parse(reply.text)
     if isinstance(parsed, ParseError):
         result = parsed.as_result()
         recorder.append(ObservationEntry, reply=model_call, status=result.status, content=result.content)

@@ -17,7 +17,7 @@ import pyarrow as pa
 
 from evalrun.config import TRUNCATE_LEFT, EvalConfig
 from evalrun.engines.pins import ResolvedModel
-from evalrun.episodes import EncodedPart, Engines, FreezeOptions, Provenance, episode_kind
+from evalrun.episodes import EncodedPart, Engines, FreezeOptions, ModelFiles, Provenance, episode_kind
 from evalrun.episodes.context import apply_context_limit
 from evalrun.episodes.encode import encode_part, output_rows
 from evalrun.episodes.harness import EpisodeResult, run_batches, run_episodes
@@ -83,19 +83,19 @@ class DatasetKind:
 
     # --- config -> plan ---
 
-    def load(self, config: EvalConfig, model_dir: Path | None) -> tuple[EvalConfig, Task]:
+    def load(self, config: EvalConfig, model: ModelFiles) -> tuple[EvalConfig, Task]:
         if config.task.world is not None:  # composed as a world task, then given another kind
             raise BadInput("task.kind", f"{config.task.kind!r} runs dataset items, and the task has a task.world "
                                         "section: expected task.kind=world (or null)")  # fmt: skip
-        task = load_task(config)
+        task = load_task(config, model.chat, model.where)
         return config.with_decoding(task.pack.decoding), task  # a pack's decoding settings win over the group's
 
-    def plan(self, config: EvalConfig, task: Task, model_dir: Path | None) -> Sequence[Episode]:
+    def plan(self, config: EvalConfig, task: Task, model: ModelFiles) -> Sequence[Episode]:
         episodes = build_plan(task, config.decoding, config.seeds)
-        if model_dir is None:  # a replay of a run whose model is not here: its prompts were sent as planned
+        if model.directory is None:  # a replay of a run whose model is not here: its prompts were sent as planned
             return episodes
         # prompts that cannot fit the context (the tokenizer is loaded, the model is not)
-        return apply_context_limit(episodes, model_dir, config.engine.max_model_len, config.task.on_overlong)
+        return apply_context_limit(episodes, model.directory, config.engine.max_model_len, config.task.on_overlong)
 
     def scoring_context(self, config: EvalConfig, task: Task, model: ResolvedModel,
                         judge_model: ResolvedModel | None) -> ScoringContext:  # fmt: skip
@@ -103,7 +103,7 @@ class DatasetKind:
         return ScoringContext.of(config.task.choices, task.rubric, (judge_model or model).files, task.references)
 
     def prompt_record(self, config: EvalConfig, task: Task) -> dict[str, Any]:
-        return prompt_pack_record(task.pack.as_record(config.decoding.as_record()), task.choices.as_record(),
+        return prompt_pack_record(task.pack_record(config.decoding.as_record()), task.choices.as_record(),
                                   config.task.on_overlong)  # fmt: skip
 
     def identity(self, config: EvalConfig, task: Task) -> dict[str, Any]:
@@ -111,7 +111,7 @@ class DatasetKind:
             "name": task.name,
             "dataset_sha256": task.dataset_sha256,
             "items": len(task.items),
-            "prompt_pack": task.pack.as_record(config.decoding.as_record()),
+            "prompt_pack": task.pack_record(config.decoding.as_record()),
             "choices": task.choices.as_record(),
             "rubric": task.rubric.as_record() if task.rubric is not None else None,
             "scorer": config.task.scorer.as_record(),
@@ -123,7 +123,7 @@ class DatasetKind:
         return {
             "name": task.name,
             "dataset": {"path": str(task.dataset_path), "sha256": task.dataset_sha256, "items": len(task.items)},
-            "prompt_pack": {"path": str(task.pack.path), **task.pack.as_record(config.decoding.as_record())},
+            "prompt_pack": {"path": str(task.pack.path), **task.pack_record(config.decoding.as_record())},
             "choices": task.choices.as_record(),
             "rubric": None if task.rubric is None else {"path": str(task.rubric.path), **task.rubric.as_record()},
             "scorer": config.task.scorer.as_record(),
@@ -190,6 +190,11 @@ class DatasetKind:
         decoding = without(section(manifest, "decoding"), "name")
         if pack.get("decoding") != decoding:
             raise manifest_failure("task.prompt_pack.decoding differs from decoding")
+        chat = pack.get("chat")
+        if isinstance(chat, dict) and chat.get("origin") == "model":
+            model_chat = as_dict(as_dict(manifest.get("model")).get("chat"))
+            if chat.get("template_sha256") != model_chat.get("template_sha256"):
+                raise manifest_failure("task.prompt_pack.chat.template_sha256 differs from model.chat's")
         on_overlong = section(manifest, "task").get("on_overlong")
         return prompt_pack_record(pack, choices, on_overlong if isinstance(on_overlong, str) else None)
 

@@ -243,7 +243,7 @@ def build_plan(task: Task, decoding: DecodingConfig, seeds: SeedsConfig) -> Plan
             order = shuffle_order(len(options), master, task.name, item.id)
         shown = tuple(options[i] for i in order)
         examples = [pool.examples[i] for i in fewshot] if pool is not None else []
-        prompt = render_prompt(task.pack, item.id, prompt_variables(item, examples, shown))
+        prompt = render_prompt(task.pack, item.id, prompt_variables(item, examples, shown), task.chat)
         ids = tuple(pool.ids[i] for i in fewshot) if pool is not None else ()
         judge_orders = tuple(
             (c.id, judge, shuffle_order(len(c.labels), master, task.name, item.id, c.id, judge))

@@ -11,9 +11,11 @@ from typing import Any
 
 import pyarrow as pa
 
+from evalrun.chat import ChatFormat, chat_format
 from evalrun.config import EvalConfig
+from evalrun.config.settings import WorldConfig
 from evalrun.engines.pins import ResolvedModel
-from evalrun.episodes import EncodedPart, Engines, FreezeOptions, Provenance, episode_kind
+from evalrun.episodes import EncodedPart, Engines, FreezeOptions, ModelFiles, Provenance, episode_kind
 from evalrun.episodes.agent import (
     AGENTS,
     Agent,
@@ -39,6 +41,13 @@ from evalrun.scoring.parts import PartScorer
 from evalrun.tasks.rubric import Rubric
 from evalrun.worlds.reference_sets import BuildReport, build_references
 from evalrun.worlds.solver import SolverSettings
+from evalrun.worlds.tool_formats import (
+    JSON_TOOLS,
+    NativeToolFormat,
+    ToolFormat,
+    check_tool_parser,
+    template_takes_tools,
+)
 
 NO_CONTEXT = ScoringContext().as_record()
 
@@ -68,7 +77,29 @@ class FrozenReferences:
 
 def _agent(engines: Engines, name: str) -> Agent:
     """The worker's agent of ``task.world.agent``, built once per worker."""
-    return engines.once(f"agent:{name}", lambda: AGENTS.get(name)(engines.engine, engines.model_path))
+    return engines.once(f"agent:{name}", lambda: AGENTS.get(name)(engines.engine))
+
+
+def _tool_format(world: WorldConfig, chat: ChatFormat | None, model: ModelFiles) -> ToolFormat:
+    """``task.world.tool_format`` for a model agent (auto: native when the chat template takes tools), checked
+    before any model loads: native needs a chat template, a vLLM tool parser, and the model's tokenizer."""
+    name = world.tool_format or "auto"
+    if name == "auto":
+        name = "native" if chat is not None and template_takes_tools(chat.template) else "json"
+    if name == "json":
+        return JSON_TOOLS
+    if chat is None:
+        raise BadInput("task.world.tool_format", f"native: the model ({model.where}) has no chat template to pass "
+                                                 "the tools through: expected task.world.tool_format=json")  # fmt: skip
+    if world.tool_parser is None:
+        raise BadInput("task.world.tool_parser", "native tool calls are read by a vLLM tool parser: name the one "
+                                                 "for the model's format (hermes, llama3_json, mistral, ...), or "
+                                                 "task.world.tool_format=json")  # fmt: skip
+    check_tool_parser(world.tool_parser)
+    if model.directory is None:
+        raise BadInput("model.path", f"the {world.tool_parser} tool parser reads replies with the model's tokenizer, "
+                                     f"and the model's directory ({model.where}) is not here")  # fmt: skip
+    return NativeToolFormat(world.tool_parser, str(model.directory))
 
 
 @episode_kind("world")
@@ -78,22 +109,25 @@ class WorldKind:
 
     # --- config -> plan ---
 
-    def load(self, config: EvalConfig, model_dir: Path | None) -> tuple[EvalConfig, AgentTask]:
+    def load(self, config: EvalConfig, model: ModelFiles) -> tuple[EvalConfig, AgentTask]:
         world = config.task.world
         if world is None:
             raise BadInput("task.world", "missing: a world task names its world (task.world)")
         AGENTS.check(world.agent)
         config = agent_decoding(config)
-        if world.agent == "model" and model_dir is None:
+        if world.agent == "model" and model.chat is None and model.directory is None:
             raise BadInput("model.path", "a model agent renders its prompts with the model's chat template: the "
-                                         "model's directory (for a replay, the manifest's model.path) is not "
-                                         "here")  # fmt: skip
-        return config, load_agent_task(config.task, config.limit, model_dir)
+                                         f"model's directory ({model.where}) is not here and the run recorded no "
+                                         "chat template")  # fmt: skip
+        chat = chat_format(config.task.chat_format, model.chat, config.chat_template_path,
+                           config.task.chat_template_kwargs, model.where)  # fmt: skip
+        tools = _tool_format(world, chat, model) if world.agent == "model" else JSON_TOOLS
+        return config, load_agent_task(config.task, config.limit, chat, tools)
 
-    def plan(self, config: EvalConfig, task: AgentTask, model_dir: Path | None) -> Sequence[AgentEpisode]:
+    def plan(self, config: EvalConfig, task: AgentTask, model: ModelFiles) -> Sequence[AgentEpisode]:
         assert config.task.world is not None
         return plan_agent_episodes(task.name, task.tasks, config.decoding, config.seeds, config.task.world.agent,
-                                   task.budget)  # fmt: skip
+                                   task.budget, task.chat, task.tools)  # fmt: skip
 
     def scoring_context(self, config: EvalConfig, task: AgentTask, model: ResolvedModel,
                         judge_model: ResolvedModel | None) -> ScoringContext:  # fmt: skip

@@ -21,12 +21,12 @@ from typing import Any
 
 import pyarrow as pa
 
-from evalrun.config import REPO_ROOT, EvalConfig, ModelConfig, load_stored, parse_overrides, to_yaml, validate
+from evalrun.config import EvalConfig, ModelConfig, load_stored, parse_overrides, to_yaml, validate
 from evalrun.engines import ENGINES
 from evalrun.engines.pins import ResolvedModel, model_directory, resolve_model
-from evalrun.episodes import EPISODE_KINDS, EncodedPart, EpisodeKind, Planned, kind_of
+from evalrun.episodes import EPISODE_KINDS, EncodedPart, EpisodeKind, ModelFiles, Planned, kind_of
 from evalrun.errors import BadInput, CheckFailed, Interrupted, WriteFailed
-from evalrun.pipeline import failpoints
+from evalrun.pipeline import canary, failpoints
 from evalrun.pipeline.dispatch import DISPATCHERS, Dispatcher, dispatcher_key, open_dispatcher
 from evalrun.pipeline.environment import install_provenance
 from evalrun.pipeline.manifest import (
@@ -66,8 +66,7 @@ class Prepared:
 
 
 def _directory(m: ModelConfig) -> Path:
-    return model_directory(model_id=m.id, path=m.path, revision=m.revision, cache_dir=m.cache_dir,
-                           repo_root=REPO_ROOT).resolve()  # fmt: skip
+    return model_directory(model_id=m.id, path=m.path, revision=m.revision, cache_dir=m.cache_dir).resolve()
 
 
 def worker_spec(config: EvalConfig) -> WorkerSpec:
@@ -81,14 +80,22 @@ def worker_spec(config: EvalConfig) -> WorkerSpec:
         determinism=config.determinism,
         judge_model_path=str(_directory(judge)) if judge is not None else None,
         judge_model_dtype=judge.dtype if judge is not None else None,
+        threads=worker_threads(config),
     )
+
+
+def worker_threads(config: EvalConfig) -> int:
+    """torch's threads in each engine worker: the whole CPUs it is given (``cluster.cpus_per_worker``, at least
+    one), as Ray gives an actor of that many CPUs (OMP_NUM_THREADS); inline too (docs/nondeterminism.md
+    "What it costs")."""
+    return max(1, int(config.cluster.cpus_per_worker))
 
 
 def _resolve(m: ModelConfig) -> ResolvedModel:
     """A model config section, its pins checked (BadInput naming the first mismatch)."""
     return resolve_model(
         model_id=m.id, path=m.path, revision=m.revision, pins=dict(m.sha256), pinned=m.pinned,
-        cache_dir=m.cache_dir, repo_root=REPO_ROOT,
+        cache_dir=m.cache_dir,
     )  # fmt: skip
 
 
@@ -110,9 +117,10 @@ def prepare(config: EvalConfig) -> Prepared:
     model = _resolve(config.model)
     judge = _resolve(config.judge_model) if config.judge_model is not None else None
     kind = kind_of(config)
-    config, task = kind.load(config, model.path)
+    files = ModelFiles.of(model)
+    config, task = kind.load(config, files)
     make_scorer(config.task.scorer, kind.scoring_context(config, task, model, judge))  # e.g. a regex that won't compile
-    episodes = kind.plan(config, task, model.path)
+    episodes = kind.plan(config, task, files)
     return Prepared(
         config=config, model=model, kind=kind, task=task, digest=compute_digest(kind, config, task, model, judge),
         episodes=episodes, worker_spec=worker_spec(config), judge_model=judge,
@@ -196,6 +204,7 @@ def execute(prepared: Prepared, dispatcher: Dispatcher | None = None) -> Path:
             try:
                 writer.write_atomic(run.config, to_yaml(config).encode("utf-8"))
                 writer.write_json(run.manifest, manifest)
+                writer.copy_tokenizer(run, prepared.model.path)
             except WriteFailed as exc:  # not yet a run that resume can finish
                 raise WriteFailed(exc.where, f"{exc.message}; then remove {run.path} and run again") from exc
             with _resumable(run):
@@ -264,15 +273,20 @@ def _warn_drift(drift: Drift) -> None:
 
 
 def _watch_workers(config: EvalConfig, dispatcher: Dispatcher, run: layout.RunDir | None) -> WorkerWatch:
-    """The dispatcher's workers checked for drift (docs/design.md "Worker provenance"); a CheckFailed
-    names the first worker and field that differ under ``run.on_drift=fail``."""
+    """The dispatcher's workers checked for drift (docs/design.md "Worker provenance") and their
+    batch-invariance canaries (:func:`check_canary`); a CheckFailed names the first worker and field that
+    differ under ``run.on_drift=fail``, or the first worker whose canary failed under
+    ``determinism.require_invariant``."""
     watch = WorkerWatch(drift_policy(config), _warn_drift)
     for info in dispatcher.workers():
-        _see(watch, info, run)
+        _see(watch, info, run, config)
     return watch
 
 
-def _see(watch: WorkerWatch, info: dict[str, Any], run: layout.RunDir | None) -> None:
+def _see(watch: WorkerWatch, info: dict[str, Any], run: layout.RunDir | None, config: EvalConfig) -> None:
+    if str(info["worker"]) in watch.workers:
+        return
+    check_canary(config, info, run)
     try:
         watch.see(info)
     except DriftStopped as exc:
@@ -281,6 +295,33 @@ def _see(watch: WorkerWatch, info: dict[str, Any], run: layout.RunDir | None) ->
             else f"the run is incomplete: `evalrun resume {run.path} run.on_drift=warn` completes it"
         )  # fmt: skip
         raise CheckFailed(f"{exc} (run.on_drift=fail; {where})") from exc
+
+
+def check_canary(config: EvalConfig, info: dict[str, Any], run: layout.RunDir | None) -> None:
+    """A worker's batch-invariance canary (``info["canary"]``, docs/nondeterminism.md "Canary") against the
+    run's determinism settings, before any of its results count. Under ``determinism.require_invariant`` a
+    failed canary, or one that did not run, stops the run: a CheckFailed (exit 1) naming the worker and the
+    figures, raised before anything is written (or, for a worker that replaced another mid-run, with no
+    record.json: the run is incomplete, not a result). Otherwise, under ``determinism.enabled`` (strict), a
+    failed canary is one warning line on stderr and the run goes on; its record is in the manifest either
+    way, and the results table and the report show it."""
+    record, worker = info.get("canary"), str(info.get("worker"))
+    if config.determinism.require_invariant:
+        where = ("nothing was written" if run is None
+                 else f"the run is incomplete, with no record.json: {run.path} holds no result")  # fmt: skip
+        if record is None:
+            notes = [n for n in (info.get("determinism") or {}).get("notes") or []
+                     if n.startswith("determinism.canary")]  # fmt: skip
+            why = f": {'; '.join(notes)}" if notes else ""
+            raise CheckFailed(f"worker {worker}: the batch-invariance canary did not run{why} "
+                              f"(determinism.require_invariant=true needs it to pass; {where})")  # fmt: skip
+        if canary.record_failed(record):
+            raise CheckFailed(f"worker {worker}: {canary.failure_line(record)} (determinism.require_invariant=true; "
+                              f"{where})")  # fmt: skip
+    elif config.determinism.enabled and canary.record_failed(record):
+        print(f"evalrun: warning: worker {worker}: {canary.failure_line(record)}: its results may depend on the "
+              f"batch they ran in (recorded in the manifest; determinism.require_invariant=true stops such a run)",
+              file=sys.stderr)  # fmt: skip
 
 
 class PhaseClock:
@@ -307,8 +348,14 @@ class PhaseClock:
         self.seconds[phase] = self.seconds.get(phase, 0.0) + seconds
 
     def record(self, workers: list[dict[str, Any]]) -> dict[str, Any]:
+        """The phases, each worker's engine load and each worker's batch-invariance canary (its seconds, run
+        after the engine loaded and before the worker served: within ``start-up`` when this invocation
+        started the workers), by worker."""
         loads = {w["worker"]: w["engine_load_s"] for w in workers if w.get("engine_load_s") is not None}
-        return {**{k: round(v, 3) for k, v in self.seconds.items()}, "engine_load": loads}
+        canaries = {w["worker"]: w["canary"]["seconds"] for w in workers
+                    if isinstance(w.get("canary"), dict) and w["canary"].get("seconds") is not None}  # fmt: skip
+        return {**{k: round(v, 3) for k, v in self.seconds.items()}, "engine_load": loads,
+                **({"canary": canaries} if canaries else {})}  # fmt: skip
 
 
 class _Committed:
@@ -404,7 +451,7 @@ def _complete(
             if outcome.worker not in watch.workers:  # a replacement worker: checked before its results count
                 for info in dispatcher.workers():
                     if info["worker"] == outcome.worker:
-                        _see(watch, info, run)
+                        _see(watch, info, run, config)
             started = time.perf_counter()
             if parts.write(outcome.part):
                 progress.advance(outcome.episodes, outcome.part.output_tokens)
@@ -430,6 +477,7 @@ def _complete(
         files[layout.SUMMARY] = writer.write_json(run.summary, summarize(scores))  # failed episodes: see `error`
         del scores
         files.update(parts.file_hashes)
+        files.update(writer.tokenizer_hashes(run))
         failpoints.hit("before-record")
         clock.lap("scoring")
         try:

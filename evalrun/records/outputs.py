@@ -169,3 +169,30 @@ CHAIN_SCHEMA = pa.schema([OUTPUT_SCHEMA.field(c) for c in CHAIN_COLUMNS])
 PROVENANCE_COLUMNS = columns_from(OutputRow, "provenance")
 (FINAL_STATE,) = columns_from(OutputRow, "world")
 STAGED_COLUMNS = ("fewshot_ids", "shuffle_order", "option_logprobs", "judgements")  # empty for single-call episodes
+
+
+GENERATION_FINISH_REASONS = ("stop", "length")  # how an engine generation ends (a failed episode: "failed")
+MOSTLY_EMPTY = 0.9  # the share of empty generations from which a run's outputs are called empty
+
+
+def output_warnings(outputs: pa.Table) -> list[str]:
+    """What says a run's generations are nonsense, from its output rows (``output`` and ``finish_reason``):
+    nearly all of them empty (the model's first token ended its turn: a prompt the model does not expect,
+    e.g. a chat model given plain text), or every one cut at the token limit. Empty when neither; rows that
+    are not generations (failed episodes, agent episodes, options scored by likelihood) are not counted."""
+    reasons = outputs.column("finish_reason").to_pylist()
+    texts = outputs.column("output").to_pylist()
+    generations = [(text, reason) for text, reason in zip(texts, reasons, strict=True)
+                   if reason in GENERATION_FINISH_REASONS]  # fmt: skip
+    if not generations:
+        return []
+    warnings = []
+    empty = sum(1 for text, _ in generations if not (text or "").strip())
+    if empty >= MOSTLY_EMPTY * len(generations):
+        warnings.append(f"{empty} of {len(generations)} outputs are empty: the model ended its turn at once "
+                        "(is the prompt in the format the model expects? see task.chat_format)")  # fmt: skip
+    cut = sum(1 for _, reason in generations if reason == "length")
+    if cut == len(generations):
+        warnings.append(f"all {cut} outputs were cut at the token limit (decoding.max_tokens): none ended by "
+                        "itself or at a stop string")  # fmt: skip
+    return warnings

@@ -24,6 +24,7 @@ from evalrun.analysis.runs import OVERALL, Run, digest_record, load_run
 from evalrun.audit.verify import verify_run
 from evalrun.episodes import kind_of_manifest
 from evalrun.errors import BadInput, CheckFailed
+from evalrun.pipeline.canary import failure_lines as canary_failure_lines
 from evalrun.records.entries import (
     ClockEntry,
     FailedCallEntry,
@@ -32,7 +33,7 @@ from evalrun.records.entries import (
     RandomEntry,
     UuidEntry,
 )
-from evalrun.records.outputs import FINAL_STATE, OUTPUT_SCHEMA, SCORES_SCHEMA
+from evalrun.records.outputs import FINAL_STATE, OUTPUT_SCHEMA, SCORES_SCHEMA, output_warnings
 from evalrun.records.view import ChainView, EffectEntry
 from evalrun.rundir import layout
 from evalrun.rundir.reader import (
@@ -150,6 +151,9 @@ class RunData:
     transcribed: bool  # its episodes are shown step by step (the kind says so: a world's are)
     transcripts: tuple[EpisodeTranscript, ...]
     problems: tuple[str, ...]  # parts of the run that could not be read
+    warnings: tuple[str, ...] = ()  # what makes the figures meaningless (empty outputs, say), from the record
+    # a line per worker whose batch-invariance canary failed, as the manifest (and record.json) recorded it
+    canary_failures: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -560,6 +564,7 @@ def gather_run(path: Path, rows: int = ROWS, transcript_limit: int = TRANSCRIPTS
         problems.append(_problem(exc))
         outputs = OUTPUT_SCHEMA.empty_table().select([*TABLE_COLUMNS, FINAL_STATE])
     scores = scores if scores is not None else SCORES_SCHEMA.empty_table()
+    warnings = output_warnings(outputs)
     table = episode_table(outputs, scores, rows)
     found: tuple[EpisodeTranscript, ...] = ()
     if kind.transcribed and transcript_limit > 0:
@@ -577,7 +582,8 @@ def gather_run(path: Path, rows: int = ROWS, transcript_limit: int = TRANSCRIPTS
         path=path, name=path.name, digest=_get(manifest, "digest", "digest"), verification=checked,
         identity=identity_sections(manifest, record, run), estimates=estimates(summary),
         trials=trial_means(scores), episodes=table, kind=kind.name, transcribed=kind.transcribed, transcripts=found,
-        problems=tuple(problems),
+        problems=tuple(problems), warnings=tuple(warnings),
+        canary_failures=tuple(canary_failure_lines(manifest, record)),
     )  # fmt: skip
 
 

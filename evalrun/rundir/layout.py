@@ -32,6 +32,14 @@ RESCORER = "scorer.json"
 # Not to be confused with LOG, the episodes' chains.
 LOGS = "logs"
 LOG_FILE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*\.log$")
+# The model files a run's rendering and parsing read (its tokenizer and chat template), copied in when the run
+# starts and hashed in record.json: a replay renders prompts, counts tokens and parses tool calls with them
+# when the model directory is gone. Only those the model has.
+TOKENIZER = "tokenizer"
+TOKENIZER_FILES = (
+    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja", "added_tokens.json",
+    "vocab.json", "merges.txt", "tokenizer.model", "config.json", "generation_config.json",
+)  # fmt: skip
 PART_PATTERN = re.compile(r"^part-(\d{5})\.(parquet|jsonl)$")
 
 
@@ -51,6 +59,7 @@ class RunDir:
     rebaseline = property(lambda self: self.path / REBASELINE)
     report = property(lambda self: self.path / REPORT)
     logs = property(lambda self: self.path / LOGS)
+    tokenizer = property(lambda self: self.path / TOKENIZER)
 
     def log_file(self, name: str) -> Path:
         """LOGS/<name>.log; a name that would not make a log file's name is a ValueError."""

@@ -24,7 +24,19 @@ from evalrun.errors import BadInput, write_failed
 from evalrun.records.canonical import canonical_json, file_sha256, sha256_hex
 from evalrun.records.formats import RecordModel
 from evalrun.records.heads import Heads
-from evalrun.rundir.layout import ATTESTATION, LOCK, LOG, OUTPUTS, PART_PATTERN, RECORD, SCORES, SUMMARY, RunDir
+from evalrun.rundir.layout import (
+    ATTESTATION,
+    LOCK,
+    LOG,
+    OUTPUTS,
+    PART_PATTERN,
+    RECORD,
+    SCORES,
+    SUMMARY,
+    TOKENIZER,
+    TOKENIZER_FILES,
+    RunDir,
+)
 
 T = TypeVar("T")
 
@@ -54,6 +66,25 @@ def write_atomic(path: Path, data: bytes) -> str:
     A failed write (WriteFailed, naming ``path``) leaves no temporary file behind and ``path`` as it was.
     """
     return _commit_group([(path, data)])[0]
+
+
+def copy_tokenizer(run: RunDir, model_dir: Path) -> None:
+    """The model's tokenizer files (:data:`evalrun.rundir.layout.TOKENIZER_FILES`, those it has) into the run's
+    ``tokenizer`` folder, atomically; a folder already there (a resumed run's) is kept as it is."""
+    if run.tokenizer.is_dir():
+        return
+    present = [(run.tokenizer / name, (model_dir / name).read_bytes()) for name in TOKENIZER_FILES
+               if (model_dir / name).is_file()]  # fmt: skip
+    if present:
+        run.tokenizer.mkdir()
+        _commit_group(present)
+
+
+def tokenizer_hashes(run: RunDir) -> dict[str, str]:
+    """record.json's entries of the run's tokenizer files (none for a run made before they were kept)."""
+    if not run.tokenizer.is_dir():
+        return {}
+    return {f"{TOKENIZER}/{p.name}": file_sha256(p) for p in sorted(run.tokenizer.iterdir()) if p.is_file()}
 
 
 def write_atomic_streamed(path: Path, write: Callable[[BinaryIO], None]) -> str:

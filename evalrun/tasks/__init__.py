@@ -17,6 +17,7 @@ from typing import Any
 
 from jinja2.exceptions import UndefinedError
 
+from evalrun.chat import ChatFormat, ModelChat, chat_format
 from evalrun.config import ChoicesConfig, EvalConfig
 from evalrun.config.jsonl import objects
 from evalrun.errors import BadInput
@@ -45,6 +46,12 @@ class Task:
     choices: ChoicesConfig
     rubric: Rubric | None = None
     references: dict[str, str] | None = None  # the frozen answer set scored against: name, version, index hash
+    chat: ChatFormat | None = None  # prompts as chat messages through this template; None: plain text
+
+    def pack_record(self, decoding: Mapping[str, Any]) -> dict[str, Any]:
+        """What the prompt pack hash covers, with the chat format when prompts are chat-formatted."""
+        record = self.pack.as_record(decoding)
+        return {**record, "chat": self.chat.as_record()} if self.chat is not None else record
 
     @property
     def multiple_choice(self) -> bool:
@@ -56,8 +63,9 @@ class Task:
         return (*item.options, extra) if extra is not None else item.options
 
 
-def load_task(config: EvalConfig) -> Task:
-    """Read the dataset (already checked by config.validate), prompt pack and rubric of ``config``'s task."""
+def load_task(config: EvalConfig, model_chat: ModelChat | None = None, model_where: str = "model.path") -> Task:
+    """Read the dataset (already checked by config.validate), prompt pack and rubric of ``config``'s task; its
+    prompts are chat-formatted as ``task.chat_format`` asks, with ``model_chat`` the model's chat template."""
     spec = config.task
     choices_field = spec.choices.field
     items = []
@@ -79,6 +87,9 @@ def load_task(config: EvalConfig) -> Task:
         choices=spec.choices,
         rubric=load_rubric(config.rubric_path) if config.rubric_path is not None else None,
         references=answers,
+        chat=chat_format(
+            spec.chat_format, model_chat, config.chat_template_path, spec.chat_template_kwargs, model_where
+        ),
     )
 
 
@@ -99,10 +110,11 @@ def frozen_answers(name_version: str, items: list[Item]) -> tuple[dict[str, str]
     return index.record(), items
 
 
-def render_prompt(pack: PromptPack, item_id: str, variables: Mapping[str, Any]) -> str:
-    """One prompt; a template variable the item lacks is a BadInput naming the template and item."""
+def render_prompt(pack: PromptPack, item_id: str, variables: Mapping[str, Any], chat: ChatFormat | None = None) -> str:
+    """One prompt, plain or (``chat``) chat-formatted; a template variable the item lacks is a BadInput
+    naming the template and item."""
     try:
-        return pack.render(variables)
+        return pack.render(variables) if chat is None else chat.render(pack.messages(variables))
     except UndefinedError as exc:
         raise BadInput(str(pack.path), f"item {item_id!r}: {exc.message}") from exc
 

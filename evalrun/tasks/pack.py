@@ -14,8 +14,11 @@ A pack is a directory holding ``pack.yaml``::
       max_tokens: 8
       stop: ["\\n"]
 
-Templates are Jinja with strict undefined variables. The prompt is the rendered system template
-followed by the rendered user template. The pack hash covers name, version, both templates, the
+Templates are Jinja with strict undefined variables. A plain prompt is the rendered system template
+followed by the rendered user template; a chat prompt (``task.chat_format``, evalrun/chat) is a system
+message, the user message and, with ``fewshot.as_multiturn: true`` and ``fewshot.assistant:
+answer.jinja``, each few-shot example as a user turn and an assistant turn before it, turned into
+text by the model's chat template. The pack hash covers name, version, both templates, the
 few-shot file and settings, and the effective decoding settings: a change to any of them is a new
 prompt pack. A task given only ``task.template`` has a pack of that one user template.
 """
@@ -49,6 +52,10 @@ class _FewshotSpec(_Strict):
     k: int = Field(ge=1)
     stratify: str | None = None
     id_field: str = "id"
+    # chat format: the examples as user/assistant turns before the item's (lm-eval's fewshot_as_multiturn),
+    # the user turn the user template of the example, the assistant turn this template of it
+    as_multiturn: bool = False
+    assistant: str | None = None
 
 
 class _DecodingSpec(_Strict):
@@ -96,9 +103,13 @@ class FewshotPool:
     examples: tuple[Mapping[str, Any], ...]
     k: int
     stratify: str | None
+    assistant: str | None = None  # as_multiturn: the template of an example's assistant turn
 
     def as_record(self) -> dict[str, Any]:
-        return {"file_sha256": self.sha256, "k": self.k, "stratify": self.stratify, "ids": list(self.ids)}
+        record = {"file_sha256": self.sha256, "k": self.k, "stratify": self.stratify, "ids": list(self.ids)}
+        if self.assistant is not None:  # only then: the record of a pack without turns is as it always was
+            record["as_multiturn"] = {"assistant": sha256_hex(self.assistant)}
+        return record
 
 
 @dataclass(frozen=True)
@@ -125,7 +136,23 @@ class PromptPack:
         return canonical_hash(self.as_record(decoding))
 
     def render(self, variables: Mapping[str, Any]) -> str:
+        """The plain prompt: the system template's text, then the user template's."""
         return _compiled(self.system).render(**variables) + _compiled(self.user).render(**variables)
+
+    def messages(self, variables: Mapping[str, Any]) -> list[dict[str, str]]:
+        """The chat prompt: a system message (when the pack has a system template), the few-shot examples
+        as user/assistant turns (``fewshot.as_multiturn``: each example's user template, then its assistant
+        template; the item's own user template then sees no ``examples``), the item's user message."""
+        messages = [{"role": "system", "content": _compiled(self.system).render(**variables)}] if self.system else []
+        pool = self.fewshot
+        if pool is not None and pool.assistant is not None:
+            for example in variables["examples"]:
+                shown = {"choices": [], "letters": [], **example, "examples": []}
+                messages.append({"role": "user", "content": _compiled(self.user).render(**shown)})
+                messages.append({"role": "assistant", "content": _compiled(pool.assistant).render(**shown)})
+            variables = {**variables, "examples": []}
+        messages.append({"role": "user", "content": _compiled(self.user).render(**variables)})
+        return messages
 
 
 @lru_cache(maxsize=64)
@@ -180,4 +207,10 @@ def _fewshot_pool(directory: Path, pack_path: Path, spec: _FewshotSpec) -> Fewsh
     if len(examples) <= spec.k:
         message = f"expected k below the pool size ({len(examples)} examples in {path}), got {spec.k}"
         raise BadInput(f"{pack_path}: field fewshot.k", message)
-    return FewshotPool(path, file_sha256(path), tuple(ids), tuple(examples), spec.k, spec.stratify)
+    if spec.as_multiturn != (spec.assistant is not None):
+        raise BadInput(f"{pack_path}: field fewshot.assistant",
+                       "as_multiturn: true and an assistant template (the examples' answers) go together")  # fmt: skip
+    assistant = None
+    if spec.assistant is not None:
+        assistant = _template(directory / spec.assistant, f"{pack_path}: field fewshot.assistant")
+    return FewshotPool(path, file_sha256(path), tuple(ids), tuple(examples), spec.k, spec.stratify, assistant)

@@ -169,3 +169,41 @@ def chat_messages(specs: Sequence[ToolSpec], task_text: str, steps: Sequence[Ste
         messages.append({"role": "assistant", "content": reply})
         messages.append({"role": "tool", "content": format_results(step.results)})
     return messages
+
+
+# --- the native format: tools through the model's chat template --------------------------------
+
+
+def tool_schemas(specs: Sequence[ToolSpec]) -> list[dict[str, Any]]:
+    """The tools as chat templates take them (``apply_chat_template(tools=...)``, the OpenAI tools list):
+    ``{"type": "function", "function": {name, description, parameters}}``, in the order given."""
+    return [{"type": "function", "function": spec.as_json()} for spec in specs]
+
+
+def call_id(turn: int, index: int) -> str:
+    """The id of the ``index``-th call of turn ``turn``: the model never writes it, the harness assigns it, so
+    the same history always renders the same."""
+    return f"call_{turn}_{index}"
+
+
+def native_messages(task_text: str, steps: Sequence[Step]) -> list[dict[str, Any]]:
+    """An episode as chat messages for a template that takes tools: the task as the user message, then per
+    turn the assistant's message with its ``tool_calls`` (ids from :func:`call_id`, arguments as objects) and
+    one ``tool`` message per call with its result and call id; a reply with no calls (a parse error) is the
+    assistant's text, and the error comes back as a user message. The tools go to the template separately
+    (:func:`tool_schemas`)."""
+    messages: list[dict[str, Any]] = [{"role": "user", "content": task_text}]
+    for turn, step in enumerate(steps):
+        if not step.calls:
+            messages.append({"role": "assistant", "content": step.reply or ""})
+            messages.append({"role": "user", "content": format_results(step.results)})
+            continue
+        ids = [call_id(turn, i) for i in range(len(step.calls))]
+        messages.append({"role": "assistant", "content": "", "tool_calls": [
+            {"id": i, "type": "function", "function": {"name": c.name, "arguments": dict(c.arguments)}}
+            for i, c in zip(ids, step.calls, strict=True)
+        ]})  # fmt: skip
+        for i, call, result in zip(ids, step.calls, step.results, strict=True):
+            messages.append({"role": "tool", "tool_call_id": i, "name": call.name,
+                             "content": format_observation(result)})  # fmt: skip
+    return messages
