@@ -23,13 +23,13 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
+from evalrun.chat import ModelChat, chat_format
 from evalrun.config import REPO_ROOT, EngineConfig, load
 from evalrun.engines import Engine, build_engine
 from evalrun.episodes.agent import (
     AgentResult,
     ModelAgent,
     agent_decoding,
-    chat_template_renderer,
     load_agent_task,
     plan_agent_episodes,
     run_agent_episodes,
@@ -53,20 +53,21 @@ def measure(engine: Engine, model: Path, episodes_live: int, baseline: int) -> l
     """Lockstep against one at a time on ``engine`` (serving ``model``, with room for ``episodes_live``
     sequences at once); the lines to print."""
     config = agent_decoding(load(["task=invoice_desk", "task.world.agent=model"]))
-    task = load_agent_task(config.task, None, model)
+    chat = chat_format(None, ModelChat.of_directory(model), None, None, str(model))
+    task = load_agent_task(config.task, None, chat)
     repeats = -(-episodes_live // len(task.tasks))  # enough repeats of the held-out split for N live episodes
     seeds = replace(config.seeds, repeats=repeats)
-    episodes = plan_agent_episodes(task.name, task.tasks, config.decoding, seeds, "model", task.budget)[:episodes_live]
-    render = chat_template_renderer(str(model))
+    episodes = plan_agent_episodes(task.name, task.tasks, config.decoding, seeds, "model", task.budget,
+                                   task.chat)[:episodes_live]  # fmt: skip
     generator = generator_info()
 
-    run_agent_episodes(episodes[:2], ModelAgent(engine, render), generator)  # warm-up
-    lockstep = ModelAgent(engine, render)
+    run_agent_episodes(episodes[:2], ModelAgent(engine), generator)  # warm-up
+    lockstep = ModelAgent(engine)
     started = time.perf_counter()
     together = run_agent_episodes(episodes, lockstep, generator)
     lockstep_s = time.perf_counter() - started
 
-    alone_agent = ModelAgent(engine, render)
+    alone_agent = ModelAgent(engine)
     started = time.perf_counter()
     alone = [run_agent_episodes([e], alone_agent, generator)[0] for e in episodes[:baseline]]
     alone_s = time.perf_counter() - started
