@@ -75,7 +75,9 @@ def test_an_engine_whose_logprobs_depend_on_the_batch_is_not_invariant_and_the_f
     assert not any(c.equal for c in result.checks)
     assert result.max_abs_logprob_diff == EPSILON * 15  # the batch of 16; exact in binary floating point
     assert [c.max_abs_logprob_diff for c in result.checks[:4]] == [EPSILON * (s - 1) for s in canary.BATCH_SIZES]
-    assert "NOT batch-invariant: 8 of 8 checks differ; first: greedy, batch size 2" in canary.describe(result)
+    line = canary.describe(result)
+    assert line.startswith("NOT batch-invariant: 8 of 8 canary checks differ, max |dlogprob| ")
+    assert "; first: greedy, batch size 2" in line and line == canary.failure_line(result.as_record())
 
 
 def test_an_engine_whose_outputs_depend_on_the_request_alone_is_invariant() -> None:
@@ -267,8 +269,8 @@ def test_the_canary_command_prints_a_row_per_check_and_exits_1_naming_the_first_
     captured = capsys.readouterr()
     assert sum("DIFFER" in line for line in captured.out.splitlines()) == 8
     assert captured.err.strip() == (
-        "evalrun canary: check failed: NOT batch-invariant: 8 of 8 checks differ; first: greedy, batch size 2, "
-        "needle at 1, token 0 (logprobs); max |dlogprob| 1.431e-05"
+        "evalrun canary: check failed: NOT batch-invariant: 8 of 8 canary checks differ, max |dlogprob| 1.431e-05 "
+        "(batch size 1 against 2, 4, 8, 16); first: greedy, batch size 2, needle at 1, token 0 (logprobs)"
     )
     assert main(["canary", "engine.name=skewed", "determinism=off", "--json"]) == 1
     record = json.loads(capsys.readouterr().out)

@@ -11,9 +11,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from evalrun.chat import ChatFormat, chat_format
+from evalrun.chat import chat_format
 from evalrun.config import EvalConfig
-from evalrun.config.settings import WorldConfig
 from evalrun.engines.pins import ResolvedModel
 from evalrun.episodes import EncodedPart, Engines, FreezeOptions, ModelFiles, Provenance, episode_kind
 from evalrun.episodes.agent import (
@@ -41,13 +40,7 @@ from evalrun.scoring.parts import PartScorer
 from evalrun.tasks.rubric import Rubric
 from evalrun.worlds.reference_sets import BuildReport, build_references
 from evalrun.worlds.solver import SolverSettings
-from evalrun.worlds.tool_formats import (
-    JSON_TOOLS,
-    NativeToolFormat,
-    ToolFormat,
-    check_tool_parser,
-    template_takes_tools,
-)
+from evalrun.worlds.tool_formats import JSON_TOOLS, resolve_tool_format
 
 NO_CONTEXT = ScoringContext().as_record()
 
@@ -80,28 +73,6 @@ def _agent(engines: Engines, name: str) -> Agent:
     return engines.once(f"agent:{name}", lambda: AGENTS.get(name)(engines.engine))
 
 
-def _tool_format(world: WorldConfig, chat: ChatFormat | None, model: ModelFiles) -> ToolFormat:
-    """``task.world.tool_format`` for a model agent (auto: native when the chat template takes tools), checked
-    before any model loads: native needs a chat template, a vLLM tool parser, and the model's tokenizer."""
-    name = world.tool_format or "auto"
-    if name == "auto":
-        name = "native" if chat is not None and template_takes_tools(chat.template) else "json"
-    if name == "json":
-        return JSON_TOOLS
-    if chat is None:
-        raise BadInput("task.world.tool_format", f"native: the model ({model.where}) has no chat template to pass "
-                                                 "the tools through: expected task.world.tool_format=json")  # fmt: skip
-    if world.tool_parser is None:
-        raise BadInput("task.world.tool_parser", "native tool calls are read by a vLLM tool parser: name the one "
-                                                 "for the model's format (hermes, llama3_json, mistral, ...), or "
-                                                 "task.world.tool_format=json")  # fmt: skip
-    check_tool_parser(world.tool_parser)
-    if model.directory is None:
-        raise BadInput("model.path", f"the {world.tool_parser} tool parser reads replies with the model's tokenizer, "
-                                     f"and the model's directory ({model.where}) is not here")  # fmt: skip
-    return NativeToolFormat(world.tool_parser, str(model.directory))
-
-
 @episode_kind("world")
 class WorldKind:
     name = "world"
@@ -121,7 +92,9 @@ class WorldKind:
                                          "chat template")  # fmt: skip
         chat = chat_format(config.task.chat_format, model.chat, config.chat_template_path,
                            config.task.chat_template_kwargs, model.where)  # fmt: skip
-        tools = _tool_format(world, chat, model) if world.agent == "model" else JSON_TOOLS
+        tools = JSON_TOOLS  # a scripted agent writes the JSON protocol
+        if world.agent == "model":
+            tools = resolve_tool_format(world.tool_format, world.tool_parser, chat, model.directory, model.where)
         return config, load_agent_task(config.task, config.limit, chat, tools)
 
     def plan(self, config: EvalConfig, task: AgentTask, model: ModelFiles) -> Sequence[AgentEpisode]:

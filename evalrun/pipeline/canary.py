@@ -239,12 +239,7 @@ def describe(result: CanaryResult) -> str:
     if result.invariant:
         return (f"batch-invariant: the needle's tokens and logprobs are bitwise equal alone and in batches of "
                 f"{sizes} ({', '.join(result.modes)}; {len(result.checks)} checks)")  # fmt: skip
-    m = result.first_mismatch
-    assert m is not None
-    failed = sum(not c.equal for c in result.checks)
-    return (f"NOT batch-invariant: {failed} of {len(result.checks)} checks differ; first: {m.mode}, batch size "
-            f"{m.batch_size}, needle at {m.position}, token {m.token_index} ({m.differs_in}); max |dlogprob| "
-            f"{result.max_abs_logprob_diff:.3e}")  # fmt: skip
+    return failure_line(result.as_record())  # one wording, live or read back from a run's record
 
 
 # --- the verdict as a run records it (the manifest's workers[].canary, record.json's dispatch.workers) --------

