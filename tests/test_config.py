@@ -185,3 +185,17 @@ def test_a_newline_stop_string_typed_on_the_command_line_is_a_newline() -> None:
     assert load_config(["decoding.stop=['a\\tb']"]).decoding.stop == ("a\tb",)
     world = load_config(["task=invoice_desk", 'task.world.stop=["\\n\\n"]'])
     assert world.task.world is not None and world.task.world.stop == ("\n\n",)
+
+
+def test_a_stored_config_is_read_with_the_stop_strings_it_ran_with(tmp_path: Path) -> None:
+    """Escapes are read in what is typed, never again in a run's stored config: a run made with a backslash and
+    an n (before the escapes were read, or typed as ``\\\\n``) replays and resumes with those two characters."""
+    import yaml
+
+    stored = yaml.safe_load((GOLDEN / "addition-v1" / "config.yaml").read_text())
+    stored["decoding"]["stop"] = ["a\\nb", "\n"]  # a backslash and an n; a newline
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(stored))
+    assert validate(load_stored(path, [])).decoding.stop == ("a\\nb", "\n")
+    assert validate(load_stored(path, ['decoding.stop=["\\n"]'])).decoding.stop == ("\n",)
+    assert load(["decoding.stop=['a\\\\nb']"]).decoding.stop == ("a\\nb",)  # typed \\n: a backslash, an n

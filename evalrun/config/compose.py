@@ -13,7 +13,7 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from evalrun.config.overrides import Override, apply_overrides, parse_overrides
+from evalrun.config.overrides import Override, apply_overrides, parse_overrides, stop_overrides
 from evalrun.config.paths import CONF_DIR
 from evalrun.config.schema import Schema
 from evalrun.config.settings import EvalConfig
@@ -37,7 +37,9 @@ def compose_config(overrides: list[str], config_dir: Path = CONF_DIR) -> DictCon
     GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir=str(config_dir), version_base="1.3"):
-            return compose(config_name="config", overrides=overrides)
+            cfg = compose(config_name="config", overrides=overrides)
+        apply_overrides(cfg, stop_overrides(parsed))  # Hydra keeps "\n" as typed: set the strings it means
+        return cfg
     except (HydraException, OmegaConfBaseException) as exc:
         where = next((o.key for o in parsed if o.key in str(exc)), "overrides")
         raise BadInput(where, str(exc).strip().splitlines()[0]) from exc

@@ -9,6 +9,7 @@ string (quote a value with brackets, commas or parentheses: ``pattern='answer is
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,6 +38,33 @@ class Override:
         return h.type is OverrideType.CHANGE and h.package is None and not h.is_sweep_override()
 
 
+# Stop strings as typed: Hydra hands ``"\n"`` over as a backslash and an ``n``, which would never match
+STOP_KEYS = ("decoding.stop", "task.world.stop")
+_ESCAPES = {"\\n": "\n", "\\t": "\t", "\\r": "\r", "\\\\": "\\"}
+
+
+def unescape_stop(text: str) -> str:
+    r"""A stop string typed on a command line with its escapes read: ``\n``, ``\t``, ``\r`` and ``\\`` are the
+    newline, tab, return and backslash. Only overrides are read so; a YAML file writes its own escapes, and a
+    run's stored config holds the strings it ran with."""
+    return re.sub(r"\\[ntr\\]", lambda m: _ESCAPES[m.group(0)], text)
+
+
+def _typed_stops(key: str, value: Any) -> Any:
+    if key not in STOP_KEYS:
+        return value
+    if isinstance(value, str):
+        return unescape_stop(value)
+    if isinstance(value, list):
+        return [unescape_stop(v) if isinstance(v, str) else v for v in value]
+    return value
+
+
+def stop_overrides(overrides: Sequence[Override]) -> list[Override]:
+    """The overrides that set stop strings (:data:`STOP_KEYS`), their escapes read."""
+    return [o for o in overrides if o.key in STOP_KEYS and o.value is not None and not o.hydra.is_sweep_override()]
+
+
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
@@ -52,7 +80,8 @@ def parse_overrides(texts: Sequence[str], *, plain: bool = False) -> list[Overri
             hydra = parser.parse_override(text)
         except HydraException as exc:
             raise BadInput(text, f"expected KEY=VALUE in Hydra's override grammar ({_first_line(exc)})") from exc
-        override = Override(text, hydra.key_or_group, None if hydra.is_delete() else hydra.value(), hydra)
+        value = None if hydra.is_delete() else _typed_stops(hydra.key_or_group, hydra.value())  # a sweep: as it is
+        override = Override(text, hydra.key_or_group, value, hydra)
         if plain and not override.plain:
             raise BadInput(text, "expected KEY=VALUE (a setting, without +, ~, @ or sweeps)")
         parsed.append(override)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -75,28 +74,6 @@ def _with_master_seed(raw: dict[str, Any]) -> tuple[dict[str, Any], bool]:
     return {**raw, "seeds": {**seeds, "master": generate_master_seed()}}, True
 
 
-_ESCAPES = {"\\n": "\n", "\\t": "\t", "\\r": "\r", "\\\\": "\\"}
-
-
-def unescape_stop(text: str) -> str:
-    r"""A stop string as typed on a command line: Hydra hands ``"\n"`` over as a backslash and an ``n``, which
-    would never match, so ``\n``, ``\t``, ``\r`` and ``\\`` are read as the newline, tab, return and backslash."""
-    return re.sub(r"\\[ntr\\]", lambda m: _ESCAPES[m.group(0)], text)
-
-
-def _with_stops_unescaped(raw: dict[str, Any]) -> dict[str, Any]:
-    """``decoding.stop`` and ``task.world.stop`` with their escapes read (:func:`unescape_stop`)."""
-    decoding, task = raw.get("decoding"), raw.get("task")
-    if isinstance(decoding, dict) and isinstance(decoding.get("stop"), list):
-        raw = {**raw, "decoding": {**decoding, "stop": [unescape_stop(s) if isinstance(s, str) else s
-                                                         for s in decoding["stop"]]}}  # fmt: skip
-    world = task.get("world") if isinstance(task, dict) else None
-    if isinstance(world, dict) and isinstance(world.get("stop"), list):
-        stops = [unescape_stop(s) if isinstance(s, str) else s for s in world["stop"]]
-        raw = {**raw, "task": {**task, "world": {**world, "stop": stops}}}
-    return raw
-
-
 def validate(cfg: DictConfig) -> EvalConfig:
     """Resolve, type, check values and files; raise :class:`BadInput` naming the first problem."""
     try:
@@ -105,7 +82,7 @@ def validate(cfg: DictConfig) -> EvalConfig:
         key = getattr(exc, "full_key", None) or "config"
         raise BadInput(key, f"missing or unresolvable value ({exc.msg if hasattr(exc, 'msg') else exc})") from exc
     assert isinstance(raw, dict)
-    raw, generated = _with_master_seed(_with_stops_unescaped(raw))
+    raw, generated = _with_master_seed(raw)
     settings = EvalConfig.from_record(raw)
     if generated:
         settings = replace(settings, seeds=replace(settings.seeds, master_generated=True))
