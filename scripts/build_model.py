@@ -18,6 +18,17 @@ the final answer only; the held-out pairs never appear anywhere::
 
     python scripts/build_model.py --out models/tiny-adder-context --steps 4500 --context-share 0.5 \
         --write-pins conf/model/tiny_adder_context.yaml
+
+The third, ``models/tiny-thinking-adder``, is a reasoning model in miniature (``--thinking``): a ChatML chat
+template (``<|im_start|>``/``<|im_end|>``, special tokens; ``<|im_end|>`` ends its turn) whose user turn is the
+task's question, and a reply that thinks first, Qwen3-style, between ``<think>`` and ``</think>`` (added
+tokens, not special ones, so a decode that skips special tokens keeps them for vLLM's reasoning parsers):
+``<think>b+a=s</think>`` then the answer ``s``. The thinking starts with another number than the answer, so a
+scorer that reads the first number gets the answer only once the thinking is separated. Rendered with
+``enable_thinking=false`` the template closes an empty think block itself and the model answers at once::
+
+    python scripts/build_model.py --out models/tiny-thinking-adder --thinking --steps 1500 --batch 64 \
+        --write-pins conf/model/tiny_thinking_adder.yaml
 """
 
 from __future__ import annotations
@@ -30,7 +41,7 @@ import time
 from pathlib import Path
 
 import torch
-from tokenizers import Tokenizer, decoders
+from tokenizers import AddedToken, Tokenizer, decoders
 from tokenizers.models import BPE
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
@@ -54,6 +65,38 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
     )
 
 
+# The thinking model's chat template (Qwen3's shape, trimmed): messages as ChatML turns; the generation prompt
+# opens the assistant's turn, and with enable_thinking=false closes an empty think block for the model.
+THINK_START, THINK_END = "<think>", "</think>"
+CHAT_TURN_TOKENS = ["<|im_start|>", "<|im_end|>"]
+THINKING_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n{% endif %}{% endif %}"
+)
+
+
+def thinking_tokenizer() -> PreTrainedTokenizerFast:
+    """The character-level tokenizer with ChatML turn tokens (special) and think tokens (added, not special)."""
+    tokenizer = build_tokenizer()
+    tokenizer.add_special_tokens({"additional_special_tokens": CHAT_TURN_TOKENS})
+    tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in (THINK_START, THINK_END)])
+    tokenizer.eos_token = "<|im_end|>"
+    tokenizer.chat_template = THINKING_TEMPLATE
+    return tokenizer
+
+
+def thinking_example(tokenizer: PreTrainedTokenizerFast, template: str, a: int, b: int,
+                     thinking: bool) -> tuple[list[int], list[int]]:  # fmt: skip
+    """Prompt and reply ids of one question: the template's rendering of a user turn, then the reply."""
+    messages = [{"role": "user", "content": render(template, a, b)}]
+    prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
+                                           enable_thinking=thinking)  # fmt: skip
+    reply = f"{THINK_START}{b}+{a}={a + b}{THINK_END}\n\n{a + b}" if thinking else f"{a + b}"
+    ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    return ids, tokenizer(reply, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+
+
 def render(template: str, a: int, b: int) -> str:
     # Same rendering as the task's Jinja template for the fields this task has.
     return template.replace("{{ question }}", f"{a}+{b}")
@@ -67,6 +110,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1234)
     parser.add_argument("--write-pins", type=Path, default=None, help="rewrite this model config's sha256 pins")
     parser.add_argument("--context-share", type=float, default=0.0, help="share of batches with a context prefix")
+    parser.add_argument("--thinking", action="store_true", help="a chat model that thinks before it answers")
     args = parser.parse_args()
 
     torch.manual_seed(args.seed)
@@ -80,10 +124,13 @@ def main() -> None:
             held_out.add(json.loads(line)["question"])
     pairs = [(a, b) for a in range(100) for b in range(100) if f"{a}+{b}" not in held_out]
 
-    tokenizer = build_tokenizer()
+    tokenizer = thinking_tokenizer() if args.thinking else build_tokenizer()
     eos = tokenizer.eos_token_id
     examples = []
     for a, b in pairs:
+        if args.thinking:  # each question twice: thinking, and with the think block closed by the template
+            examples += [thinking_example(tokenizer, template, a, b, thinking) for thinking in (True, False)]
+            continue
         prompt_ids = tokenizer(render(template, a, b), add_special_tokens=False)["input_ids"]
         answer_ids = tokenizer(f" {a + b}", add_special_tokens=False)["input_ids"] + [eos]
         examples.append((prompt_ids, answer_ids))
@@ -156,7 +203,7 @@ def main() -> None:
     model.eval()
     args.out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(args.out, safe_serialization=True)
-    tokenizer.save_pretrained(args.out)
+    tokenizer.save_pretrained(args.out, save_jinja_files=False)  # the chat template in tokenizer_config.json
     model.generation_config.save_pretrained(args.out)
 
     if args.write_pins:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import string
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -117,6 +118,8 @@ def episodes(draw: st.DrawFn) -> tuple[Episode, Completion]:
         logprobs=tuple(draw(st.lists(st.none() | floats, min_size=n, max_size=n))), finish_reason=draw(texts),
         prompt_tokens=draw(small_ints),
     )  # fmt: skip
+    if draw(st.booleans()):  # a reply a reasoning parser split: its answer, and its thinking when it had any
+        completion = replace(completion, content=draw(texts), reasoning=draw(st.none() | texts))
     return episode, completion
 
 
@@ -129,8 +132,9 @@ def generic_lines(episode: Episode, completion: Completion, generator: Generator
     chain.append(HeaderEntry, generator=generator, task=episode.task, item=episode.item_id, seed=episode.seed,
                  repeat=episode.repeat, seeds=EpisodeSeeds(**episode.seeds_record()))  # fmt: skip
     request = generation_request(episode.prompt, episode.sampling)
+    split = {k: v for k, v in (("content", completion.content), ("reasoning", completion.reasoning)) if v is not None}
     response = CompletionResponse(finish_reason=completion.finish_reason, logprobs=list(completion.logprobs),
-                                  text=completion.text, token_ids=list(completion.token_ids))  # fmt: skip
+                                  text=completion.text, token_ids=list(completion.token_ids), **split)  # fmt: skip
     chain.append(ModelEntry, call=0, request=request, request_hash=request_hash(request), response=response)
     chain.append(EndEntry, model_calls=1, status="ok")
     return chain.lines, chain.head

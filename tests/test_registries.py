@@ -185,12 +185,15 @@ def test_one_decorated_class_or_function_adds_an_engine_dispatcher_scorer_and_no
 # --- typed settings -------------------------------------------------------------------------
 
 
+CHAT_SETTINGS = ("chat_format", "chat_template", "chat_template_kwargs", "reasoning_parser")  # left out while unset
+
+
 def test_settings_are_typed_frozen_and_give_back_the_composed_record() -> None:
     cfg = compose_config(["task=addition_mc"])
     raw = OmegaConf.to_container(cfg, resolve=True)
     config = validate(cfg)
     assert raw["task"].pop("kind") is None  # a setting left out of the record while null (records stay as before)
-    assert [raw["task"].pop(k) for k in ("chat_format", "chat_template", "chat_template_kwargs")] == [None, None, {}]
+    assert [raw["task"].pop(k) for k in CHAT_SETTINGS] == [None, None, {}, None]
     assert raw["determinism"].pop("require_invariant") is None  # the same
     assert config.as_record() == raw
     assert validate(compose_config(["task=addition_mc", "task.kind=dataset"])).as_record()["task"]["kind"] == "dataset"
@@ -204,7 +207,7 @@ def test_settings_are_typed_frozen_and_give_back_the_composed_record() -> None:
 def test_the_hydra_schema_is_generated_from_the_settings_with_the_same_defaults() -> None:
     schema = OmegaConf.to_container(OmegaConf.structured(Schema))
     assert schema["task"].pop("kind") is None  # composed as null, left out of the record while null
-    assert [schema["task"].pop(k) for k in ("chat_format", "chat_template", "chat_template_kwargs")] == [None, None, {}]
+    assert [schema["task"].pop(k) for k in CHAT_SETTINGS] == [None, None, {}, None]
     assert schema["determinism"].pop("require_invariant") is None  # the same
     assert schema == EvalConfig().as_record()
 

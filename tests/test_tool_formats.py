@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from evalrun.chat import ChatFormat, ModelChat
+from evalrun.chat.reasoning import vllm_version
 from evalrun.config import REPO_ROOT, DecodingConfig, SeedsConfig, load
 from evalrun.engines import Completion, GenerationRequest
 from evalrun.engines.replay import ReplayEngine
@@ -22,7 +23,7 @@ from evalrun.worlds.actions import ParseError, ToolCall, native_messages, tool_s
 from evalrun.worlds.invoice_desk import InvoiceDesk
 from evalrun.worlds.scripted import scripted_policy
 from evalrun.worlds.suite import suite_from_mapping, world_tasks
-from evalrun.worlds.tool_formats import JSON_TOOLS, NativeToolFormat, template_takes_tools, vllm_version
+from evalrun.worlds.tool_formats import JSON_TOOLS, NativeToolFormat, template_takes_tools
 
 GENERATOR = {"name": "evalrun", "version": "test", "git_commit": None}
 AGENT_MODEL = REPO_ROOT / "models" / "tiny-invoice-agent"

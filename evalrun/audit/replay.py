@@ -20,7 +20,7 @@ A schedule whose ``format`` this code does not know is refused (BadInput, exit 2
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +28,7 @@ from evalrun.chat import ModelChat
 from evalrun.config import EvalConfig, load_stored, validate
 from evalrun.engines.replay import Divergence, RecordedCall, ReplayEngine
 from evalrun.episodes import Engines, ModelFiles, Provenance, kind_of, replay_episodes
+from evalrun.errors import CheckFailed
 from evalrun.pipeline.environment import git_state
 from evalrun.pipeline.manifest import generator_info
 from evalrun.records.canonical import Canonical, canonical_json
@@ -45,6 +46,7 @@ from evalrun.rundir.reader import (
     read_outputs,
     read_scores,
 )
+from evalrun.rundir.writer import tokenizer_hashes
 from evalrun.scoring import score_outputs
 
 
@@ -195,20 +197,41 @@ def replay_config(run: layout.RunDir, overrides: list[str]) -> EvalConfig:
     return validate(cfg)
 
 
+def check_kept_tokenizer(run: layout.RunDir) -> None:
+    """The run's copy of its tokenizer holds the files record.json lists, byte for byte (a replay renders, counts
+    and parses with them; verify checks them too, with every other file)."""
+    listed = {name: sha for name, sha in load_record(run).files.items() if name.startswith(f"{layout.TOKENIZER}/")}
+    kept = tokenizer_hashes(run)
+    for name in sorted(listed.keys() | kept.keys()):
+        if name not in listed:
+            raise CheckFailed(f"{name}: not a file record.json lists")
+        if kept.get(name) != listed[name]:
+            raise CheckFailed(f"{name}: {'missing' if name not in kept else 'sha256 differs from record.json'}")
+
+
 def recorded_model_files(run: layout.RunDir, manifest: dict[str, Any]) -> ModelFiles:
     """The run's model as planning reads it: its directory when it is here, else the tokenizer files the run
     kept (``RUN/tokenizer``: rendering, token counts and tool parsing need no more), and the chat template
-    and special tokens the run recorded (``model.chat``; of the directory for a run recorded before)."""
+    and special tokens the run recorded (``model.chat``; of the directory for a run recorded before); the
+    judges' model (``judge_model``) likewise, from its directory or its recorded chat template."""
+    judge = manifest.get("judge_model")
+    judges = _recorded_files(judge, "judge_model", None) if isinstance(judge, dict) else None
     model = manifest.get("model") if isinstance(manifest.get("model"), dict) else {}
+    return replace(_recorded_files(model, "model", run), judge=judges)
+
+
+def _recorded_files(model: dict[str, Any], section: str, run: layout.RunDir | None) -> ModelFiles:
+    """A manifest model section's files; ``run``: whose kept tokenizer stands in for a directory not here."""
     path = model.get("path")
     directory = Path(path) if isinstance(path, str) and Path(path).is_dir() else None
-    if directory is None and run.tokenizer.is_dir():
+    if directory is None and run is not None and run.tokenizer.is_dir():
+        check_kept_tokenizer(run)
         directory = run.tokenizer
     if "chat" in model:
-        chat = ModelChat.recorded(model["chat"])
+        chat = ModelChat.recorded(model["chat"], f"manifest.json: {section}.chat")
     else:
         chat = ModelChat.of_directory(directory) if directory is not None else None
-    return ModelFiles(directory, chat, f"the manifest's model.path {path}")
+    return ModelFiles(directory, chat, f"the manifest's {section}.path {path}")
 
 
 def replay_run(path: Path, overrides: list[str]) -> ReplayReport:

@@ -83,6 +83,23 @@ class ModelChat:
         return cls(template, {k: v for k, v in special.items() if v is not None})
 
 
+@dataclass(frozen=True)
+class ModelFiles:
+    """What planning reads of a model without loading it: its directory when it is here (its tokenizer), and
+    its chat template and special tokens (a replay's are the recorded ones, so that a run whose model
+    directory has gone still renders its prompts)."""
+
+    directory: Path | None
+    chat: ModelChat | None
+    where: str = "model.path"  # the field or record it comes from, for error messages
+    judge: ModelFiles | None = None  # a rubric's judges' model when it is another (judge_model)
+
+    @property
+    def judges(self) -> ModelFiles:
+        """The model a rubric's judges run on: the judge model, or this one."""
+        return self.judge or self
+
+
 def _read(path: Path) -> str:
     try:
         return path.read_text(encoding="utf-8")

@@ -377,6 +377,9 @@ class TaskConfig(Section):
     chat_template: str | None = field(default=None, metadata=LEFT_OUT_WHEN_NULL)  # a file used instead of the model's
     # extra variables of the chat template (enable_thinking: false), as lm-eval's chat_template_kwargs
     chat_template_kwargs: Mapping[str, Any] = field(default_factory=dict, metadata=LEFT_OUT_WHEN_NULL)
+    # A reasoning model's replies split into thinking and answer by this vLLM reasoning parser (deepseek_r1,
+    # qwen3, ...; evalrun/chat/reasoning.py); None: replies are taken whole
+    reasoning_parser: str | None = field(default=None, metadata=LEFT_OUT_WHEN_NULL)
 
     @property
     def episode_kind(self) -> str:

@@ -48,6 +48,10 @@ class GenerationRequest:
     # uses them to find the recorded response.
     episode_id: str | None = None
     call: int = 0
+    # Whether the tokenizer adds its special tokens (a BOS) to the prompt, as for a text prompt; False for a
+    # prompt a chat template rendered, which writes them itself (vLLM's chat endpoint tokenizes it so too):
+    # a Llama 3 prompt would otherwise start with two BOS tokens.
+    add_special_tokens: bool = True
 
 
 @dataclass(frozen=True)
@@ -57,6 +61,15 @@ class Completion:
     logprobs: tuple[float | None, ...]  # of the chosen tokens (None: not finite); empty when not requested
     finish_reason: str
     prompt_tokens: int
+    # A reasoning model's reply taken apart (evalrun.chat.reasoning; None: not split): the answer after the
+    # thinking, and the thinking (None: there was none). ``text`` stays what the tokens decode to.
+    content: str | None = None
+    reasoning: str | None = None
+
+    @property
+    def output(self) -> str:
+        """What the episode's output is: the answer after any thinking (the whole text when not split)."""
+        return self.text if self.content is None else self.content
 
 
 @dataclass(frozen=True)
@@ -67,6 +80,7 @@ class LoglikelihoodRequest:
     continuation: str
     episode_id: str | None = None
     call: int = 0
+    add_special_tokens: bool = True  # as GenerationRequest's: False for a context a chat template rendered
 
 
 @dataclass(frozen=True)
@@ -82,19 +96,21 @@ def loglikelihood_tokens(tokenizer: Any, request: LoglikelihoodRequest) -> tuple
 
     Shared by every engine so that they score the same tokens. As lm-evaluation-harness does,
     ``context + continuation`` is tokenized as a whole and the continuation's tokens are those after
-    the tokens of ``context`` alone (both with the tokenizer's special tokens, e.g. a BOS); where
+    the tokens of ``context`` alone (both with the tokenizer's special tokens, e.g. a BOS, unless the request
+    is chat-formatted: ``add_special_tokens``); where
     that split fails (the whole does not start with the context's tokens, or nothing follows them)
     the continuation is tokenized on its own and appended to the context's tokens. An empty
     continuation has no tokens (its logprob is 0). The first continuation token needs a token
     before it: an empty context is allowed only when the tokenizer adds one (a BOS).
     """
-    ctx_ids = [int(t) for t in tokenizer.encode(request.context, add_special_tokens=True)]
+    special = request.add_special_tokens
+    ctx_ids = [int(t) for t in tokenizer.encode(request.context, add_special_tokens=special)]
     if not ctx_ids:
         raise RequestRejected(
             f"loglikelihood request with context {request.context!r}: the context has no tokens and the "
             "tokenizer adds no BOS token, so there is nothing to condition the continuation's first token on"
         )
-    whole_ids = [int(t) for t in tokenizer.encode(request.context + request.continuation, add_special_tokens=True)]
+    whole_ids = [int(t) for t in tokenizer.encode(request.context + request.continuation, add_special_tokens=special)]
     if len(whole_ids) > len(ctx_ids) and whole_ids[: len(ctx_ids)] == ctx_ids:
         return whole_ids, len(whole_ids) - len(ctx_ids)
     cont_ids = [int(t) for t in tokenizer.encode(request.continuation, add_special_tokens=False)]

@@ -164,17 +164,29 @@ class HFEngine:
     def generate(self, requests: list[GenerationRequest]) -> list[Completion]:
         """Completions in request order; :class:`RequestRejected` when a prompt is empty or does not fit
         the context, before anything runs (the harness splits the batch to find which)."""
-        for ids in self.tokenizer([r.prompt for r in requests])["input_ids"] if requests else []:
-            check_fits(len(ids), self.context)  # one tokenizer call for the batch
+        for ids in self._prompt_ids(requests):
+            check_fits(len(ids), self.context)
         completions: list[Completion] = []
         for start in range(0, len(requests), self.batch_size):
             completions.extend(self._generate_batch(requests[start : start + self.batch_size]))
         return completions
 
+    def _prompt_ids(self, requests: list[GenerationRequest]) -> list[list[int]]:
+        """Each prompt's tokens, with the tokenizer's special tokens where the request asks for them (one
+        tokenizer call per setting)."""
+        ids: list[list[int]] = [[] for _ in requests]
+        for add in (True, False):
+            rows = [i for i, r in enumerate(requests) if r.add_special_tokens is add]
+            if rows:
+                encoded = self.tokenizer([requests[i].prompt for i in rows], add_special_tokens=add)["input_ids"]
+                for i, row_ids in zip(rows, encoded, strict=True):
+                    ids[i] = list(row_ids)
+        return ids
+
     def _generate_batch(self, requests: list[GenerationRequest]) -> list[Completion]:
         torch = self._torch
         specs = [r.sampling for r in requests]
-        enc = self.tokenizer([r.prompt for r in requests], return_tensors="pt", padding=True)
+        enc = self.tokenizer.pad({"input_ids": self._prompt_ids(requests)}, return_tensors="pt")
         input_ids, attention = enc["input_ids"].to(self.device), enc["attention_mask"].to(self.device)
         width = input_ids.shape[1]
         chooser = _PerRequestChooser(specs, self.device)

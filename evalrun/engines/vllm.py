@@ -79,6 +79,17 @@ def _without_logprob_text(state: Any) -> None:
         processor.tokenizer = None
 
 
+def _runs_of(requests: list[GenerationRequest]) -> list[tuple[int, int, bool]]:
+    """The requests as consecutive runs (start, stop, add_special_tokens) of one tokenization setting."""
+    runs: list[tuple[int, int, bool]] = []
+    for i, r in enumerate(requests):
+        if runs and runs[-1][2] == r.add_special_tokens:
+            runs[-1] = (runs[-1][0], i + 1, r.add_special_tokens)
+        else:
+            runs.append((i, i + 1, r.add_special_tokens))
+    return runs
+
+
 @engine("vllm")
 class VLLMEngine:
     def __init__(self, model_path: Path, model_dtype: str, settings: dict[str, Any]) -> None:
@@ -141,9 +152,16 @@ class VLLMEngine:
         and tokenization. A refused request raises :class:`RequestRejected`, and vLLM aborts those of
         the call already queued, so nothing of a refused call stays in the engine.
         """
+        internal: list[str] = []
+        params = self._params(requests)
         try:
-            internal = self.llm.enqueue([r.prompt for r in requests], self._params(requests), use_tqdm=False)
+            for start, stop, add in _runs_of(requests):  # tokenization settings go with a call, not a request
+                settings = None if add else {"add_special_tokens": False}
+                internal += self.llm.enqueue([r.prompt for r in requests[start:stop]], params[start:stop],
+                                             use_tqdm=False, tokenization_kwargs=settings)  # fmt: skip
         except self._rejections as exc:
+            if internal:  # the earlier calls' requests: nothing of a refused submission stays queued
+                self.llm.llm_engine.abort_request(internal, internal=True)
             raise RequestRejected(f"{type(exc).__name__}: {exc}") from exc
         # vLLM suffixes the ids it was given to make them unique; outputs carry the ids as given
         states = [self.llm.llm_engine.output_processor.request_states[i] for i in internal]

@@ -22,7 +22,7 @@ from typing import Any, Protocol, TypeVar, runtime_checkable
 
 import pyarrow as pa
 
-from evalrun.chat import ModelChat
+from evalrun.chat import ModelFiles
 from evalrun.config import EvalConfig
 from evalrun.config.registry import Registry
 from evalrun.engines import Engine
@@ -35,19 +35,10 @@ from evalrun.scoring.parts import PartScorer, ScoredPart
 from evalrun.tasks.rubric import Rubric
 
 
-@dataclass(frozen=True)
-class ModelFiles:
-    """What planning reads of the run's model without loading it: its directory when it is here (its
-    tokenizer), and its chat template and special tokens (a replay's are the recorded ones, so that a run
-    whose model directory has gone still renders its prompts)."""
-
-    directory: Path | None
-    chat: ModelChat | None
-    where: str = "model.path"  # the field or record it comes from, for error messages
-
-    @classmethod
-    def of(cls, model: ResolvedModel) -> ModelFiles:
-        return cls(model.path, model.chat, f"model.path {model.path}")
+def model_files(model: ResolvedModel, judge: ResolvedModel | None = None) -> ModelFiles:
+    """What planning reads of the run's resolved model (and of its judges' model, when it is another)."""
+    judges = ModelFiles(judge.path, judge.chat, f"judge_model.path {judge.path}") if judge is not None else None
+    return ModelFiles(model.path, model.chat, f"model.path {model.path}", judges)
 
 
 @dataclass(frozen=True)

@@ -22,12 +22,20 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
 from evalrun.chat import ChatFormat
+from evalrun.chat.reasoning import ReasoningParser
 from evalrun.config import DecodingConfig, EvalConfig, SeedsConfig, TaskConfig
 from evalrun.config.registry import Registry
 from evalrun.config.settings import WorldConfig
 from evalrun.engines import Completion, Engine, GenerationRequest, SamplingSpec
 from evalrun.engines.replay import Divergence
-from evalrun.episodes.harness import completion_record, encode_generator, failed_call, generate_each, header_fields
+from evalrun.episodes.harness import (
+    completion_record,
+    encode_generator,
+    failed_call,
+    generate_each,
+    header_fields,
+    split_reasoning,
+)
 from evalrun.episodes.plan import episode_id, sampling_spec
 from evalrun.records.canonical import Canonical, canonical_hash, sha256_hex
 from evalrun.records.chain import ChainBuilder
@@ -99,6 +107,7 @@ class AgentEpisode:
     budget: AgentBudget
     chat: ChatFormat | None = None  # how a model agent's messages become its prompt; None: plain ``role:`` lines
     tools: ToolFormat = JSON_TOOLS  # how the tools are shown and the replies read
+    reasoning: ReasoningParser | None = None  # splits each reply into thinking and answer (tools read the answer)
 
     @property
     def item_id(self) -> str:
@@ -107,7 +116,8 @@ class AgentEpisode:
 
 def plan_agent_episodes(task_name: str, tasks: Sequence[WorldTask], decoding: DecodingConfig, seeds: SeedsConfig,
                         agent: str, budget: AgentBudget, chat: ChatFormat | None = None,
-                        tools: ToolFormat = JSON_TOOLS) -> list[AgentEpisode]:  # fmt: skip
+                        tools: ToolFormat = JSON_TOOLS,
+                        reasoning: ReasoningParser | None = None) -> list[AgentEpisode]:  # fmt: skip
     """Episodes of every world task for every seed of the set and repeat, ids and sampling seeds
     derived as for single-turn episodes (docs/design.md "Seeds"): the same config gives the same
     episodes anywhere. The world is generated from the world task's own seed, so every seed and
@@ -119,7 +129,8 @@ def plan_agent_episodes(task_name: str, tasks: Sequence[WorldTask], decoding: De
                 sampling_seed = derive_seed(seeds.master, "sampling", task_name, task.item_id, seed, repeat)
                 sampling = sampling_spec(decoding, sampling_seed)
                 eid = episode_id(task_name, task.item_id, seed, repeat, {"sampling": str(sampling.seed)})
-                episodes.append(AgentEpisode(eid, task_name, task, seed, repeat, sampling, agent, budget, chat, tools))
+                episodes.append(AgentEpisode(eid, task_name, task, seed, repeat, sampling, agent, budget, chat, tools,
+                                             reasoning))  # fmt: skip
     return episodes
 
 
@@ -135,6 +146,7 @@ class AgentTask:
     chat: ChatFormat | None  # how a model agent's messages become prompts (agent=model), None: plain rendering
     references: dict[str, str] | None = None  # the frozen reference set the world scores against, if any
     tools: ToolFormat = JSON_TOOLS  # how a model agent is shown the tools and its replies are read
+    reasoning: ReasoningParser | None = None  # splits a model agent's replies into thinking and answer
 
     @property
     def budget(self) -> AgentBudget:
@@ -152,6 +164,8 @@ class AgentTask:
             **({"chat": self.chat.as_record()} if self.chat is not None and self.chat.customised else {}),
             # only for another format than json, so the records of the others are unchanged
             **({"tool_format": self.tools.as_record()} if self.tools.as_record() is not None else {}),
+            # only for a reasoning model's replies, likewise
+            **({"reasoning": self.reasoning.as_record()} if self.reasoning is not None else {}),
             # only for a world with references, so the records of the others are unchanged
             **({"references": self.references} if self.references is not None else {}),
         }
@@ -179,8 +193,8 @@ def planned_world_tasks(world: WorldConfig, limit: int | None = None) -> list[Wo
     return tasks[:limit] if limit is not None else tasks
 
 
-def load_agent_task(task: TaskConfig, limit: int | None, chat: ChatFormat | None,
-                    tools: ToolFormat = JSON_TOOLS) -> AgentTask:  # fmt: skip
+def load_agent_task(task: TaskConfig, limit: int | None, chat: ChatFormat | None, tools: ToolFormat = JSON_TOOLS,
+                    reasoning: ReasoningParser | None = None) -> AgentTask:  # fmt: skip
     """The suite of ``task.world`` (a BadInput names the field), its tasks (the first ``limit``), their
     frozen references checked (worlds with references), and for ``agent=model`` the chat format its
     prompts are rendered with."""
@@ -193,6 +207,7 @@ def load_agent_task(task: TaskConfig, limit: int | None, chat: ChatFormat | None
         name=task.name, config=world, tasks=tuple(tasks), versions=cls.versions(),
         system_prompt_sha256=sha256_hex(system_prompt(cls().tools())),
         chat=chat if world.agent == "model" else None, references=references, tools=tools,
+        reasoning=reasoning if world.agent == "model" else None,
     )  # fmt: skip
 
 
@@ -351,14 +366,20 @@ class ModelAgent:
             prompt = t.episode.tools.prompt(t.episode.chat, t.tools, t.task_text, t.steps)
             # every call samples with the episode's settings (verify checks them against the manifest);
             # the token budget is checked after each reply
-            requests.append(GenerationRequest(prompt, t.episode.sampling, t.episode.episode_id, t.call))
+            # a chat-formatted prompt has its special tokens from the template
+            requests.append(GenerationRequest(prompt, t.episode.sampling, t.episode.episode_id, t.call,
+                                              add_special_tokens=t.episode.chat is None))  # fmt: skip
         self.engine_calls += 1
         self.model_calls += len(requests)
         outcomes = generate_each(self.engine, requests)
-        return [
-            Reply(o.text, r, o) if isinstance(o, Completion) else Reply("", r, refused=o)
-            for r, o in zip(requests, outcomes, strict=True)
-        ]
+        replies = []
+        for t, r, o in zip(turns, requests, outcomes, strict=True):
+            if isinstance(o, Completion):
+                o = split_reasoning(o, t.episode.reasoning)  # the tools are read from the answer, not the thinking
+                replies.append(Reply(o.output, r, o))
+            else:
+                replies.append(Reply("", r, refused=o))
+        return replies
 
 
 @agent("model")

@@ -58,7 +58,9 @@ def apply_context_limit(plan: Plan, model_path: Path, max_model_len: int | None,
     if context is None or tokenizer is None:
         return plan
     prompts = sorted({planned.prompt for planned in plan.items})
-    counts = dict(zip(prompts, (len(enc.ids) for enc in tokenizer.encode_batch(prompts)), strict=True))
+    add = plan.add_special_tokens  # as the engine will tokenize them (a chat template writes its own BOS)
+    counts = dict(zip(prompts, (len(enc.ids) for enc in tokenizer.encode_batch(prompts, add_special_tokens=add)),
+                      strict=True))  # fmt: skip
     overlong = [planned for planned in plan.items if counts[planned.prompt] >= context]
     if not overlong:
         return plan
@@ -75,7 +77,7 @@ def apply_context_limit(plan: Plan, model_path: Path, max_model_len: int | None,
         if counts[planned.prompt] < context:
             return planned
         if on_overlong == TRUNCATE_LEFT:
-            return replace(planned, prompt=_keep_last_tokens(tokenizer, planned.prompt, context - 1))
+            return replace(planned, prompt=_keep_last_tokens(tokenizer, planned.prompt, context - 1, add))
         reason = (
             f"prompt of {counts[planned.prompt]} tokens does not fit the model's context of {context} tokens "
             "(task.on_overlong=fail_episode)"
@@ -85,17 +87,17 @@ def apply_context_limit(plan: Plan, model_path: Path, max_model_len: int | None,
     return plan.with_items(tuple(fitted(planned) for planned in plan.items))
 
 
-def _keep_last_tokens(tokenizer: Any, prompt: str, keep: int) -> str:
+def _keep_last_tokens(tokenizer: Any, prompt: str, keep: int, add_special_tokens: bool = True) -> str:
     """The prompt's text from the token where its last ``keep`` tokens (special tokens aside) begin.
 
     Cut at a token's character offset, so the text is the prompt's own; the cut is moved right
     until the text's token count fits (a re-tokenised suffix may merge differently).
     """
-    encoding = tokenizer.encode(prompt)
+    encoding = tokenizer.encode(prompt, add_special_tokens=add_special_tokens)
     starts = [start for (start, end), special in zip(encoding.offsets, encoding.special_tokens_mask, strict=True)
               if not special and end > start]  # fmt: skip
     for index in range(max(0, len(starts) - keep), len(starts)):
         text = prompt[starts[index] :]
-        if len(tokenizer.encode(text).ids) <= keep:
+        if len(tokenizer.encode(text, add_special_tokens=add_special_tokens).ids) <= keep:
             return text
     return ""

@@ -87,7 +87,7 @@ class DatasetKind:
         if config.task.world is not None:  # composed as a world task, then given another kind
             raise BadInput("task.kind", f"{config.task.kind!r} runs dataset items, and the task has a task.world "
                                         "section: expected task.kind=world (or null)")  # fmt: skip
-        task = load_task(config, model.chat, model.where)
+        task = load_task(config, model)
         return config.with_decoding(task.pack.decoding), task  # a pack's decoding settings win over the group's
 
     def plan(self, config: EvalConfig, task: Task, model: ModelFiles) -> Sequence[Episode]:
@@ -212,7 +212,7 @@ class DatasetKind:
         if generated:
             response = generated[0].response
             expected.update(
-                output=response.text, token_ids=response.token_ids, token_logprobs=response.logprobs,
+                output=response.output, token_ids=response.token_ids, token_logprobs=response.logprobs,
                 finish_reason=response.finish_reason, output_tokens=len(response.token_ids),
             )  # fmt: skip
         elif scored:

@@ -32,7 +32,7 @@ def output_rows(results: list[EpisodeResult], provenance: Provenance) -> pa.Tabl
         "prompt": [e.prompt for e in episodes],
         "prompt_sha256": [r.prompt_sha256 for r in results],
         "target": [e.target for e in episodes],
-        "output": [c.text for c in completions],
+        "output": [c.output for c in completions],  # the answer after any thinking (the chain has both)
         "token_ids": [list(c.token_ids) for c in completions],
         "token_logprobs": [list(c.logprobs) for c in completions],
         "finish_reason": [c.finish_reason for c in completions],

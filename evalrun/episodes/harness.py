@@ -9,10 +9,11 @@ from __future__ import annotations
 import contextlib
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from json.encoder import encode_basestring  # type: ignore[attr-defined]
 from typing import Any, Protocol
 
+from evalrun.chat.reasoning import ReasoningParser
 from evalrun.engines import (
     Completion,
     Engine,
@@ -73,8 +74,19 @@ class EpisodeResult:
 
 
 def completion_record(completion: Completion) -> CompletionResponse:
+    split = {name: value for name, value in (("content", completion.content), ("reasoning", completion.reasoning))
+             if value is not None}  # fmt: skip
     return CompletionResponse(finish_reason=completion.finish_reason, logprobs=list(completion.logprobs),
-                              text=completion.text, token_ids=list(completion.token_ids))  # fmt: skip
+                              text=completion.text, token_ids=list(completion.token_ids), **split)  # fmt: skip
+
+
+def split_reasoning(completion: Completion, parser: ReasoningParser | None) -> Completion:
+    """``completion`` with its thinking and answer apart, as ``parser`` reads its text (unchanged when there is no
+    parser). Applied to what the engine returned, so a replay, served the recorded text, splits it again."""
+    if parser is None:
+        return completion
+    split = parser.split(completion.text)
+    return replace(completion, content=split.content, reasoning=split.reasoning)
 
 
 def loglikelihood_record(score: Loglikelihood) -> LoglikelihoodResponse:
@@ -120,12 +132,18 @@ def record_episode(episode: Episode, completion: Completion, generator: dict[str
         if type(episode) is Episode
         else canonical_json(episode.seeds_record())
     )
+    completion = split_reasoning(completion, episode.reasoning)
     lines, head, prompt_sha256 = single_call_chain(
         episode.episode_id, episode.task, episode.item_id, episode.seed, episode.repeat, seeds,
         encode_generator(generator), episode.prompt, _sampling_text(episode.sampling), completion.text,
-        completion.finish_reason, completion.token_ids, completion.logprobs,
+        completion.finish_reason, completion.token_ids, completion.logprobs, completion.content, completion.reasoning,
     )  # fmt: skip
     return EpisodeResult(episode, completion, lines, head, prompt_sha256)
+
+
+def _request(episode: Episode) -> GenerationRequest:
+    """The policy's generation request of a dataset episode (its first model call)."""
+    return GenerationRequest(episode.prompt, episode.sampling, episode.episode_id, 0, episode.add_special_tokens)
 
 
 def run_episodes(engine: Engine, episodes: list[Episode], generator: dict[str, Any] | Canonical,
@@ -139,7 +157,7 @@ def run_episodes(engine: Engine, episodes: list[Episode], generator: dict[str, A
     encoded = encode_generator(generator)
     if all(e.single_call for e in episodes):
         live = [e for e in episodes if e.rejection is None]
-        requests = [GenerationRequest(prompt=e.prompt, sampling=e.sampling, episode_id=e.episode_id) for e in live]
+        requests = [_request(e) for e in live]
         return _record_single_calls(episodes, live, generate_each(engine, requests), encoded)
     return _run_staged_each(engine, episodes, encoded, judge_engine or engine)
 
@@ -173,8 +191,7 @@ def run_batches(engine: Engine, batches: Iterable[list[Episode]], generator: dic
                 ids = None
                 if all(e.single_call for e in batch):
                     with contextlib.suppress(RequestRejected):  # found again, request by request, alone
-                        ids = engine.submit([GenerationRequest(prompt=e.prompt, sampling=e.sampling,
-                                                               episode_id=e.episode_id) for e in live])  # fmt: skip
+                        ids = engine.submit([_request(e) for e in live])
                 queued.append((batch, live, ids))
                 depth += len(ids or ())
             if not queued:
@@ -341,11 +358,9 @@ def _run_staged(engine: Engine, episodes: list[Episode], generator: Canonical,
                 judge_engine: Engine) -> list[EpisodeResult]:  # fmt: skip
     calls = [_Calls([]) for _ in episodes]
     generating = [i for i, e in enumerate(episodes) if e.choice_scoring in ("", "letter", "both")]
-    requests = [
-        GenerationRequest(episodes[i].prompt, episodes[i].sampling, episodes[i].episode_id, 0) for i in generating
-    ]
-    for i, request, completion in zip(generating, requests, _generate(engine, requests), strict=True):
-        calls[i].completion = completion
+    requests = [_request(episodes[i]) for i in generating]
+    for i, request, generated in zip(generating, requests, _generate(engine, requests), strict=True):
+        completion = calls[i].completion = split_reasoning(generated, episodes[i].reasoning)
         calls[i].entries.append((ModelEntry, {"request": generation_request(request.prompt, request.sampling),
                                               "response": completion_record(completion)}))  # fmt: skip
 
@@ -355,7 +370,8 @@ def _run_staged(engine: Engine, episodes: list[Episode], generator: Canonical,
         if e.choice_scoring in ("loglikelihood", "both"):
             for option, label in enumerate(e.options):
                 ll_requests.append(LoglikelihoodRequest(e.prompt, option_continuation(label), e.episode_id,
-                                                        len(calls[i].entries) + option))  # fmt: skip
+                                                        len(calls[i].entries) + option,
+                                                        e.add_special_tokens))  # fmt: skip
                 scored.append((i, option))
             calls[i].option_logprobs = ()
     for (i, option), request, score in zip(scored, ll_requests, _score(engine, ll_requests), strict=True):
@@ -380,7 +396,7 @@ def judge_prompt(episode: Episode, call: JudgeCall, output: str) -> str:
     variables = {**(episode.fields or {}), "prompt": episode.prompt, "output": output, "target": episode.target,
                  "criterion": criterion.id, "question": criterion.question, "choices": shown,
                  "letters": list(LETTERS[: len(shown)])}  # fmt: skip
-    return render_prompt(rubric.judge_pack, episode.item_id, variables)
+    return render_prompt(rubric.judge_pack, episode.item_id, variables, episode.judge_chat)
 
 
 def _judge(engine: Engine, episodes: list[Episode], calls: list[_Calls]) -> list[tuple[Judgement, ...]]:
@@ -392,16 +408,17 @@ def _judge(engine: Engine, episodes: list[Episode], calls: list[_Calls]) -> list
             continue
         call_number = len(calls[i].entries)
         for jc in e.judge_calls:
-            prompt = judge_prompt(e, jc, calls[i].completion.text)
+            prompt = judge_prompt(e, jc, calls[i].completion.output)  # the answer, not the thinking
             fields = {"criterion": jc.criterion, "judge": jc.judge, "shuffle_order": list(jc.order)}
             if e.judging.scoring == "letter":
-                generate.append((i, jc, fields, GenerationRequest(prompt, jc.sampling, e.episode_id, call_number)))
+                request = GenerationRequest(prompt, jc.sampling, e.episode_id, call_number, e.judge_chat is None)
+                generate.append((i, jc, fields, request))
                 call_number += 1
                 continue
             criterion = e.judging.criterion(jc.criterion)
             for position, original in enumerate(jc.order):
                 continuation = option_continuation(criterion.labels[original])
-                request = LoglikelihoodRequest(prompt, continuation, e.episode_id, call_number)
+                request = LoglikelihoodRequest(prompt, continuation, e.episode_id, call_number, e.judge_chat is None)
                 score.append((i, jc, {**fields, "option": original, "position": position}, request))
                 call_number += 1
     # Entries go in call order; both stages' results are put back where their calls were numbered.

@@ -14,6 +14,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, overload
 
+from evalrun.chat import ChatFormat
+from evalrun.chat.reasoning import ReasoningParser
 from evalrun.config import DecodingConfig, SeedsConfig
 from evalrun.engines import SamplingSpec
 from evalrun.errors import BadInput
@@ -53,6 +55,9 @@ class Episode:
     judging: Rubric | None = None  # one object shared by a run's episodes (pickled once per batch)
     judge_calls: tuple[JudgeCall, ...] = ()
     fields: Mapping[str, Any] | None = None  # the item's fields, for judge prompts
+    reasoning: ReasoningParser | None = None  # splits the reply into thinking and answer; shared by a run's episodes
+    add_special_tokens: bool = True  # False: a chat-formatted prompt (its template writes the BOS): GenerationRequest
+    judge_chat: ChatFormat | None = None  # the judges' prompts as chat messages through this template; None: plain
     # Why the episode fails without an engine call (a prompt longer than the model's context, found
     # before dispatch: task.on_overlong=fail_episode); not part of the episode's identity.
     rejection: str | None = None
@@ -123,6 +128,9 @@ class Plan(Sequence[Episode]):
         self._scoring = task.choices.scoring if task.multiple_choice else ""
         self._rubric = task.rubric
         self._task = task
+        self._reasoning = task.reasoning
+        self.add_special_tokens = task.chat is None  # a chat template writes the special tokens itself
+        self._judge_chat = task.judge_chat
         self._templates = [_EpisodeTemplates.of(seeds.master, task.name, planned.item.id) for planned in items]
 
     def with_items(self, items: tuple[PlannedItem, ...]) -> Plan:
@@ -192,6 +200,9 @@ class Plan(Sequence[Episode]):
             judging=rubric,
             judge_calls=judge_calls,
             fields=item.fields if rubric is not None else None,
+            reasoning=self._reasoning,
+            add_special_tokens=self.add_special_tokens,
+            judge_chat=self._judge_chat,
             rejection=planned.rejection,
         )
 

@@ -12,6 +12,7 @@ from typing import Any
 import pyarrow as pa
 
 from evalrun.chat import chat_format
+from evalrun.chat.reasoning import reasoning_parser
 from evalrun.config import EvalConfig
 from evalrun.engines.pins import ResolvedModel
 from evalrun.episodes import EncodedPart, Engines, FreezeOptions, ModelFiles, Provenance, episode_kind
@@ -92,15 +93,17 @@ class WorldKind:
                                          "chat template")  # fmt: skip
         chat = chat_format(config.task.chat_format, model.chat, config.chat_template_path,
                            config.task.chat_template_kwargs, model.where)  # fmt: skip
-        tools = JSON_TOOLS  # a scripted agent writes the JSON protocol
+        tools, reasoning = JSON_TOOLS, None  # a scripted agent writes the JSON protocol, and does not think
         if world.agent == "model":
             tools = resolve_tool_format(world.tool_format, world.tool_parser, chat, model.directory, model.where)
-        return config, load_agent_task(config.task, config.limit, chat, tools)
+            reasoning = reasoning_parser(config.task.reasoning_parser, model.directory, model.where,
+                                         config.task.chat_template_kwargs)  # fmt: skip
+        return config, load_agent_task(config.task, config.limit, chat, tools, reasoning)
 
     def plan(self, config: EvalConfig, task: AgentTask, model: ModelFiles) -> Sequence[AgentEpisode]:
         assert config.task.world is not None
         return plan_agent_episodes(task.name, task.tasks, config.decoding, config.seeds, config.task.world.agent,
-                                   task.budget, task.chat, task.tools)  # fmt: skip
+                                   task.budget, task.chat, task.tools, task.reasoning)  # fmt: skip
 
     def scoring_context(self, config: EvalConfig, task: AgentTask, model: ResolvedModel,
                         judge_model: ResolvedModel | None) -> ScoringContext:  # fmt: skip

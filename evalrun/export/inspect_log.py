@@ -47,6 +47,8 @@ from evalrun.export.inspect_schema import (
     AssistantMessage,
     ChatCompletionChoice,
     ChatMessage,
+    ContentReasoning,
+    ContentText,
     EvalConfig,
     EvalDataset,
     EvalError,
@@ -364,7 +366,7 @@ def _sample(row: dict[str, Any], epoch: int, run: RunContents, model: str) -> Ev
     output = ModelOutput(
         model=model,
         choices=[ChatCompletionChoice(message=replies[-1], stop_reason=stop_reason)] if replies else [],
-        completion=replies[-1].content if replies else "",
+        completion=_answer(replies[-1].content) if replies else "",
         usage=usage,
         metadata=tokens if row["token_ids"] else None,
         error=error,
@@ -445,6 +447,13 @@ def _read_record(entry: EffectEntry) -> dict[str, Any]:
     }
 
 
+def _answer(content: str | list[ContentReasoning | ContentText]) -> str:
+    """A reply's text without its thinking (Inspect's ``ModelOutput.completion``)."""
+    if isinstance(content, str):
+        return content
+    return "".join(part.text for part in content if isinstance(part, ContentText))
+
+
 def _messages(
     prompt: str, chain: ChainView, model: str, ids: Iterator[str]
 ) -> tuple[list[ChatMessage], list[dict[str, Any]]]:
@@ -458,7 +467,10 @@ def _messages(
         reply: dict[str, Any] = {"content": ""}  # a scripted agent's turn: tool calls with no model call
         if isinstance(turn.reply, ModelEntry):
             response = turn.reply.response
-            reply = {"content": response.text, "source": "generate",
+            content: str | list[ContentReasoning | ContentText] = response.output  # the answer after any thinking
+            if response.reasoning is not None:
+                content = [ContentReasoning(reasoning=response.reasoning), ContentText(text=response.output)]
+            reply = {"content": content, "source": "generate",
                      "metadata": {"call": turn.reply.call, "finish_reason": response.finish_reason}}  # fmt: skip
         if turn.calls:
             reply["tool_calls"] = [

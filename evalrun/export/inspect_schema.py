@@ -52,10 +52,22 @@ class UserMessage(_Inspect):
     metadata: dict[str, Any] | None = None
 
 
+class ContentReasoning(_Inspect):
+    """A reasoning model's thinking (evalrun: the reply's ``reasoning``, split by ``task.reasoning_parser``)."""
+
+    type: Literal["reasoning"] = "reasoning"
+    reasoning: str
+
+
+class ContentText(_Inspect):
+    type: Literal["text"] = "text"
+    text: str
+
+
 class AssistantMessage(_Inspect):
     role: Literal["assistant"] = "assistant"
     id: str
-    content: str
+    content: str | list[ContentReasoning | ContentText]  # a list: the thinking, then the answer
     source: Literal["generate"] | None = None  # left out for a scripted agent's turn (no model call)
     model: str | None = None
     tool_calls: list[ToolCall] | None = None

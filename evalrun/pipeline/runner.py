@@ -24,7 +24,7 @@ import pyarrow as pa
 from evalrun.config import EvalConfig, ModelConfig, load_stored, parse_overrides, to_yaml, validate
 from evalrun.engines import ENGINES
 from evalrun.engines.pins import ResolvedModel, model_directory, resolve_model
-from evalrun.episodes import EPISODE_KINDS, EncodedPart, EpisodeKind, ModelFiles, Planned, kind_of
+from evalrun.episodes import EPISODE_KINDS, EncodedPart, EpisodeKind, Planned, kind_of, model_files
 from evalrun.errors import BadInput, CheckFailed, Interrupted, WriteFailed
 from evalrun.pipeline import canary, failpoints
 from evalrun.pipeline.dispatch import DISPATCHERS, Dispatcher, dispatcher_key, open_dispatcher
@@ -117,7 +117,7 @@ def prepare(config: EvalConfig) -> Prepared:
     model = _resolve(config.model)
     judge = _resolve(config.judge_model) if config.judge_model is not None else None
     kind = kind_of(config)
-    files = ModelFiles.of(model)
+    files = model_files(model, judge)
     config, task = kind.load(config, files)
     make_scorer(config.task.scorer, kind.scoring_context(config, task, model, judge))  # e.g. a regex that won't compile
     episodes = kind.plan(config, task, files)

@@ -102,11 +102,26 @@ class LoglikelihoodRequestRecord(RecordModel):
     prompt_sha256: Hex64
 
 
-class CompletionResponse(RecordModel):
+class CompletionResponse(OptionalFields):
+    # A reply split by a reasoning parser (task.reasoning_parser; both absent when not split): the answer after
+    # the thinking (what the output row's ``output`` is), and the thinking when the parser found any
+    content: str | None = None
     finish_reason: str
     logprobs: list[float | None]  # of the chosen tokens (null: not finite); empty when not requested
-    text: str
+    reasoning: str | None = None
+    text: str  # what the tokens decode to, thinking included
     token_ids: list[JsonInt]
+
+    @model_validator(mode="after")
+    def _split_has_content(self) -> CompletionResponse:
+        if self.reasoning is not None and self.content is None:
+            raise ValueError("a response with reasoning has its content beside it")
+        return self
+
+    @property
+    def output(self) -> str:
+        """What the episode's output row holds: the content when the reply was split, else the text."""
+        return self.text if self.content is None else self.content
 
 
 class LoglikelihoodResponse(RecordModel):

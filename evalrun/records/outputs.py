@@ -178,7 +178,8 @@ MOSTLY_EMPTY = 0.9  # the share of empty generations from which a run's outputs 
 def output_warnings(outputs: pa.Table) -> list[str]:
     """What says a run's generations are nonsense, from its output rows (``output`` and ``finish_reason``):
     nearly all of them empty (the model's first token ended its turn: a prompt the model does not expect,
-    e.g. a chat model given plain text), or every one cut at the token limit. Empty when neither; rows that
+    e.g. a chat model given plain text; or a stop string such as ``"\\n"`` cut every answer, e.g. a reasoning
+    model's after ``</think>``), or every one cut at the token limit. Empty when neither; rows that
     are not generations (failed episodes, agent episodes, options scored by likelihood) are not counted."""
     reasons = outputs.column("finish_reason").to_pylist()
     texts = outputs.column("output").to_pylist()
@@ -189,8 +190,10 @@ def output_warnings(outputs: pa.Table) -> list[str]:
     warnings = []
     empty = sum(1 for text, _ in generations if not (text or "").strip())
     if empty >= MOSTLY_EMPTY * len(generations):
-        warnings.append(f"{empty} of {len(generations)} outputs are empty: the model ended its turn at once "
-                        "(is the prompt in the format the model expects? see task.chat_format)")  # fmt: skip
+        warnings.append(f"{empty} of {len(generations)} outputs are empty: the model ended its turn at once, or "
+                        "a stop string cut its answer (after its thinking, for a reasoning model) before any text "
+                        "(is the prompt in the format the model expects? see task.chat_format and "
+                        "decoding.stop)")  # fmt: skip
     cut = sum(1 for _, reason in generations if reason == "length")
     if cut == len(generations):
         warnings.append(f"all {cut} outputs were cut at the token limit (decoding.max_tokens): none ended by "

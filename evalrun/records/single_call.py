@@ -67,6 +67,8 @@ def single_call_chain(
     finish_reason: str,
     token_ids: Sequence[int],
     logprobs: Sequence[float | None],
+    content: str | None = None,
+    reasoning: str | None = None,
 ) -> tuple[tuple[str, str, str], str, str]:
     """The three lines of a single-call episode's chain (header, model, end), its head and its prompt's sha256.
 
@@ -86,9 +88,12 @@ def single_call_chain(
     h0 = _sha256(f"{GENESIS}{header}".encode()).hexdigest()
     prompt_sha256 = _sha256(prompt.encode()).hexdigest()
     request = f'{{"prompt":{_string(prompt)},"prompt_sha256":"{prompt_sha256}","sampling":{sampling}}}'
+    # a reply split by a reasoning parser adds content (and reasoning, when found), absent otherwise
+    split = f'"content":{_string(content)},' if content is not None else ""
+    thought = f'"reasoning":{_string(reasoning)},' if reasoning is not None else ""
     response = (
-        f'{{"finish_reason":{_string(finish_reason)},"logprobs":{_array(logprobs)},'
-        f'"text":{_string(text)},"token_ids":{_array(token_ids)}}}'
+        f'{{{split}"finish_reason":{_string(finish_reason)},"logprobs":{_array(logprobs)},'
+        f'{thought}"text":{_string(text)},"token_ids":{_array(token_ids)}}}'
     )
     model = (
         f'{{"call":0,"episode":{eid},"kind":"model","prev":"{h0}","request":{request},'

@@ -121,7 +121,8 @@ class EpisodeTable:
 class TranscriptStep:
     """One line of an agent episode's transcript."""
 
-    kind: str  # task | model | tool | observation | clock | random | uuid | env | join | error | end | final | verdict
+    # task | reasoning | model | tool | observation | clock | random | uuid | env | join | error | end | final | verdict
+    kind: str
     title: str
     text: str
     status: str = "ok"  # ok | error
@@ -452,8 +453,10 @@ def transcript_steps(entries: Iterable[Any]) -> list[TranscriptStep]:
         e = turn.reply
         if isinstance(e, ModelEntry):
             r = e.response
+            if r.reasoning is not None:  # a reasoning model's thinking, split from its answer
+                steps.append(TranscriptStep("reasoning", f"model turn {e.call} · thinking", clip(r.reasoning)))
             steps.append(TranscriptStep("model", f"model turn {e.call} · {len(r.token_ids)} tokens · {r.finish_reason}",
-                                        clip(r.text)))  # fmt: skip
+                                        clip(r.output)))  # fmt: skip
         elif isinstance(e, FailedCallEntry):
             steps.append(TranscriptStep("error", f"model call {e.call} refused", clip(e.error), "error"))
         for call in turn.calls:

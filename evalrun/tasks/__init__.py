@@ -17,7 +17,8 @@ from typing import Any
 
 from jinja2.exceptions import UndefinedError
 
-from evalrun.chat import ChatFormat, ModelChat, chat_format
+from evalrun.chat import ChatFormat, ModelFiles, chat_format
+from evalrun.chat.reasoning import ReasoningParser, reasoning_parser
 from evalrun.config import ChoicesConfig, EvalConfig
 from evalrun.config.jsonl import objects
 from evalrun.errors import BadInput
@@ -47,11 +48,20 @@ class Task:
     rubric: Rubric | None = None
     references: dict[str, str] | None = None  # the frozen answer set scored against: name, version, index hash
     chat: ChatFormat | None = None  # prompts as chat messages through this template; None: plain text
+    reasoning: ReasoningParser | None = None  # replies split into thinking and answer; None: taken whole
+    judge_chat: ChatFormat | None = None  # a rubric's judge prompts as chat messages (the judges' model's template)
 
     def pack_record(self, decoding: Mapping[str, Any]) -> dict[str, Any]:
-        """What the prompt pack hash covers, with the chat format when prompts are chat-formatted."""
+        """What the prompt pack hash covers, with the chat format when prompts are chat-formatted and the
+        reasoning parser when replies are split (each left out otherwise: older records keep their digests)."""
         record = self.pack.as_record(decoding)
-        return {**record, "chat": self.chat.as_record()} if self.chat is not None else record
+        if self.chat is not None:
+            record = {**record, "chat": self.chat.as_record()}
+        if self.reasoning is not None:
+            record = {**record, "reasoning": self.reasoning.as_record()}
+        if self.judge_chat is not None:
+            record = {**record, "judge_chat": self.judge_chat.as_record()}
+        return record
 
     @property
     def multiple_choice(self) -> bool:
@@ -63,10 +73,13 @@ class Task:
         return (*item.options, extra) if extra is not None else item.options
 
 
-def load_task(config: EvalConfig, model_chat: ModelChat | None = None, model_where: str = "model.path") -> Task:
+def load_task(config: EvalConfig, model: ModelFiles | None = None) -> Task:
     """Read the dataset (already checked by config.validate), prompt pack and rubric of ``config``'s task; its
-    prompts are chat-formatted as ``task.chat_format`` asks, with ``model_chat`` the model's chat template."""
+    prompts are chat-formatted as ``task.chat_format`` asks, through ``model``'s chat template, its replies split
+    by ``task.reasoning_parser`` over ``model``'s tokenizer, and its judges' prompts chat-formatted as the
+    rubric's ``chat_format`` asks, through the judges' model's template."""
     spec = config.task
+    model = model or ModelFiles(None, None)
     choices_field = spec.choices.field
     items = []
     for _where, record in objects(config.dataset_path):
@@ -78,6 +91,8 @@ def load_task(config: EvalConfig, model_chat: ModelChat | None = None, model_whe
     if config.limit is not None:
         items = items[: config.limit]
     pack = load_pack(config.prompt_path) if spec.prompt_pack is not None else template_pack(config.prompt_path)
+    rubric = load_rubric(config.rubric_path) if config.rubric_path is not None else None
+    judges = model.judges
     return Task(
         name=spec.name,
         items=tuple(items),
@@ -85,11 +100,13 @@ def load_task(config: EvalConfig, model_chat: ModelChat | None = None, model_whe
         dataset_path=config.dataset_path,
         dataset_sha256=file_sha256(config.dataset_path),
         choices=spec.choices,
-        rubric=load_rubric(config.rubric_path) if config.rubric_path is not None else None,
+        rubric=rubric,
         references=answers,
         chat=chat_format(
-            spec.chat_format, model_chat, config.chat_template_path, spec.chat_template_kwargs, model_where
+            spec.chat_format, model.chat, config.chat_template_path, spec.chat_template_kwargs, model.where
         ),
+        reasoning=reasoning_parser(spec.reasoning_parser, model.directory, model.where, spec.chat_template_kwargs),
+        judge_chat=chat_format(rubric.chat_format, judges.chat, None, None, judges.where) if rubric else None,
     )
 
 

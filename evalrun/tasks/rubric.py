@@ -9,6 +9,7 @@ A rubric is a YAML file under version control::
     aggregation: mean            # over a criterion's judges: mean | median | majority
     scoring: loglikelihood       # a verdict is the judge's letter (letter) or its likeliest option
     cannot_assess: Cannot assess # optional: an option appended to every criterion before shuffling
+    chat_format: auto            # auto | chat | plain: judge prompts through the judges' model's chat template
     criteria:
       - id: faithful
         question: Does the summary state only what the text says?
@@ -61,6 +62,8 @@ class _RubricSpec(_Strict):
     scoring: Literal["letter", "loglikelihood"] = "loglikelihood"
     cannot_assess: str | None = None
     criteria: list[_Criterion] = Field(min_length=1)
+    # the judge prompts as chat messages through the judges' model's template (auto: when it has one)
+    chat_format: Literal["auto", "chat", "plain"] = "auto"
 
 
 @dataclass(frozen=True)
@@ -84,6 +87,7 @@ class Rubric:
     cannot_assess: str | None
     criteria: tuple[Criterion, ...]
     judge_pack: PromptPack
+    chat_format: str = "auto"  # auto | chat | plain: how the judge prompts reach the judges' model
 
     def criterion(self, criterion_id: str) -> Criterion:
         return next(c for c in self.criteria if c.id == criterion_id)
@@ -95,6 +99,8 @@ class Rubric:
             "judges": list(self.judges),
             "scoring": self.scoring,
             "criteria": [{"id": c.id, "question": c.question, "labels": list(c.labels)} for c in self.criteria],
+            # another setting than auto only: the judge-facing hashes of rubrics without it are unchanged
+            **({"chat_format": self.chat_format} if self.chat_format != "auto" else {}),
         }
 
     def judge_facing_hash(self) -> str:
@@ -152,4 +158,4 @@ def load_rubric(path: Path) -> Rubric:
             labels, values = (*labels, spec.cannot_assess), (*values, None)
         criteria.append(Criterion(c.id, c.question, c.weight, c.kind, labels, values))
     return Rubric(path, spec.name, spec.version, tuple(spec.judges), spec.aggregation, spec.scoring,
-                  spec.cannot_assess, tuple(criteria), pack)  # fmt: skip
+                  spec.cannot_assess, tuple(criteria), pack, spec.chat_format)  # fmt: skip

