@@ -120,6 +120,8 @@ def episodes(draw: st.DrawFn) -> tuple[Episode, Completion]:
     )  # fmt: skip
     if draw(st.booleans()):  # a reply a reasoning parser split: its answer, and its thinking when it had any
         completion = replace(completion, content=draw(texts), reasoning=draw(st.none() | texts))
+    if draw(st.booleans()):  # a served model's: what the server said of itself
+        completion = replace(completion, server={"model": draw(texts), "system_fingerprint": draw(texts)})
     return episode, completion
 
 
@@ -132,7 +134,8 @@ def generic_lines(episode: Episode, completion: Completion, generator: Generator
     chain.append(HeaderEntry, generator=generator, task=episode.task, item=episode.item_id, seed=episode.seed,
                  repeat=episode.repeat, seeds=EpisodeSeeds(**episode.seeds_record()))  # fmt: skip
     request = generation_request(episode.prompt, episode.sampling)
-    split = {k: v for k, v in (("content", completion.content), ("reasoning", completion.reasoning)) if v is not None}
+    split = {k: v for k, v in (("content", completion.content), ("reasoning", completion.reasoning),
+                               ("server", completion.server)) if v is not None}  # fmt: skip
     response = CompletionResponse(finish_reason=completion.finish_reason, logprobs=list(completion.logprobs),
                                   text=completion.text, token_ids=list(completion.token_ids), **split)  # fmt: skip
     chain.append(ModelEntry, call=0, request=request, request_hash=request_hash(request), response=response)

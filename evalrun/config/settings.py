@@ -198,6 +198,14 @@ class EngineConfig(Section):
     cpu_kvcache_gib: int = 1
     seed: int = 0
     device: str | None = None  # engine=hf only: cpu | cuda | cuda:N (None: cuda where available, else cpu)
+    # engine=openai only (evalrun/engines/openai.py), each left out of the record while null:
+    base_url: str | None = field(default=None, metadata=LEFT_OUT_WHEN_NULL)  # http://HOST:PORT/v1
+    served_model: str | None = field(default=None, metadata=LEFT_OUT_WHEN_NULL)  # the server's name of the model
+    api_key_env: str | None = field(default=None, metadata=LEFT_OUT_WHEN_NULL)  # the variable holding the key
+    serve: bool | None = field(default=None, metadata=LEFT_OUT_WHEN_NULL)  # true: start a vLLM server of the model
+    max_concurrency: int | None = field(default=None, metadata=LEFT_OUT_WHEN_NULL)  # requests in flight (64)
+    timeout_s: float | None = field(default=None, metadata=LEFT_OUT_WHEN_NULL)  # per request (300)
+    max_retries: int | None = field(default=None, metadata=LEFT_OUT_WHEN_NULL)  # per request (5)
 
     def check(self) -> None:
         for key in ("max_num_seqs", "tensor_parallel_size", "cpu_kvcache_gib"):
@@ -209,6 +217,20 @@ class EngineConfig(Section):
             raise _fail("engine.device", "null, or cpu | cuda | cuda:N with engine=hf", self.device)
         if not 0 < self.gpu_memory_utilization <= 1:
             raise _fail("engine.gpu_memory_utilization", "a number in (0, 1]", self.gpu_memory_utilization)
+        served = ("base_url", "served_model", "api_key_env", "serve", "max_concurrency", "timeout_s", "max_retries")
+        given = [key for key in served if getattr(self, key) is not None]
+        if given and self.name != "openai":
+            raise BadInput(f"engine.{given[0]}", f"a setting of engine=openai, and the engine is {self.name}")
+        if self.name == "openai" and not self.serve and not self.base_url:
+            raise BadInput("engine.base_url", "engine=openai needs the server's URL (http://HOST:PORT/v1), or "
+                                              "engine.serve=true to start a vLLM server of the model")  # fmt: skip
+        for key in ("max_concurrency", "max_retries"):
+            value = getattr(self, key)
+            if value is not None and value < (1 if key == "max_concurrency" else 0):
+                raise _fail(f"engine.{key}", "an integer >= 1" if key == "max_concurrency" else "an integer >= 0",
+                            value)  # fmt: skip
+        if self.timeout_s is not None and not self.timeout_s > 0:
+            raise _fail("engine.timeout_s", "a number of seconds > 0", self.timeout_s)
 
 
 @dataclass(frozen=True)

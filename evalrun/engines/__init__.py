@@ -9,7 +9,7 @@ modules are imported on first use: checking or listing engine names imports neit
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, TypeVar, runtime_checkable
@@ -65,6 +65,9 @@ class Completion:
     # thinking, and the thinking (None: there was none). ``text`` stays what the tokens decode to.
     content: str | None = None
     reasoning: str | None = None
+    # A served model's response: what the server said of itself (the model it names, its system_fingerprint);
+    # None from an engine in this process
+    server: Mapping[str, str] | None = None
 
     @property
     def output(self) -> str:
@@ -89,6 +92,7 @@ class Loglikelihood:
     token_ids: tuple[int, ...]  # the continuation's tokens (those of context + continuation after the context's)
     greedy: bool  # every continuation token was the model's argmax
     prompt_tokens: int  # tokens of context + continuation
+    server: Mapping[str, str] | None = None  # as Completion.server
 
 
 def loglikelihood_tokens(tokenizer: Any, request: LoglikelihoodRequest) -> tuple[list[int], int]:
@@ -142,6 +146,11 @@ class RequestRejected(ValueError):
     the harness splits the batch to find which (docs/design.md "Failed episodes")."""
 
 
+class EngineDown(RuntimeError):
+    """The engine's backend stopped answering (a server down through every retry): the run stops, resumably
+    (the parts committed so far are kept; ``evalrun resume`` finishes it once the backend is back)."""
+
+
 class Engine(Protocol):
     def generate(self, requests: list[GenerationRequest]) -> list[Completion]:
         """One completion per request, in request order; :class:`RequestRejected` if a request is refused."""
@@ -183,12 +192,29 @@ class QueueingEngine(Engine, Protocol):
         ...
 
 
+@runtime_checkable
+class ClosingEngine(Engine, Protocol):
+    """An engine holding something outside its process (a server it started, open connections) to let go."""
+
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class CheckedEngine(Protocol):
+    """An engine class that checks, before any engine or worker starts, what it will need (a server that answers
+    and serves the model): a BadInput names the setting."""
+
+    @classmethod
+    def preflight(cls, model_path: Path, settings: dict[str, Any]) -> None: ...
+
+
 # model directory, model dtype, the engine settings (``engine`` config section as a record)
 EngineFactory = Callable[[Path, str, dict[str, Any]], Engine]
 
 ENGINES: Registry[EngineFactory] = Registry("engine", field="engine.name")
 ENGINES.declare("vllm", "evalrun.engines.vllm")
 ENGINES.declare("hf", "evalrun.engines.hf")
+ENGINES.declare("openai", "evalrun.engines.openai")
 
 
 E = TypeVar("E", bound=EngineFactory)
@@ -206,3 +232,10 @@ def engine(name: str) -> Callable[[E], E]:
 
 def build_engine(name: str, model_path: Path, model_dtype: str, settings: dict[str, Any]) -> Engine:
     return ENGINES.get(name)(model_path, model_dtype, settings)
+
+
+def preflight(name: str, model_path: Path, settings: dict[str, Any]) -> None:
+    """The checks engine ``name`` makes before it is built (:class:`CheckedEngine`; most make none)."""
+    factory = ENGINES.get(name)
+    if isinstance(factory, CheckedEngine):
+        factory.preflight(model_path, settings)

@@ -87,9 +87,9 @@ class ReplayEngine:
         for request in requests:
             fields = loglikelihood_fields(request.context, request.continuation)
             r = self._response(self._recorded(request.episode_id, request.call, fields))
-            results.append(
-                Loglikelihood(float(r["logprob"]), tuple(r["token_ids"]), bool(r["greedy"]), r["prompt_tokens"])
-            )
+            score = Loglikelihood(float(r["logprob"]), tuple(r["token_ids"]), bool(r["greedy"]), r["prompt_tokens"],
+                                  r.get("server"))  # fmt: skip
+            results.append(score)
         return results
 
     def _recorded(self, episode_id: str | None, call: int, fields: dict[str, Any]) -> RecordedCall:
@@ -118,6 +118,7 @@ class ReplayEngine:
             logprobs=tuple(None if v is None else float(v) for v in r["logprobs"]),
             finish_reason=r["finish_reason"],
             prompt_tokens=recorded.prompt_tokens,
+            server=r.get("server"),  # what the server said then: a replay serves it as it serves the text
         )
 
     @staticmethod

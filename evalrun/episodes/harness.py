@@ -74,10 +74,10 @@ class EpisodeResult:
 
 
 def completion_record(completion: Completion) -> CompletionResponse:
-    split = {name: value for name, value in (("content", completion.content), ("reasoning", completion.reasoning))
-             if value is not None}  # fmt: skip
+    optional = {name: value for name, value in (("content", completion.content), ("reasoning", completion.reasoning),
+                                                ("server", completion.server)) if value is not None}  # fmt: skip
     return CompletionResponse(finish_reason=completion.finish_reason, logprobs=list(completion.logprobs),
-                              text=completion.text, token_ids=list(completion.token_ids), **split)  # fmt: skip
+                              text=completion.text, token_ids=list(completion.token_ids), **optional)  # fmt: skip
 
 
 def split_reasoning(completion: Completion, parser: ReasoningParser | None) -> Completion:
@@ -90,8 +90,9 @@ def split_reasoning(completion: Completion, parser: ReasoningParser | None) -> C
 
 
 def loglikelihood_record(score: Loglikelihood) -> LoglikelihoodResponse:
+    served = {"server": score.server} if score.server is not None else {}
     return LoglikelihoodResponse(greedy=score.greedy, logprob=score.logprob, prompt_tokens=score.prompt_tokens,
-                                 token_ids=list(score.token_ids))  # fmt: skip
+                                 token_ids=list(score.token_ids), **served)  # fmt: skip
 
 
 def encode_generator(generator: dict[str, Any] | Canonical) -> Canonical:
@@ -137,6 +138,7 @@ def record_episode(episode: Episode, completion: Completion, generator: dict[str
         episode.episode_id, episode.task, episode.item_id, episode.seed, episode.repeat, seeds,
         encode_generator(generator), episode.prompt, _sampling_text(episode.sampling), completion.text,
         completion.finish_reason, completion.token_ids, completion.logprobs, completion.content, completion.reasoning,
+        None if completion.server is None else canonical_json(dict(completion.server)),
     )  # fmt: skip
     return EpisodeResult(episode, completion, lines, head, prompt_sha256)
 

@@ -15,6 +15,7 @@ does not raise: the harness records its episode as failed).
 
 from __future__ import annotations
 
+import contextlib
 import pickle
 import time
 from collections import deque
@@ -110,7 +111,7 @@ class InlineDispatcher:
         return CollectedLogs({"inline-0": self.worker.log_text()}, {})
 
     def close(self) -> None:
-        pass
+        self.worker.close()
 
 
 @dataclass
@@ -292,6 +293,8 @@ class RayDispatcher:
         import ray
 
         self._first_infos = None
+        with contextlib.suppress(Exception):  # a worker that is gone has nothing to let go of
+            ray.get([slot.actor.close.remote() for slot in self._slots], timeout=60)
         for slot in self._slots:
             ray.kill(slot.actor, no_restart=True)
         self._slots, self._starting = [], {}

@@ -22,10 +22,10 @@ from typing import Any
 import pyarrow as pa
 
 from evalrun.config import EvalConfig, ModelConfig, load_stored, parse_overrides, to_yaml, validate
-from evalrun.engines import ENGINES
+from evalrun.engines import ENGINES, EngineDown, preflight
 from evalrun.engines.pins import ResolvedModel, model_directory, resolve_model
 from evalrun.episodes import EPISODE_KINDS, EncodedPart, EpisodeKind, Planned, kind_of, model_files
-from evalrun.errors import BadInput, CheckFailed, Interrupted, WriteFailed
+from evalrun.errors import BadInput, CheckFailed, Interrupted, WriteFailed, first_line
 from evalrun.pipeline import canary, failpoints
 from evalrun.pipeline.dispatch import DISPATCHERS, Dispatcher, dispatcher_key, open_dispatcher
 from evalrun.pipeline.environment import install_provenance
@@ -141,6 +141,8 @@ def check_before_engine(config: EvalConfig) -> None:
     install record and container image the manifest will record (a BadInput names the field)."""
     check_destination(config)
     install_provenance()
+    # e.g. the server of a served model answers and serves it (engines.CheckedEngine)
+    preflight(config.engine.name, _directory(config.model), config.engine.as_record())
 
 
 @contextlib.contextmanager
@@ -151,6 +153,9 @@ def _resumable(run: layout.RunDir) -> Iterator[None]:
     except WriteFailed as exc:
         raise WriteFailed(exc.where, f"{exc.message}; the run is incomplete: then `evalrun resume {run.path}` "
                                      f"completes it") from exc  # fmt: skip
+    except EngineDown as exc:
+        raise CheckFailed(f"{first_line(exc)}; the run is incomplete: `evalrun resume {run.path}` finishes it once "
+                          "the engine answers again") from exc  # fmt: skip
     except KeyboardInterrupt as exc:
         raise Interrupted(run.path) from exc
 

@@ -20,7 +20,7 @@ from typing import Any, cast
 import pyarrow as pa
 
 from evalrun.config import DeterminismConfig, EngineConfig
-from evalrun.engines import build_engine, logs
+from evalrun.engines import ClosingEngine, build_engine, logs
 from evalrun.episodes import EncodedPart, Engines, Planned, Provenance, kind_of_episodes
 from evalrun.errors import BadInput
 from evalrun.pipeline import determinism
@@ -142,6 +142,12 @@ class EngineWorker:
             "canary": None if self.canary is None else self.canary.as_record(),  # None: not run (see notes)
             "engine_load_s": self.engine_load_s,
         }
+
+    def close(self) -> None:
+        """Let go of what the engines hold outside this process (a server one started)."""
+        for engine in {id(e): e for e in (self.engine, self.judge_engine)}.values():
+            if isinstance(engine, ClosingEngine):
+                engine.close()
 
     def log_text(self) -> str:
         """This worker's log so far (RUN_DIR/logs/<worker>.log; docs/design.md "Logs"): in a Ray actor, what

@@ -102,6 +102,15 @@ class LoglikelihoodRequestRecord(RecordModel):
     prompt_sha256: Hex64
 
 
+class ServedBy(RecordModel):
+    """What a server said of itself in a response (engine=openai): the model it names and its
+    ``system_fingerprint`` (vLLM: its version and a hash of its configuration). The response id, which differs
+    between identical requests, is provenance and not here."""
+
+    model: str
+    system_fingerprint: str
+
+
 class CompletionResponse(OptionalFields):
     # A reply split by a reasoning parser (task.reasoning_parser; both absent when not split): the answer after
     # the thinking (what the output row's ``output`` is), and the thinking when the parser found any
@@ -109,6 +118,7 @@ class CompletionResponse(OptionalFields):
     finish_reason: str
     logprobs: list[float | None]  # of the chosen tokens (null: not finite); empty when not requested
     reasoning: str | None = None
+    server: ServedBy | None = None  # a served model's response: the server's model and fingerprint
     text: str  # what the tokens decode to, thinking included
     token_ids: list[JsonInt]
 
@@ -124,10 +134,11 @@ class CompletionResponse(OptionalFields):
         return self.text if self.content is None else self.content
 
 
-class LoglikelihoodResponse(RecordModel):
+class LoglikelihoodResponse(OptionalFields):
     greedy: bool  # every continuation token was the model's argmax
     logprob: float  # the sum over the continuation's tokens
     prompt_tokens: Count  # tokens of prompt + continuation
+    server: ServedBy | None = None  # as a CompletionResponse's
     token_ids: list[JsonInt]  # the continuation's tokens
 
 

@@ -69,6 +69,7 @@ def single_call_chain(
     logprobs: Sequence[float | None],
     content: str | None = None,
     reasoning: str | None = None,
+    server: str | None = None,
 ) -> tuple[tuple[str, str, str], str, str]:
     """The three lines of a single-call episode's chain (header, model, end), its head and its prompt's sha256.
 
@@ -91,9 +92,10 @@ def single_call_chain(
     # a reply split by a reasoning parser adds content (and reasoning, when found), absent otherwise
     split = f'"content":{_string(content)},' if content is not None else ""
     thought = f'"reasoning":{_string(reasoning)},' if reasoning is not None else ""
+    served = f'"server":{server},' if server is not None else ""  # a served model's, as canonical JSON
     response = (
         f'{{{split}"finish_reason":{_string(finish_reason)},"logprobs":{_array(logprobs)},'
-        f'{thought}"text":{_string(text)},"token_ids":{_array(token_ids)}}}'
+        f'{thought}{served}"text":{_string(text)},"token_ids":{_array(token_ids)}}}'
     )
     model = (
         f'{{"call":0,"episode":{eid},"kind":"model","prev":"{h0}","request":{request},'

@@ -1,0 +1,145 @@
+"""engine=openai against a scripted stand-in server (a test double for the one thing it isolates: what a server
+answers, 429s, 500s, malformed JSON, a dropped connection): retries, the adaptive limit, refusals. The real
+server is tests/test_served_e2e.py's."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from evalrun.config import REPO_ROOT
+from evalrun.engines import GenerationRequest, RequestRejected, SamplingSpec
+from evalrun.engines.openai import OpenAIEngine, ServerDown, signed_seed
+from evalrun.errors import BadInput
+
+MODEL = REPO_ROOT / "models" / "tiny-adder"
+Script = Callable[[dict[str, Any], int], tuple[int, dict[str, str], bytes]]
+
+
+def completion(text: str = " 86", ids: tuple[int, ...] = (97, 11, 9, 2)) -> bytes:
+    return json.dumps({"id": "cmpl-1", "model": "tiny-adder", "system_fingerprint": "vllm-0.32.0-abcdef12",
+                       "choices": [{"index": 0, "text": text, "token_ids": list(ids), "finish_reason": "stop",
+                                    "logprobs": {"token_logprobs": [-0.5] * len(ids)}}],
+                       "usage": {"prompt_tokens": 10, "completion_tokens": len(ids)}}).encode()  # fmt: skip
+
+
+class Stub:
+    """A local HTTP server answering /v1/models and, for /v1/completions, what ``script`` says per request."""
+
+    def __init__(self, script: Script) -> None:
+        self.script = script
+        self.bodies: list[dict[str, Any]] = []
+        stub = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def _send(self, status: int, headers: dict[str, str], body: bytes) -> None:
+                self.send_response(status)
+                for k, v in {"Content-Type": "application/json", **headers}.items():
+                    self.send_header(k, v)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_GET(self) -> None:
+                if self.path == "/v1/models":
+                    self._send(200, {}, json.dumps({"data": [{"id": "tiny-adder", "root": "x",
+                                                              "max_model_len": 128}]}).encode())  # fmt: skip
+                else:
+                    self._send(404, {}, b"{}")
+
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                stub.bodies.append(body)
+                status, headers, payload = stub.script(body, len(stub.bodies))
+                if status == 0:  # drop the connection without an answer
+                    self.connection.close()
+                    return
+                self._send(status, headers, payload)
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def stub() -> Iterator[Callable[[Script], Stub]]:
+    made: list[Stub] = []
+
+    def make(script: Script) -> Stub:
+        made.append(Stub(script))
+        return made[-1]
+
+    yield make
+    for s in made:
+        s.close()
+
+
+def _engine(url: str, **settings: Any) -> OpenAIEngine:
+    return OpenAIEngine(MODEL, "float32", {"base_url": url, "max_retries": 3, "timeout_s": 2.0, **settings})
+
+
+def _request(seed: int = 7) -> GenerationRequest:
+    return GenerationRequest("Q: 3+83\nA:", SamplingSpec(0.0, 1.0, 0, 8, ("\n",), seed, True), "e", 0)
+
+
+def test_a_request_carries_its_settings_and_the_answer_keeps_the_server(stub: Callable[[Script], Stub]) -> None:
+    server = stub(lambda body, n: (200, {}, completion()))
+    engine = _engine(server.url)
+    (out,) = engine.generate([_request(2**64 - 5)])
+    body = server.bodies[0]
+    assert body["prompt"] == "Q: 3+83\nA:" and body["seed"] == signed_seed(2**64 - 5) == -5
+    assert body["stop"] == ["\n"] and body["max_tokens"] == 8 and body["logprobs"] == 0 and body["return_token_ids"]
+    assert out.text == " 86" and out.token_ids == (97, 11, 9, 2) and out.logprobs == (-0.5,) * 4
+    assert out.server == {"model": "tiny-adder", "system_fingerprint": "vllm-0.32.0-abcdef12"}
+    assert engine.describe()["server"]["max_model_len"] == 128
+    engine.close()
+
+
+def test_429_with_retry_after_halves_the_limit_and_the_request_goes_through(stub: Callable[[Script], Stub]) -> None:
+    def script(body: dict[str, Any], n: int) -> tuple[int, dict[str, str], bytes]:
+        return (429, {"Retry-After": "0"}, b'{"error":{"message":"slow down"}}') if n == 1 else (200, {}, completion())
+
+    engine = _engine(stub(script).url, max_concurrency=8)
+    (out,) = engine.generate([_request()])
+    assert out.text == " 86" and engine.retried == 1 and engine._limit.changes == 1
+    engine.close()
+
+
+@pytest.mark.parametrize("fault", ["500", "malformed", "dropped"])
+def test_server_faults_are_retried_and_a_server_that_stays_down_stops_the_run(
+    stub: Callable[[Script], Stub], fault: str
+) -> None:
+    answers = {"500": (500, {}, b"oops"), "malformed": (200, {}, b"{not json"), "dropped": (0, {}, b"")}
+    flaky = _engine(stub(lambda body, n: answers[fault] if n <= 2 else (200, {}, completion())).url)
+    assert flaky.generate([_request()])[0].text == " 86" and flaky.retried == 2
+    down = _engine(stub(lambda body, n: answers[fault]).url, max_retries=1)
+    with pytest.raises(ServerDown, match="no answer after 2 tries"):
+        down.generate([_request()])
+
+
+def test_a_request_the_server_refuses_is_the_episodes_not_the_runs(stub: Callable[[Script], Stub]) -> None:
+    refusal = json.dumps({"error": {"message": "prompt too long", "type": "BadRequestError", "code": 400}}).encode()
+    engine = _engine(stub(lambda body, n: (400, {}, refusal)).url)
+    with pytest.raises(RequestRejected, match="HTTP 400: prompt too long"):
+        engine.generate([_request()])
+    assert engine.retried == 0
+
+
+def test_a_server_serving_another_model_is_refused(stub: Callable[[Script], Stub], tmp_path: Path) -> None:
+    server = stub(lambda body, n: (200, {}, completion()))
+    with pytest.raises(BadInput, match=r"serves \['tiny-adder'\], not 'other'"):
+        _engine(server.url, served_model="other")
