@@ -143,3 +143,23 @@ def test_a_server_serving_another_model_is_refused(stub: Callable[[Script], Stub
     server = stub(lambda body, n: (200, {}, completion()))
     with pytest.raises(BadInput, match=r"serves \['tiny-adder'\], not 'other'"):
         _engine(server.url, served_model="other")
+
+
+def test_requests_stay_in_flight_across_batches_and_a_refusal_takes_its_place(stub: Callable[[Script], Stub]) -> None:
+    """The engine queues (QueueingEngine): submitted requests go on while the harness records a batch; a request
+    the server refuses comes back as its reason, for the harness to record that episode as failed."""
+    from evalrun.engines import QueueingEngine
+
+    def script(body: dict[str, Any], n: int) -> tuple[int, dict[str, str], bytes]:
+        if body["prompt"] == "too long":
+            return 400, {}, json.dumps({"error": {"message": "prompt too long"}}).encode()
+        return 200, {}, completion(text=body["prompt"])
+
+    engine = _engine(stub(script).url)
+    assert isinstance(engine, QueueingEngine) and engine.queue_depth == 128
+    first = engine.submit([_request(), GenerationRequest("too long", _request().sampling, "f", 0)])
+    second = engine.submit([GenerationRequest("next", _request().sampling, "g", 0)])
+    done = engine.collect(first)
+    assert done[0].text == "Q: 3+83\nA:" and done[1] == "the server refused the request: HTTP 400: prompt too long"
+    assert engine.collect(second)[0].text == "next"
+    engine.close()

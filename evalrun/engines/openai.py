@@ -22,11 +22,13 @@ the pinned model directory itself (:mod:`evalrun.engines.server`) and stops it w
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import logging
 import os
 import random
-from collections.abc import Awaitable, Sequence
+import threading
+from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -169,8 +171,14 @@ class OpenAIEngine:
         self.base_url = base_url
         self.identity = probe(base_url, self.model, self._api_key)
         self._tokenizer: Any = None
+        # the requests' event loop runs in a thread of its own, so that submitted requests go on while the
+        # harness records a batch (QueueingEngine): the server's queue never drains between batches
         self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="evalrun-openai", daemon=True)
+        self._thread.start()
         self._client: Any = None
+        self._pending: dict[str, concurrent.futures.Future[Completion]] = {}
+        self._next_id = 0
         self._description = {
             "name": "openai",
             "version": self.identity.version or "unknown",
@@ -191,11 +199,14 @@ class OpenAIEngine:
 
     def close(self) -> None:
         """Close the connections and stop a server this engine started."""
+        self.cancel()
         client, self._client = self._client, None
-        if client is not None and not self._loop.is_closed() and not self._loop.is_running():
-            self._loop.run_until_complete(client.aclose())
-        if not self._loop.is_running() and not self._loop.is_closed():
-            self._loop.close()
+        if client is not None and self._loop.is_running():
+            with contextlib.suppress(Exception):
+                asyncio.run_coroutine_threadsafe(client.aclose(), self._loop).result(timeout=10)
+        if self._loop.is_running():
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=10)
         if self._server is not None:
             self._server.stop()
             self._server = None
@@ -209,7 +220,47 @@ class OpenAIEngine:
     # --- requests ---
 
     def generate(self, requests: list[GenerationRequest]) -> list[Completion]:
-        return self._run([self._completion(r) for r in requests])
+        """Completions in request order; :class:`RequestRejected` when the server refused one (once the others
+        are done: the harness splits the batch to find it)."""
+        self.cancel()
+        outcomes = self.collect(self.submit(requests))
+        for outcome in outcomes:
+            if isinstance(outcome, str):
+                raise RequestRejected(outcome)
+        return outcomes  # type: ignore[return-value]
+
+    # --- QueueingEngine: requests in flight across batches ---
+
+    @property
+    def queue_depth(self) -> int:
+        """Requests to keep submitted: twice the concurrency, so the server always has the next ones."""
+        return 2 * self._limit.ceiling
+
+    def submit(self, requests: list[GenerationRequest]) -> list[str]:
+        ids = []
+        for r in requests:
+            self._next_id += 1
+            ids.append(str(self._next_id))
+            self._pending[ids[-1]] = asyncio.run_coroutine_threadsafe(self._completion(r), self._loop)
+        return ids
+
+    def collect(self, ids: list[str]) -> list[Completion]:
+        """The completions of submitted requests in ``ids`` order; a request the server refused (4xx) is its
+        refusal's reason in its place (the harness records that episode as failed); a server that stays down
+        raises :class:`ServerDown`."""
+        outcomes: list[Any] = []
+        for i in ids:
+            future = self._pending.pop(i)
+            try:
+                outcomes.append(future.result())
+            except RequestRejected as exc:
+                outcomes.append(str(exc))
+        return outcomes
+
+    def cancel(self) -> None:
+        for future in self._pending.values():
+            future.cancel()
+        self._pending.clear()
 
     def loglikelihood(self, requests: list[LoglikelihoodRequest]) -> list[Loglikelihood]:
         if not requests:
@@ -220,16 +271,16 @@ class OpenAIEngine:
             self._tokenizer = AutoTokenizer.from_pretrained(str(self._model_path))
         return self._run([self._loglikelihood(r) for r in requests])
 
-    def _run(self, calls: Sequence[Awaitable[Any]]) -> list[Any]:
-        """Every call, concurrently within the limit; results in call order. A refused request raises
-        :class:`RequestRejected` once the others are done (the harness splits the batch to find it)."""
+    def _run(self, calls: Sequence[Coroutine[Any, Any, Any]]) -> list[Any]:
+        """Every call, concurrently within the limit, on the engine's loop; results in call order. A refused
+        request raises :class:`RequestRejected` once the others are done."""
         if not calls:
             return []
 
         async def gather() -> list[Any]:
             return await asyncio.gather(*calls, return_exceptions=True)
 
-        outcomes = self._loop.run_until_complete(gather())
+        outcomes = asyncio.run_coroutine_threadsafe(gather(), self._loop).result()
         for outcome in outcomes:
             if isinstance(outcome, BaseException):
                 raise outcome

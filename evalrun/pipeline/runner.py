@@ -141,8 +141,6 @@ def check_before_engine(config: EvalConfig) -> None:
     install record and container image the manifest will record (a BadInput names the field)."""
     check_destination(config)
     install_provenance()
-    # e.g. the server of a served model answers and serves it (engines.CheckedEngine)
-    preflight(config.engine.name, _directory(config.model), config.engine.as_record())
 
 
 @contextlib.contextmanager
@@ -161,7 +159,11 @@ def _resumable(run: layout.RunDir) -> Iterator[None]:
 
 
 def open_for(prepared: Prepared) -> Dispatcher:
-    return open_dispatcher(prepared.worker_spec, prepared.config.cluster)
+    """The dispatcher (its workers, their engines) of a prepared run, once the engine's own checks pass (e.g. the
+    server of a served model answers and serves it: engines.CheckedEngine; a BadInput names the setting)."""
+    config = prepared.config
+    preflight(config.engine.name, prepared.model.path, config.engine.as_record())
+    return open_dispatcher(prepared.worker_spec, config.cluster)
 
 
 def _batches(episodes: Iterable[Any], size: int) -> Iterator[list[Any]]:
