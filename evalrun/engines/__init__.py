@@ -9,7 +9,7 @@ modules are imported on first use: checking or listing engine names imports neit
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, TypeVar, runtime_checkable
@@ -119,6 +119,17 @@ def loglikelihood_tokens(tokenizer: Any, request: LoglikelihoodRequest) -> tuple
         return whole_ids, len(whole_ids) - len(ctx_ids)
     cont_ids = [int(t) for t in tokenizer.encode(request.continuation, add_special_tokens=False)]
     return ctx_ids + cont_ids, len(cont_ids)
+
+
+def continuation_logprob(request: LoglikelihoodRequest, steps: Iterable[tuple[float, float]]) -> tuple[float, bool]:
+    """The continuation's summed logprob and whether every token of it was the model's argmax, from each of its
+    positions' (chosen token's logprob, best logprob there): what every engine that reads prompt logprobs
+    (vLLM's, offline or served) computes alike."""
+    total, greedy = 0.0, True
+    for chosen, best in steps:
+        total += checked_logprob(chosen, request)
+        greedy = greedy and chosen >= best
+    return checked_logprob(total, request), greedy
 
 
 def check_fits(prompt_tokens: int, context: int | None) -> None:

@@ -40,7 +40,7 @@ from evalrun.engines import (
     Loglikelihood,
     LoglikelihoodRequest,
     RequestRejected,
-    checked_logprob,
+    continuation_logprob,
     engine,
     loglikelihood_tokens,
 )
@@ -150,7 +150,6 @@ class ServerDown(EngineDown):
 @engine("openai")
 class OpenAIEngine:
     def __init__(self, model_path: Path, model_dtype: str, settings: dict[str, Any]) -> None:
-        self._settings = settings
         self._model_path = model_path
         self._server: VLLMServer | None = None
         self.model = settings.get("served_model") or model_path.name
@@ -182,7 +181,7 @@ class OpenAIEngine:
         self._description = {
             "name": "openai",
             "version": self.identity.version or "unknown",
-            "settings": {k: v for k, v in settings.items() if k != "api_key"},
+            "settings": settings,  # the key's variable name at most, never the key
             "server": self.identity.as_record(),
         }
 
@@ -363,14 +362,12 @@ class OpenAIEngine:
         if not isinstance(positions, list) or len(positions) != len(ids):
             raise RequestRejected(f"{self.base_url} gave no prompt logprobs (vLLM's prompt_logprobs) for a "
                                   "loglikelihood request")  # fmt: skip
-        total, greedy = 0.0, True
-        for pos in range(len(ids) - n, len(ids)):
-            position = positions[pos]
-            logprob = float(position[str(ids[pos])]["logprob"])
-            total += checked_logprob(logprob, request)
-            greedy = greedy and all(logprob >= float(v["logprob"]) for v in position.values())
-        return Loglikelihood(logprob=checked_logprob(total, request), token_ids=tuple(ids[-n:]), greedy=greedy,
-                             prompt_tokens=len(ids), server=_server_of(answer))  # fmt: skip
+        steps = ((float(positions[pos][str(ids[pos])]["logprob"]),
+                  max(float(v["logprob"]) for v in positions[pos].values()))
+                 for pos in range(len(ids) - n, len(ids)))  # fmt: skip
+        total, greedy = continuation_logprob(request, steps)
+        return Loglikelihood(logprob=total, token_ids=tuple(ids[-n:]), greedy=greedy, prompt_tokens=len(ids),
+                             server=_server_of(answer))  # fmt: skip
 
 
 def _server_of(answer: dict[str, Any]) -> dict[str, str]:

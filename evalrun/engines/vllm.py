@@ -26,7 +26,7 @@ from evalrun.engines import (
     Loglikelihood,
     LoglikelihoodRequest,
     RequestRejected,
-    checked_logprob,
+    continuation_logprob,
     engine,
     loglikelihood_tokens,
     logs,
@@ -248,14 +248,12 @@ class VLLMEngine:
                 ids, n = encoded[i]
                 if list(out.prompt_token_ids or ()) != ids:
                     raise RuntimeError("vLLM returned the scores of another token sequence")
-                total, greedy = 0.0, True
-                for pos in range(len(ids) - n, len(ids)):
-                    position = out.prompt_logprobs[pos]
-                    logprob = float(position[ids[pos]].logprob)
-                    total += checked_logprob(logprob, requests[i])
-                    greedy = greedy and logprob >= max(float(lp.logprob) for lp in position.values())
+                steps = ((float(out.prompt_logprobs[pos][ids[pos]].logprob),
+                          max(float(lp.logprob) for lp in out.prompt_logprobs[pos].values()))
+                         for pos in range(len(ids) - n, len(ids)))  # fmt: skip
+                total, greedy = continuation_logprob(requests[i], steps)
                 results[i] = Loglikelihood(
-                    logprob=checked_logprob(total, requests[i]),
+                    logprob=total,
                     token_ids=tuple(ids[len(ids) - n :]),
                     greedy=greedy,
                     prompt_tokens=len(ids),
