@@ -64,7 +64,8 @@ def test_the_hermes_parser_reads_calls_and_names_what_it_cannot(native: NativeTo
 def test_native_messages_give_every_call_an_id_and_every_result_a_tool_message(native: NativeToolFormat) -> None:
     specs = InvoiceDesk().tools()
     assert template_takes_tools(HERMES) and not template_takes_tools(ModelChat.of_directory(AGENT_MODEL).template)
-    prompt = native.prompt(HERMES_CHAT, specs, "Find the duplicates.", [])
+    prompt, chat = native.prompt(HERMES_CHAT, specs, "Find the duplicates.", [])
+    assert chat is not None and chat.tools == tuple(tool_schemas(specs)) and chat.messages[-1]["role"] == "user"
     schemas = tool_schemas(specs)
     assert prompt.startswith("<|im_start|>system\n<tools>\n") and all(s["function"]["name"] in prompt for s in schemas)
     assert prompt.endswith("<|im_start|>user\nFind the duplicates.<|im_end|>\n<|im_start|>assistant\n")

@@ -127,6 +127,17 @@ def _token_text(value: Any) -> str | None:
 
 
 @dataclass(frozen=True)
+class ChatPrompt:
+    """What a chat-formatted prompt was rendered from: the messages, the tools (JSON Schema; None: none) and the
+    template's extra variables. A chat endpoint (``engine.api=chat``) is sent these and renders them itself; the
+    prompt evalrun rendered stays the record, and the server's own rendering must equal it."""
+
+    messages: tuple[Message, ...]
+    tools: tuple[Mapping[str, Any], ...] | None = None
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class ChatFormat:
     """How a run turns messages into prompts: a chat template (the model's or a file's), the special
     tokens it reads and the task's extra template variables."""
@@ -148,6 +159,10 @@ class ChatFormat:
         except Exception as exc:  # jinja2 errors and the template's own raise_exception
             raise BadInput(f"chat template ({self.origin})", f"cannot render the messages: {exc}") from exc
         return str(rendered[0])
+
+    def conversation(self, messages: Sequence[Message], tools: Sequence[Mapping[str, Any]] | None = None) -> ChatPrompt:
+        """What :meth:`render` renders, for an engine that takes the chat itself."""
+        return ChatPrompt(tuple(messages), tuple(tools) if tools is not None else None, dict(self.kwargs))
 
     @property
     def customised(self) -> bool:

@@ -3,10 +3,10 @@
 Hydra's ConfigStore and OmegaConf's merging need mutable dataclasses with types OmegaConf knows
 (lists, dicts, no ``Literal``), so each frozen section of :mod:`evalrun.config.settings` gets a
 mutable twin generated from it: the same fields, defaults and scalar types, a tuple as a list, a
-literal as its value type, a setting that may be ``auto`` (``seeds.master``) as ``Any``, checked
-by validation. ``conf/config.yaml`` lists ``evalrun_schema`` first in its defaults, so
-every group file and command-line override is merged into typed nodes: an unknown key or a value
-of the wrong type fails at composition.
+literal as its value type, a union of several types (a URL or a list of them) and a setting that may be
+``auto`` (``seeds.master``) as ``Any``, checked by validation. ``conf/config.yaml`` lists
+``evalrun_schema`` first in its defaults, so every group file and command-line override is merged
+into typed nodes: an unknown key or a value of the wrong type fails at composition.
 """
 
 from __future__ import annotations
@@ -29,8 +29,10 @@ SCHEMA_NAME = "evalrun_schema"
 def _omegaconf_type(tp: Any) -> Any:
     origin, args = get_origin(tp), get_args(tp)
     if origin in (Union, types.UnionType):
-        (inner,) = [a for a in args if a is not type(None)]
-        return Optional[_omegaconf_type(inner)]  # noqa: UP045 (OmegaConf reads typing.Optional)
+        inner = [a for a in args if a is not type(None)]
+        if len(inner) > 1:  # ``A | B | None`` (a URL or a list of them): OmegaConf has no unions; validation types it
+            return Any
+        return Optional[_omegaconf_type(inner[0])]  # noqa: UP045 (OmegaConf reads typing.Optional)
     if isinstance(tp, type) and issubclass(tp, Section):
         return mutable_schema(tp)
     if origin is Literal:

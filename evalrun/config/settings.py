@@ -73,6 +73,15 @@ def _optional_inner(tp: Any) -> Any | None:
     return None
 
 
+def _alternatives(tp: Any) -> list[Any]:
+    """The types of ``A | B | None`` with two or more alternatives besides None; empty for any other type."""
+    if get_origin(tp) in (Union, types.UnionType):
+        inner = [a for a in get_args(tp) if a is not type(None)]
+        if len(inner) > 1:
+            return inner
+    return []
+
+
 _SCALARS: dict[type, tuple[str, tuple[type, ...]]] = {
     bool: ("true or false", (bool,)),
     int: ("an integer", (int,)),
@@ -84,6 +93,16 @@ _SCALARS: dict[type, tuple[str, tuple[type, ...]]] = {
 def _typed(tp: Any, value: Any, where: str) -> Any:
     """``value`` as type ``tp``: sections built, lists made tuples, literals and scalar types checked.
     Scalars are kept as given (an integer stays an integer), so the record comes back unchanged."""
+    alternatives = _alternatives(tp)
+    if alternatives:  # ``A | B | None``: the first alternative the value is (a URL or a list of them)
+        if value is None:
+            return None
+        for alternative in alternatives[:-1]:
+            try:
+                return _typed(alternative, value, where)
+            except BadInput:
+                continue
+        return _typed(alternatives[-1], value, where)
     inner = _optional_inner(tp)
     if inner is not None:
         if value is None:
@@ -199,13 +218,17 @@ class EngineConfig(Section):
     seed: int = 0
     device: str | None = None  # engine=hf only: cpu | cuda | cuda:N (None: cuda where available, else cpu)
     # engine=openai only (evalrun/engines/openai.py), each left out of the record while null:
-    base_url: str | None = field(default=None, metadata=LEFT_OUT_WHEN_NULL)  # http://HOST:PORT/v1
+    # http://HOST:PORT/v1, or a list of servers of the same model (each request to the least loaded)
+    base_url: str | tuple[str, ...] | None = field(default=None, metadata=LEFT_OUT_WHEN_NULL)
     served_model: str | None = field(default=None, metadata=LEFT_OUT_WHEN_NULL)  # the server's name of the model
     api_key_env: str | None = field(default=None, metadata=LEFT_OUT_WHEN_NULL)  # the variable holding the key
     serve: bool | None = field(default=None, metadata=LEFT_OUT_WHEN_NULL)  # true: start a vLLM server of the model
     max_concurrency: int | None = field(default=None, metadata=LEFT_OUT_WHEN_NULL)  # requests in flight (64)
     timeout_s: float | None = field(default=None, metadata=LEFT_OUT_WHEN_NULL)  # per request (300)
     max_retries: int | None = field(default=None, metadata=LEFT_OUT_WHEN_NULL)  # per request (5)
+    # completions (evalrun's rendered prompt, as text) or chat (the messages it was rendered from, which the server
+    # renders with its template and must render alike); null: completions
+    api: Literal["completions", "chat"] | None = field(default=None, metadata=LEFT_OUT_WHEN_NULL)
 
     def check(self) -> None:
         for key in ("max_num_seqs", "tensor_parallel_size", "cpu_kvcache_gib"):
@@ -217,7 +240,8 @@ class EngineConfig(Section):
             raise _fail("engine.device", "null, or cpu | cuda | cuda:N with engine=hf", self.device)
         if not 0 < self.gpu_memory_utilization <= 1:
             raise _fail("engine.gpu_memory_utilization", "a number in (0, 1]", self.gpu_memory_utilization)
-        served = ("base_url", "served_model", "api_key_env", "serve", "max_concurrency", "timeout_s", "max_retries")
+        served = ("base_url", "served_model", "api_key_env", "serve", "max_concurrency", "timeout_s", "max_retries",
+                  "api")  # fmt: skip
         given = [key for key in served if getattr(self, key) is not None]
         if given and self.name != "openai":
             raise BadInput(f"engine.{given[0]}", f"a setting of engine=openai, and the engine is {self.name}")
@@ -229,6 +253,15 @@ class EngineConfig(Section):
             if value is not None and value < (1 if key == "max_concurrency" else 0):
                 raise _fail(f"engine.{key}", "an integer >= 1" if key == "max_concurrency" else "an integer >= 0",
                             value)  # fmt: skip
+        urls = (self.base_url,) if isinstance(self.base_url, str) else self.base_url or ()
+        for i, url in enumerate(urls):
+            if not re.fullmatch(r"https?://[^/\s]+(/\S*)?", url):
+                raise _fail("engine.base_url" + (f".{i}" if not isinstance(self.base_url, str) else ""),
+                            "a server's URL, http://HOST:PORT/v1", url)  # fmt: skip
+        if self.base_url is not None and not urls:
+            raise _fail("engine.base_url", "a server's URL or a list of them", [])
+        if self.serve and self.base_url is not None:
+            raise BadInput("engine.base_url", "engine.serve=true starts its own server: give one or the other")
         if self.timeout_s is not None and not self.timeout_s > 0:
             raise _fail("engine.timeout_s", "a number of seconds > 0", self.timeout_s)
 

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
+from evalrun.chat import ChatPrompt
 from evalrun.config.registry import Registry
 
 
@@ -52,6 +53,9 @@ class GenerationRequest:
     # prompt a chat template rendered, which writes them itself (vLLM's chat endpoint tokenizes it so too):
     # a Llama 3 prompt would otherwise start with two BOS tokens.
     add_special_tokens: bool = True
+    # The chat ``prompt`` was rendered from (None: a text prompt): an engine that takes chats (engine=openai
+    # engine.api=chat) sends it and checks that the server rendered ``prompt``; the others read ``prompt``.
+    chat: ChatPrompt | None = None
 
 
 @dataclass(frozen=True)
@@ -217,6 +221,46 @@ class CheckedEngine(Protocol):
 
     @classmethod
     def preflight(cls, model_path: Path, settings: dict[str, Any]) -> None: ...
+
+
+@dataclass(frozen=True)
+class ServedReport:
+    """What a served engine met since it was last asked (:class:`ServedEngine`): provenance, never hashed.
+
+    ``answered_by``: every (base URL, model, system_fingerprint) its responses named, which the driver checks
+    against the run's servers (drift, docs/design.md "Worker provenance"); ``faults``: the failed tries by kind
+    (``http_STATUS`` for 408, 409, 425, 429 and 5xx, ``timeout``, ``connection``, ``malformed``), each retried
+    or, at the last try, the reason its request failed; ``retries``: requests sent again; ``limit_changes``: the
+    adaptive concurrency limit's cuts. Counted per engine since its last report: a dispatcher reused after a
+    stopped run reports that run's last faults with the next run's first batch."""
+
+    answered_by: frozenset[tuple[str, str, str]] = frozenset()
+    faults: Mapping[str, int] = field(default_factory=dict)
+    retries: int = 0
+    limit_changes: int = 0
+
+    def __add__(self, other: ServedReport) -> ServedReport:
+        faults = dict(self.faults)
+        for kind, n in other.faults.items():
+            faults[kind] = faults.get(kind, 0) + n
+        return ServedReport(self.answered_by | other.answered_by, dict(sorted(faults.items())),
+                            self.retries + other.retries, self.limit_changes + other.limit_changes)  # fmt: skip
+
+    def __bool__(self) -> bool:
+        return bool(self.answered_by or self.faults or self.retries or self.limit_changes)
+
+    def as_record(self) -> dict[str, Any]:
+        """record.json's ``dispatch.served``: the counts (the servers are the manifest's)."""
+        return {"faults": dict(self.faults), "retries": self.retries, "limit_changes": self.limit_changes}
+
+
+@runtime_checkable
+class ServedEngine(Protocol):
+    """An engine whose model runs behind a server: it says what it met of its servers."""
+
+    def take_report(self) -> ServedReport:
+        """What was met since the last call (the counts start again from zero)."""
+        ...
 
 
 # model directory, model dtype, the engine settings (``engine`` config section as a record)

@@ -24,11 +24,13 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import json
 import logging
 import os
 import random
 import threading
-from collections.abc import Coroutine, Sequence
+from collections import Counter
+from collections.abc import Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,6 +42,7 @@ from evalrun.engines import (
     Loglikelihood,
     LoglikelihoodRequest,
     RequestRejected,
+    ServedReport,
     continuation_logprob,
     engine,
     loglikelihood_tokens,
@@ -64,24 +67,38 @@ def signed_seed(seed: int) -> int:
     return seed - 2**64 if seed >= _INT64 else seed
 
 
+PROBE_PROMPT = "evalrun probe"  # the one-token completion every server is asked for before a run
+
+
 @dataclass(frozen=True)
 class ServerIdentity:
-    """What a server says about itself (``GET /v1/models`` and ``GET /version``), recorded in the manifest."""
+    """What a server says about itself (``GET /v1/models``, ``GET /version`` and a one-token completion's
+    ``model`` and ``system_fingerprint``), recorded in the manifest; a response naming another model or
+    fingerprint is drift (docs/design.md "Worker provenance")."""
 
     base_url: str
     model: str
     root: str | None
     max_model_len: int | None
     version: str | None
+    system_fingerprint: str | None = None
 
     def as_record(self) -> dict[str, Any]:
         return {"base_url": self.base_url, "model": self.model, "root": self.root,
-                "max_model_len": self.max_model_len, "version": self.version}  # fmt: skip
+                "max_model_len": self.max_model_len, "version": self.version,
+                "system_fingerprint": self.system_fingerprint}  # fmt: skip
 
 
-def probe(base_url: str, model: str, api_key: str | None, timeout_s: float = 10.0) -> ServerIdentity:
-    """The server at ``base_url`` serves ``model``: its identity, or a BadInput naming the field that is wrong
-    (nothing listens there, it is not an OpenAI-compatible server, or it serves other models)."""
+def base_urls(settings: dict[str, Any]) -> list[str]:
+    """``engine.base_url`` as a list of URLs without a trailing slash (one, or several servers of the model)."""
+    given = settings.get("base_url")
+    return [str(u).rstrip("/") for u in ([given] if isinstance(given, str) else given or [])]
+
+
+def probe(base_url: str, model: str, api_key: str | None, timeout_s: float = 30.0) -> ServerIdentity:
+    """The server at ``base_url`` serves ``model`` and gives what evalrun records: its identity, or a BadInput
+    naming the field that is wrong (nothing listens there, it is not an OpenAI-compatible server, it serves other
+    models, or its completions carry no token ids)."""
     import httpx
 
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
@@ -105,40 +122,90 @@ def probe(base_url: str, model: str, api_key: str | None, timeout_s: float = 10.
             version = str(answer.json().get("version"))
     except (httpx.HTTPError, ValueError, AttributeError):
         pass
+    body = {"model": model, "prompt": PROBE_PROMPT, "max_tokens": 1, "temperature": 0.0, "logprobs": 0,
+            "return_token_ids": True}  # fmt: skip
+    try:
+        reply = httpx.post(f"{base_url}/completions", json=body, headers=headers, timeout=timeout_s)
+        completion = reply.json() if reply.status_code == 200 else None
+    except (httpx.HTTPError, ValueError) as exc:
+        raise BadInput("engine.base_url", f"{base_url}/completions: no completion ({type(exc).__name__}: "
+                                          f"{exc})") from exc  # fmt: skip
+    if not isinstance(completion, dict):
+        raise BadInput("engine.base_url", f"{base_url}/completions answered {reply.status_code}: "
+                                          f"{_error_message(reply)}")  # fmt: skip
+    choices = completion.get("choices") or [{}]
+    if not isinstance(choices[0], dict) or not isinstance(choices[0].get("token_ids"), list):
+        served_by = f"{version} " if version else ""
+        raise BadInput("engine.base_url", f"{base_url} (server {served_by}of {model!r}) gives no token ids with a "
+                                          "completion (vLLM's return_token_ids): evalrun records the tokens of "
+                                          "every reply, and reaches vLLM servers only for now")  # fmt: skip
     entry = listed[model]
     max_len = entry.get("max_model_len")
-    return ServerIdentity(base_url, model, entry.get("root"), max_len if isinstance(max_len, int) else None, version)
+    fingerprint = completion.get("system_fingerprint")
+    return ServerIdentity(base_url, str(completion.get("model") or model), entry.get("root"),
+                          max_len if isinstance(max_len, int) else None, version,
+                          None if fingerprint is None else str(fingerprint))  # fmt: skip
 
 
-class _Limit:
-    """The adaptive concurrency limit: at most ``ceiling`` requests in flight, halved when the server says it is
-    overloaded, grown back by one for each success."""
+@dataclass
+class _Server:
+    """One base URL of the engine: its client (made on the engine's loop), its identity and its adaptive
+    concurrency limit: at most ``ceiling`` requests in flight, halved when it says it is overloaded (429, 503),
+    grown back by one for each success."""
 
-    def __init__(self, ceiling: int) -> None:
-        self.ceiling = ceiling
-        self.limit = ceiling
-        self.in_flight = 0
+    identity: ServerIdentity
+    ceiling: int
+    limit: int = 0
+    in_flight: int = 0
+    sent: int = 0
+    client: Any = None
+
+    def __post_init__(self) -> None:
+        self.limit = self.ceiling
+
+    @property
+    def free(self) -> int:
+        return self.limit - self.in_flight
+
+
+class _Pool:
+    """The engine's servers: each request goes to the one with the most free room under its limit (the least
+    loaded; the one sent fewest requests among equals), waiting while every one is full."""
+
+    def __init__(self, servers: list[_Server]) -> None:
+        self.servers = servers
         self.changes = 0
-        self._free = asyncio.Condition()
+        self._free: asyncio.Condition | None = None  # made on the engine's loop
 
-    async def __aenter__(self) -> None:
+    @property
+    def ceiling(self) -> int:
+        return sum(s.ceiling for s in self.servers)
+
+    @contextlib.asynccontextmanager
+    async def one(self) -> Any:
+        if self._free is None:
+            self._free = asyncio.Condition()
         async with self._free:
-            await self._free.wait_for(lambda: self.in_flight < self.limit)
-            self.in_flight += 1
+            await self._free.wait_for(lambda: any(s.free > 0 for s in self.servers))
+            server = max(self.servers, key=lambda s: (s.free, -s.sent))
+            server.in_flight += 1
+            server.sent += 1
+        try:
+            yield server
+        finally:
+            async with self._free:
+                server.in_flight -= 1
+                self._free.notify_all()
 
-    async def __aexit__(self, *exc: object) -> None:
-        async with self._free:
-            self.in_flight -= 1
-            self._free.notify_all()
-
-    def slow_down(self) -> None:
-        if self.limit > 1:
-            self.limit = max(1, self.limit // 2)
+    def slow_down(self, server: _Server) -> None:
+        if server.limit > 1:
+            server.limit = max(1, server.limit // 2)
             self.changes += 1
 
-    async def speed_up(self) -> None:
-        if self.limit < self.ceiling:
-            self.limit += 1
+    async def speed_up(self, server: _Server) -> None:
+        if server.limit < server.ceiling:
+            server.limit += 1
+            assert self._free is not None
             async with self._free:
                 self._free.notify_all()
 
@@ -153,56 +220,73 @@ class OpenAIEngine:
         self._model_path = model_path
         self._server: VLLMServer | None = None
         self.model = settings.get("served_model") or model_path.name
-        self._api_key = os.environ.get(settings["api_key_env"]) if settings.get("api_key_env") else None
+        self._api_key = _api_key(settings)
         self._timeout = float(settings.get("timeout_s") or DEFAULT_TIMEOUT_S)
         self._retries = int(settings["max_retries"]) if settings.get("max_retries") is not None else DEFAULT_RETRIES
-        self._limit = _Limit(int(settings.get("max_concurrency") or DEFAULT_CONCURRENCY))
-        self.retried = 0  # requests sent again (provenance)
+        self._api = settings.get("api") or "completions"
         if settings.get("serve"):
             settings_for_server = {**settings, "dtype": settings.get("dtype") or model_dtype}
             self._server = VLLMServer.start(model_path, self.model, settings_for_server)
-            base_url = self._server.base_url
-        elif settings.get("base_url"):
-            base_url = str(settings["base_url"]).rstrip("/")
+            urls = [self._server.base_url]
         else:
+            urls = base_urls(settings)
+        if not urls:
             raise BadInput("engine.base_url", "engine=openai needs the server's URL (http://HOST:PORT/v1), or "
                                               "engine.serve=true to start a vLLM server of the model")  # fmt: skip
-        self.base_url = base_url
-        self.identity = probe(base_url, self.model, self._api_key)
+        identities = _same_servers([probe(url, self.model, self._api_key) for url in urls])
+        ceiling = int(settings.get("max_concurrency") or DEFAULT_CONCURRENCY)
+        self._pool = _Pool([_Server(identity, ceiling) for identity in identities])
+        self.identity = identities[0]
         self._tokenizer: Any = None
         # the requests' event loop runs in a thread of its own, so that submitted requests go on while the
         # harness records a batch (QueueingEngine): the server's queue never drains between batches
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="evalrun-openai", daemon=True)
         self._thread.start()
-        self._client: Any = None
         self._pending: dict[str, concurrent.futures.Future[Completion]] = {}
         self._next_id = 0
+        # what was met since take_report (ServedReport); written on the loop's thread, read on the worker's
+        self._met = threading.Lock()
+        self._answered: set[tuple[str, str, str]] = set()
+        self._faults: Counter[str] = Counter()
+        self.retried = 0  # requests sent again (provenance), since the engine started
+        self._reported = (0, 0)  # retried and limit changes at the last take_report
         self._description = {
             "name": "openai",
             "version": self.identity.version or "unknown",
             "settings": settings,  # the key's variable name at most, never the key
-            "server": self.identity.as_record(),
+            "servers": [i.as_record() for i in identities],
         }
 
     @classmethod
     def preflight(cls, model_path: Path, settings: dict[str, Any]) -> None:
-        """A server that evalrun does not start answers and serves the model (checked before any worker starts)."""
-        if settings.get("serve"):
-            return
-        key = os.environ.get(settings["api_key_env"]) if settings.get("api_key_env") else None
-        probe(str(settings["base_url"]).rstrip("/"), settings.get("served_model") or model_path.name, key)
+        """The servers evalrun does not start answer, serve the model and agree (checked before any worker starts)."""
+        if not settings.get("serve"):
+            name = settings.get("served_model") or model_path.name
+            _same_servers([probe(url, name, _api_key(settings)) for url in base_urls(settings)])
 
     def describe(self) -> dict[str, Any]:
         return self._description
 
+    def take_report(self) -> ServedReport:
+        """ServedEngine: the servers' answers, faults, retries and limit cuts since the last call."""
+        with self._met:
+            answered, faults = frozenset(self._answered), dict(sorted(self._faults.items()))
+            self._answered.clear()
+            self._faults.clear()
+            retried, changes = self.retried, self._pool.changes
+        report = ServedReport(answered, faults, retried - self._reported[0], changes - self._reported[1])
+        self._reported = (retried, changes)
+        return report
+
     def close(self) -> None:
         """Close the connections and stop a server this engine started."""
         self.cancel()
-        client, self._client = self._client, None
-        if client is not None and self._loop.is_running():
-            with contextlib.suppress(Exception):
-                asyncio.run_coroutine_threadsafe(client.aclose(), self._loop).result(timeout=10)
+        for server in self._pool.servers:
+            client, server.client = server.client, None
+            if client is not None and self._loop.is_running():
+                with contextlib.suppress(Exception):
+                    asyncio.run_coroutine_threadsafe(client.aclose(), self._loop).result(timeout=10)
         if self._loop.is_running():
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(timeout=10)
@@ -233,7 +317,7 @@ class OpenAIEngine:
     @property
     def queue_depth(self) -> int:
         """Requests to keep submitted: twice the concurrency, so the server always has the next ones."""
-        return 2 * self._limit.ceiling
+        return 2 * self._pool.ceiling
 
     def submit(self, requests: list[GenerationRequest]) -> list[str]:
         ids = []
@@ -286,71 +370,112 @@ class OpenAIEngine:
         return outcomes
 
     async def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        """POST with the limit, retries and backoff; the JSON answer, or RequestRejected/ServerDown."""
+        """POST to the least loaded server, with its limit, retries (to whichever server is then least loaded) and
+        backoff; the JSON answer, or RequestRejected/ServerDown."""
         import httpx
 
-        if self._client is None:
-            headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
-            self._client = httpx.AsyncClient(base_url=self.base_url, headers=headers, timeout=self._timeout,
-                                             limits=httpx.Limits(max_connections=self._limit.ceiling))  # fmt: skip
         last = ""
         for attempt in range(self._retries + 1):
             wait = min(30.0, 0.5 * 2**attempt) * (0.5 + random.random())
-            async with self._limit:
+            async with self._pool.one() as server:
+                url = server.identity.base_url
+                if server.client is None:
+                    headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
+                    server.client = httpx.AsyncClient(base_url=url, headers=headers, timeout=self._timeout,
+                                                      limits=httpx.Limits(max_connections=server.ceiling))  # fmt: skip
+                fault = None
                 try:
-                    response = await self._client.post(path, json=body)
-                except (httpx.TimeoutException, httpx.TransportError) as exc:
-                    last = f"{type(exc).__name__}: {exc}"
-                    response = None
+                    response = await server.client.post(path, json=body)
+                except httpx.TimeoutException as exc:
+                    fault, last, response = "timeout", f"{type(exc).__name__}: {exc}", None
+                except httpx.TransportError as exc:
+                    fault, last, response = "connection", f"{type(exc).__name__}: {exc}", None
             if response is not None:
                 if response.status_code == 200:
                     try:
                         answer = response.json()
                     except ValueError:
-                        last = "a 200 answer that is not JSON"
+                        fault, last = "malformed", "a 200 answer that is not JSON"
                     else:
-                        await self._limit.speed_up()
-                        return answer
+                        if isinstance(answer, dict):
+                            await self._pool.speed_up(server)
+                            self._answered_by(url, answer)
+                            return answer
+                        fault, last = "malformed", "a 200 answer that is not a JSON object"
                 elif response.status_code in _RETRY_STATUS:
-                    last = f"HTTP {response.status_code}: {response.text[:200]}"
+                    fault, last = f"http_{response.status_code}", f"HTTP {response.status_code}: {response.text[:200]}"
                     if response.status_code in _SLOW_DOWN:
-                        self._limit.slow_down()
+                        self._pool.slow_down(server)
                         wait = max(wait, _retry_after(response.headers.get("retry-after")))
                 else:  # the request's fault: not retried
                     raise RequestRejected(f"the server refused the request: HTTP {response.status_code}: "
                                           f"{_error_message(response)}")  # fmt: skip
+            with self._met:
+                self._faults[fault or "unknown"] += 1
+                if attempt < self._retries:
+                    self.retried += 1
             if attempt < self._retries:
-                self.retried += 1
-                log.warning("request to %s%s failed (%s); retry %d of %d in %.1f s", self.base_url, path, last,
-                            attempt + 1, self._retries, wait)  # fmt: skip
+                log.warning("request to %s%s failed (%s); retry %d of %d in %.1f s", url, path, last, attempt + 1,
+                            self._retries, wait)  # fmt: skip
                 await asyncio.sleep(wait)
-        raise ServerDown(f"{self.base_url}{path}: no answer after {self._retries + 1} tries ({last})")
+        raise ServerDown(f"{url}{path}: no answer after {self._retries + 1} tries ({last})")
+
+    def _answered_by(self, url: str, answer: dict[str, Any]) -> None:
+        server = _server_of(answer)
+        with self._met:
+            self._answered.add((url, server["model"], server["system_fingerprint"]))
 
     async def _completion(self, request: GenerationRequest) -> Completion:
         s = request.sampling
         body: dict[str, Any] = {
-            "model": self.model, "prompt": request.prompt, "max_tokens": s.max_tokens, "temperature": s.temperature,
-            "top_p": s.top_p, "seed": signed_seed(s.seed), "stop": list(s.stop), "return_token_ids": True,
+            "model": self.model, "max_tokens": s.max_tokens, "temperature": s.temperature, "top_p": s.top_p,
+            "seed": signed_seed(s.seed), "stop": list(s.stop), "return_token_ids": True,
             "add_special_tokens": request.add_special_tokens,
         }  # fmt: skip
         if s.top_k > 0:
             body["top_k"] = s.top_k
+        if self._api == "chat":
+            return await self._chat_completion(request, body)
+        body["prompt"] = request.prompt
         if s.logprobs:
             body["logprobs"] = 0  # the chosen tokens' only
         answer = await self._post("/completions", body)
         choice = answer["choices"][0]
-        token_ids = choice.get("token_ids")
-        if token_ids is None:
-            raise RequestRejected(f"{self.base_url} gave no token ids (return_token_ids): not a vLLM server")
-        logprobs: tuple[float | None, ...] = ()
-        if s.logprobs:
-            values = (choice.get("logprobs") or {}).get("token_logprobs") or []
-            logprobs = tuple(None if v is None or v <= -9999.0 else float(v) for v in values)
-        return Completion(
-            text=choice["text"], token_ids=tuple(int(t) for t in token_ids), logprobs=logprobs,
-            finish_reason=str(choice.get("finish_reason")), prompt_tokens=int(answer["usage"]["prompt_tokens"]),
-            server=_server_of(answer),
-        )  # fmt: skip
+        values = (choice.get("logprobs") or {}).get("token_logprobs") or [] if s.logprobs else None
+        return _completion_of(answer, choice["text"], choice, values)
+
+    async def _chat_completion(self, request: GenerationRequest, body: dict[str, Any]) -> Completion:
+        """``engine.api=chat``: the chat the prompt was rendered from, to the chat endpoint, which renders it with
+        the model's template as the server has it; the server's rendering must be evalrun's prompt (the
+        record), or the request is refused. Tools go with ``tool_choice: none``: the template shows them and the
+        reply comes back as text, for the agent's own tool parser (the one the run records)."""
+        chat = request.chat
+        if chat is None:
+            raise RequestRejected("engine.api=chat sends chat messages, and this prompt is plain text (the model "
+                                  "has no chat template, or the task asks for plain prompts)")  # fmt: skip
+        body.update(messages=api_messages(chat.messages), return_prompt_text=True)
+        if chat.kwargs:
+            body["chat_template_kwargs"] = dict(chat.kwargs)
+        if chat.tools is not None:
+            body.update(tools=list(chat.tools), tool_choice="none")
+        if request.sampling.logprobs:
+            body.update(logprobs=True, top_logprobs=0)
+        answer = await self._post("/chat/completions", body)
+        rendered = answer.get("prompt_text")
+        if rendered != request.prompt:
+            raise RequestRejected(f"the server rendered the chat otherwise than evalrun's chat template "
+                                  f"({_first_difference(request.prompt, rendered)}): start it with the template the "
+                                  "run records, or use engine.api=completions")  # fmt: skip
+        choice = answer["choices"][0]
+        message = choice.get("message") or {}
+        if message.get("reasoning_content") or message.get("reasoning") or message.get("tool_calls"):
+            raise RequestRejected("the server split the reply (a --reasoning-parser or tool parser of its own): "
+                                  "evalrun takes replies whole and splits them itself (task.reasoning_parser, "
+                                  "task.world.tool_format)")  # fmt: skip
+        values = None
+        if request.sampling.logprobs:
+            values = [step.get("logprob") for step in (choice.get("logprobs") or {}).get("content") or []]
+        return _completion_of(answer, message.get("content") or "", choice, values)
 
     async def _loglikelihood(self, request: LoglikelihoodRequest) -> Loglikelihood:
         ids, n = loglikelihood_tokens(self._tokenizer, request)
@@ -360,14 +485,55 @@ class OpenAIEngine:
         answer = await self._post("/completions", body)
         positions = answer["choices"][0].get("prompt_logprobs")
         if not isinstance(positions, list) or len(positions) != len(ids):
-            raise RequestRejected(f"{self.base_url} gave no prompt logprobs (vLLM's prompt_logprobs) for a "
-                                  "loglikelihood request")  # fmt: skip
+            raise RequestRejected("the server gave no prompt logprobs (vLLM's prompt_logprobs) for a loglikelihood "
+                                  "request")  # fmt: skip
         steps = ((float(positions[pos][str(ids[pos])]["logprob"]),
                   max(float(v["logprob"]) for v in positions[pos].values()))
                  for pos in range(len(ids) - n, len(ids)))  # fmt: skip
         total, greedy = continuation_logprob(request, steps)
         return Loglikelihood(logprob=total, token_ids=tuple(ids[-n:]), greedy=greedy, prompt_tokens=len(ids),
                              server=_server_of(answer))  # fmt: skip
+
+
+def _completion_of(answer: dict[str, Any], text: str, choice: dict[str, Any], logprobs: list[Any] | None) -> Completion:
+    """A completion from a server's answer: its text, the token ids (vLLM's return_token_ids), the chosen tokens'
+    logprobs when asked for (None: not asked; vLLM writes -9999.0 for minus infinity) and what the server said
+    of itself."""
+    token_ids = choice.get("token_ids")
+    if token_ids is None:
+        raise RequestRejected("the server gave no token ids (vLLM's return_token_ids)")
+    values = () if logprobs is None else tuple(None if v is None or v <= -9999.0 else float(v) for v in logprobs)
+    return Completion(
+        text=text, token_ids=tuple(int(t) for t in token_ids), logprobs=values,
+        finish_reason=str(choice.get("finish_reason")), prompt_tokens=int(answer["usage"]["prompt_tokens"]),
+        server=_server_of(answer),
+    )  # fmt: skip
+
+
+def api_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Chat messages as the chat API takes them: a tool call's arguments as JSON text (chat templates are given
+    them as objects, and the server parses the text back into the same object before its template runs)."""
+    sent = []
+    for message in messages:
+        calls = message.get("tool_calls")
+        if calls:
+            calls = [{**c, "function": {**c["function"], "arguments": _json_text(c["function"].get("arguments"))}}
+                     for c in calls]  # fmt: skip
+            message = {**message, "tool_calls": calls}
+        sent.append(dict(message))
+    return sent
+
+
+def _json_text(arguments: Any) -> str:
+    return arguments if isinstance(arguments, str) else json.dumps(arguments if arguments is not None else {})
+
+
+def _first_difference(expected: str, found: Any) -> str:
+    if not isinstance(found, str):
+        return "it did not say how (no prompt_text: vLLM's return_prompt_text)"
+    shorter = min(len(expected), len(found))
+    at = next((i for i, (a, b) in enumerate(zip(expected, found, strict=False)) if a != b), shorter)
+    return f"from character {at}: {found[at : at + 40]!r} where evalrun's has {expected[at : at + 40]!r}"
 
 
 def _server_of(answer: dict[str, Any]) -> dict[str, str]:
@@ -387,3 +553,19 @@ def _error_message(response: Any) -> str:
         return str(response.json()["error"]["message"])[:300]
     except (ValueError, KeyError, TypeError):
         return response.text[:300]
+
+
+def _api_key(settings: dict[str, Any]) -> str | None:
+    return os.environ.get(settings["api_key_env"]) if settings.get("api_key_env") else None
+
+
+def _same_servers(identities: list[ServerIdentity]) -> list[ServerIdentity]:
+    """Several servers of one run serve the same thing: the same model, fingerprint and version, or a BadInput."""
+    first = identities[0]
+    for other in identities[1:]:
+        for name in ("model", "system_fingerprint", "version", "max_model_len"):
+            if getattr(other, name) != getattr(first, name):
+                raise BadInput("engine.base_url", f"{other.base_url} differs from {first.base_url} in {name}: "
+                                                  f"{getattr(other, name)!r} instead of {getattr(first, name)!r} "
+                                                  "(a run's servers must serve the same model alike)")  # fmt: skip
+    return identities

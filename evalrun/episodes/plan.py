@@ -14,7 +14,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, overload
 
-from evalrun.chat import ChatFormat
+from evalrun.chat import ChatFormat, ChatPrompt
 from evalrun.chat.reasoning import ReasoningParser
 from evalrun.config import DecodingConfig, SeedsConfig
 from evalrun.engines import SamplingSpec
@@ -58,6 +58,9 @@ class Episode:
     reasoning: ReasoningParser | None = None  # splits the reply into thinking and answer; shared by a run's episodes
     add_special_tokens: bool = True  # False: a chat-formatted prompt (its template writes the BOS): GenerationRequest
     judge_chat: ChatFormat | None = None  # the judges' prompts as chat messages through this template; None: plain
+    # the chat the prompt was rendered from (None: a plain prompt), for an engine that takes chats
+    # (GenerationRequest.chat); not part of the episode's identity: the prompt is
+    chat: ChatPrompt | None = None
     # Why the episode fails without an engine call (a prompt longer than the model's context, found
     # before dispatch: task.on_overlong=fail_episode); not part of the episode's identity.
     rejection: str | None = None
@@ -107,6 +110,7 @@ class PlannedItem:
     shuffle_order: tuple[int, ...]
     judge_orders: tuple[tuple[str, str, tuple[int, ...]], ...]  # (criterion, judge, shown order)
     rejection: str | None = None  # see Episode.rejection
+    chat: ChatPrompt | None = None  # see Episode.chat
 
 
 class Plan(Sequence[Episode]):
@@ -204,6 +208,7 @@ class Plan(Sequence[Episode]):
             add_special_tokens=self.add_special_tokens,
             judge_chat=self._judge_chat,
             rejection=planned.rejection,
+            chat=planned.chat,
         )
 
 
@@ -254,13 +259,13 @@ def build_plan(task: Task, decoding: DecodingConfig, seeds: SeedsConfig) -> Plan
             order = shuffle_order(len(options), master, task.name, item.id)
         shown = tuple(options[i] for i in order)
         examples = [pool.examples[i] for i in fewshot] if pool is not None else []
-        prompt = render_prompt(task.pack, item.id, prompt_variables(item, examples, shown), task.chat)
+        prompt, chat = render_prompt(task.pack, item.id, prompt_variables(item, examples, shown), task.chat)
         ids = tuple(pool.ids[i] for i in fewshot) if pool is not None else ()
         judge_orders = tuple(
             (c.id, judge, shuffle_order(len(c.labels), master, task.name, item.id, c.id, judge))
             for c in criteria
             for judge in judges
         )
-        items.append(PlannedItem(item, prompt, ids, options, order, judge_orders))
+        items.append(PlannedItem(item, prompt, ids, options, order, judge_orders, chat=chat))
     judge_decoding = JUDGE_DECODING.with_overrides(rubric.judge_pack.decoding) if rubric is not None else JUDGE_DECODING
     return Plan(task, tuple(items), decoding, seeds, judge_decoding)

@@ -170,6 +170,7 @@ def build_manifest(
         "model": model.as_record(),
         "judge_model": judge_model.as_record() if judge_model is not None else None,
         "engine": workers[0]["engine"],
+        **({"judge_engine": workers[0]["judge_engine"]} if workers[0].get("judge_engine") else {}),
         "decoding": config.decoding.as_record(),
         "seeds": seeds_section(config.seeds),
         "determinism": {

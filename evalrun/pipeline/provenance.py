@@ -15,6 +15,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from evalrun.engines import ServedReport
+
 GPU_FIELDS = ("name", "capability", "driver", "cuda")
 
 
@@ -24,13 +26,27 @@ def hardware_of(info: Mapping[str, Any]) -> dict[str, Any]:
     return json.loads(hardware) if isinstance(hardware, str) else dict(hardware)
 
 
+def served_by(info: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The (model, system_fingerprint) of every server a worker's engines reach (a served model's: the engine's
+    ``servers``, docs/design.md "Served models"), each once, in order; empty for engines in the worker's process."""
+    found: list[dict[str, Any]] = []
+    for engine in (info.get("engine"), info.get("judge_engine")):
+        for server in (engine or {}).get("servers") or []:
+            entry = {"model": server.get("model"), "system_fingerprint": server.get("system_fingerprint")}
+            if entry not in found:
+                found.append(entry)
+    return found
+
+
 def fingerprint(info: Mapping[str, Any]) -> dict[str, Any]:
     """What of a worker's report can change results; equal fingerprints, interchangeable workers."""
     hardware = hardware_of(info)
     gpu = hardware.get("gpu")
     engine = info.get("engine") or {}
+    served = served_by(info)
+    engine_part = {"name": engine.get("name"), "version": engine.get("version")}
     return {
-        "engine": {"name": engine.get("name"), "version": engine.get("version")},
+        "engine": {**engine_part, "served_by": served} if served else engine_part,
         "libraries": dict(info.get("libraries") or {}),
         "python": info.get("python"),
         "hardware": {
@@ -101,12 +117,18 @@ class WorkerWatch:
     ``on_warning``) and the run goes on.
     """
 
-    def __init__(self, policy: str, on_warning: Callable[[Drift], None] = lambda d: None) -> None:
+    def __init__(self, policy: str, on_warning: Callable[[Drift], None] = lambda d: None,
+                 served_reference: Sequence[Mapping[str, Any]] | None = None) -> None:  # fmt: skip
         self.policy = policy
         self.on_warning = on_warning
         self.workers: dict[str, dict[str, Any]] = {}  # name -> worker_record
         self.drift: list[Drift] = []
         self._first: Mapping[str, Any] | None = None
+        # the servers the run's answers must come from (a resumed run's: its manifest's first worker's), and
+        # what the served engines met (ServedReport, summed)
+        self._served_reference = None if served_reference is None else [dict(s) for s in served_reference]
+        self.served = ServedReport()
+        self._served_seen = False
 
     def see(self, info: Mapping[str, Any]) -> None:
         name = str(info["worker"])
@@ -116,10 +138,33 @@ class WorkerWatch:
         if found and self.policy == "fail":
             raise DriftStopped(found)
         self._first = self._first or info
+        if self._served_reference is None:
+            self._served_reference = served_by(info)
         self.workers[name] = worker_record(info)
         self.drift.extend(found)
         for d in found:
             self.on_warning(d)
 
+    def see_served(self, worker: str, report: ServedReport | None) -> None:
+        """A batch's served report: an answer from a server other than the run's (another model or
+        system_fingerprint: the backend changed mid-run) is drift, handled as a drifting worker's."""
+        if report is None:
+            return
+        self._served_seen = True
+        self.served = self.served + report
+        reference = self._served_reference or []
+        for url, model, system_fingerprint in sorted(report.answered_by):
+            found = {"model": model, "system_fingerprint": system_fingerprint}
+            if found in reference:
+                continue
+            d = Drift(worker, f"the run's servers {json.dumps(reference)}", f"server {url}",
+                      reference[0] if len(reference) == 1 else reference, found)  # fmt: skip
+            if self.policy == "fail":
+                raise DriftStopped([d])
+            if d not in self.drift:
+                self.drift.append(d)
+                self.on_warning(d)
+
     def as_record(self) -> dict[str, Any]:
-        return {"workers": list(self.workers.values()), "drift": [d.as_record() for d in self.drift]}
+        served = {"served": self.served.as_record()} if self._served_seen else {}
+        return {"workers": list(self.workers.values()), "drift": [d.as_record() for d in self.drift], **served}

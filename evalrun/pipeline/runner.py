@@ -284,7 +284,10 @@ def _watch_workers(config: EvalConfig, dispatcher: Dispatcher, run: layout.RunDi
     batch-invariance canaries (:func:`check_canary`); a CheckFailed names the first worker and field that
     differ under ``run.on_drift=fail``, or the first worker whose canary failed under
     ``determinism.require_invariant``."""
-    watch = WorkerWatch(drift_policy(config), _warn_drift)
+    # a resumed run's answers must come from the servers its manifest recorded, not from whatever answers now
+    recorded = reader.read_manifest(run).get("workers") if run is not None else None
+    reference = (recorded[0].get("engine") or {}).get("served_by") or [] if recorded else None
+    watch = WorkerWatch(drift_policy(config), _warn_drift, reference)
     for info in dispatcher.workers():
         _see(watch, info, run, config)
     return watch
@@ -297,11 +300,15 @@ def _see(watch: WorkerWatch, info: dict[str, Any], run: layout.RunDir | None, co
     try:
         watch.see(info)
     except DriftStopped as exc:
-        where = (
-            "nothing was written" if run is None
-            else f"the run is incomplete: `evalrun resume {run.path} run.on_drift=warn` completes it"
-        )  # fmt: skip
-        raise CheckFailed(f"{exc} (run.on_drift=fail; {where})") from exc
+        raise _drift_stop(exc, run) from exc
+
+
+def _drift_stop(exc: DriftStopped, run: layout.RunDir | None) -> CheckFailed:
+    where = (
+        "nothing was written" if run is None
+        else f"the run is incomplete: `evalrun resume {run.path} run.on_drift=warn` completes it"
+    )  # fmt: skip
+    return CheckFailed(f"{exc} (run.on_drift=fail; {where})")
 
 
 def check_canary(config: EvalConfig, info: dict[str, Any], run: layout.RunDir | None) -> None:
@@ -459,6 +466,10 @@ def _complete(
                 for info in dispatcher.workers():
                     if info["worker"] == outcome.worker:
                         _see(watch, info, run, config)
+            try:  # a server that changed mid-run: its answers are not committed under run.on_drift=fail
+                watch.see_served(outcome.worker, outcome.served)
+            except DriftStopped as exc:
+                raise _drift_stop(exc, run) from exc
             started = time.perf_counter()
             if parts.write(outcome.part):
                 progress.advance(outcome.episodes, outcome.part.output_tokens)

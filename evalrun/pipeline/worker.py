@@ -20,7 +20,7 @@ from typing import Any, cast
 import pyarrow as pa
 
 from evalrun.config import DeterminismConfig, EngineConfig
-from evalrun.engines import ClosingEngine, build_engine, logs
+from evalrun.engines import ClosingEngine, ServedEngine, ServedReport, build_engine, logs
 from evalrun.episodes import EncodedPart, Engines, Planned, Provenance, kind_of_episodes
 from evalrun.errors import BadInput
 from evalrun.pipeline import determinism
@@ -70,6 +70,9 @@ class BatchOutcome:
     part: EncodedPart
     episodes: int
     worker: str
+    # what the worker's served engines met while it ran the batch (their servers' answers, faults, retries; the
+    # driver checks the answers for drift): provenance, never hashed. None: no engine of the worker is served
+    served: ServedReport | None = None
 
     def __reduce__(self) -> tuple[Any, ...]:
         """Pickled (a Ray actor's result on its way to the driver), the log part travels zstd-compressed and
@@ -79,7 +82,7 @@ class BatchOutcome:
         part = self.part
         log = _LOG_CODEC.compress(part.log, asbytes=True)
         fields = (log, len(part.log), part.table, part.heads, part.output_tokens, part.scored, self.episodes,
-                  self.worker)  # fmt: skip
+                  self.worker, self.served)  # fmt: skip
         return (_unpickle_outcome, fields)
 
 
@@ -87,9 +90,10 @@ _LOG_CODEC = pa.Codec("zstd", compression_level=1)
 
 
 def _unpickle_outcome(log: bytes, log_size: int, table: bytes, heads: tuple[tuple[str, str], ...], output_tokens: int,
-                      scored: ScoredPart | None, episodes: int, worker: str) -> BatchOutcome:  # fmt: skip
+                      scored: ScoredPart | None, episodes: int, worker: str,
+                      served: ServedReport | None = None) -> BatchOutcome:  # fmt: skip
     log = _LOG_CODEC.decompress(log, decompressed_size=log_size, asbytes=True)
-    return BatchOutcome(EncodedPart(log, table, heads, output_tokens, scored), episodes, worker)
+    return BatchOutcome(EncodedPart(log, table, heads, output_tokens, scored), episodes, worker, served)
 
 
 @dataclass(frozen=True)
@@ -109,7 +113,15 @@ class EngineWorker:
         self._own_process = _in_ray_actor()
         self._log = logs.route(stderr_is_a_log=self._own_process)
         settings = spec.determinism.as_record()
-        self.determinism = determinism.apply(settings, seed=spec.engine.seed, engine=spec.engine.name)
+        # a vLLM server the engine starts (engine.serve) inherits this process's environment: the determinism
+        # settings made for vLLM (VLLM_CPU_ATTN_SPLIT_KV, VLLM_BATCH_INVARIANT) reach it; torch's flags stay here
+        acts_on = "vllm" if spec.engine.serve else spec.engine.name
+        self.determinism = determinism.apply(settings, seed=spec.engine.seed, engine=acts_on)
+        if spec.engine.serve and spec.determinism.enabled:
+            self.determinism["notes"].append(
+                "the vLLM server evalrun started inherits the determinism environment (VLLM_CPU_ATTN_SPLIT_KV, "
+                "VLLM_BATCH_INVARIANT); torch's deterministic algorithms and seeds are set in this process only"
+            )
         self.determinism["honoured"]["torch_threads"] = _set_threads(spec.threads)  # kernels split work by threads
         self.hardware = canonical_json(hardware_fingerprint())
         started = time.perf_counter()
@@ -162,7 +174,13 @@ class EngineWorker:
         kind = kind_of_episodes(episodes)
         results = kind.run(self.engines, episodes, generator)
         provenance = Provenance(self.name, self.hardware, len(results), time.perf_counter() - started)
-        return BatchOutcome(kind.encode(results, provenance, scorer), len(results), self.name)
+        return BatchOutcome(kind.encode(results, provenance, scorer), len(results), self.name, self._served())
+
+    def _served(self) -> ServedReport | None:
+        """What the served engines met since the last batch (None: no engine of this worker is served)."""
+        served = [e for e in {id(e): e for e in (self.engine, self.judge_engine)}.values()
+                  if isinstance(e, ServedEngine)]  # fmt: skip
+        return sum((e.take_report() for e in served), ServedReport()) if served else None
 
     def run_packed(self, batch: bytes, generator: dict[str, Any], scoring: bytes | None = None) -> BatchOutcome:
         """:meth:`run` on a batch as :func:`pack_batch` made it (how a Ray dispatcher ships one), its rows
@@ -196,7 +214,7 @@ class EngineWorker:
         started = time.perf_counter()
         for results in kind.run_batches(self.engines, itertools.chain([first], source), generator):
             provenance = Provenance(self.name, self.hardware, len(results), time.perf_counter() - started)
-            yield BatchOutcome(kind.encode(results, provenance), len(results), self.name)
+            yield BatchOutcome(kind.encode(results, provenance), len(results), self.name, self._served())
             started = time.perf_counter()
 
 

@@ -275,6 +275,7 @@ class Manifest(OptionalFields):
     model: dict[str, Any]
     judge_model: dict[str, Any] | None
     engine: dict[str, Any]
+    judge_engine: dict[str, Any] | None = None  # the judges' engine when it is another (a judge model's)
     decoding: dict[str, Any]
     seeds: dict[str, Any]
     determinism: dict[str, Any]

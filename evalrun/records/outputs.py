@@ -179,9 +179,13 @@ def output_warnings(outputs: pa.Table) -> list[str]:
     """What says a run's generations are nonsense, from its output rows (``output`` and ``finish_reason``):
     nearly all of them empty (the model's first token ended its turn: a prompt the model does not expect,
     e.g. a chat model given plain text; or a stop string such as ``"\\n"`` cut every answer, e.g. a reasoning
-    model's after ``</think>``), or every one cut at the token limit. Empty when neither; rows that
+    model's after ``</think>``), every one cut at the token limit, or every episode failed (a server that renders
+    chats otherwise, say). Empty when none; rows that
     are not generations (failed episodes, agent episodes, options scored by likelihood) are not counted."""
     reasons = outputs.column("finish_reason").to_pylist()
+    if reasons and all(reason == FAILED_FINISH_REASON for reason in reasons):
+        return [f"all {len(reasons)} episodes failed, none was scored: each chain's end entry gives its reason "
+                "(evalrun report shows them)"]  # fmt: skip
     texts = outputs.column("output").to_pylist()
     generations = [(text, reason) for text, reason in zip(texts, reasons, strict=True)
                    if reason in GENERATION_FINISH_REASONS]  # fmt: skip

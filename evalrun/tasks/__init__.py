@@ -17,7 +17,7 @@ from typing import Any
 
 from jinja2.exceptions import UndefinedError
 
-from evalrun.chat import ChatFormat, ModelFiles, chat_format
+from evalrun.chat import ChatFormat, ChatPrompt, ModelFiles, chat_format
 from evalrun.chat.reasoning import ReasoningParser, reasoning_parser
 from evalrun.config import ChoicesConfig, EvalConfig
 from evalrun.config.jsonl import objects
@@ -127,11 +127,15 @@ def frozen_answers(name_version: str, items: list[Item]) -> tuple[dict[str, str]
     return index.record(), items
 
 
-def render_prompt(pack: PromptPack, item_id: str, variables: Mapping[str, Any], chat: ChatFormat | None = None) -> str:
-    """One prompt, plain or (``chat``) chat-formatted; a template variable the item lacks is a BadInput
-    naming the template and item."""
+def render_prompt(pack: PromptPack, item_id: str, variables: Mapping[str, Any],
+                  chat: ChatFormat | None = None) -> tuple[str, ChatPrompt | None]:  # fmt: skip
+    """One prompt, plain or (``chat``) chat-formatted, and the chat it was rendered from (None: plain); a template
+    variable the item lacks is a BadInput naming the template and item."""
     try:
-        return pack.render(variables) if chat is None else chat.render(pack.messages(variables))
+        if chat is None:
+            return pack.render(variables), None
+        messages = pack.messages(variables)
+        return chat.render(messages), chat.conversation(messages)
     except UndefinedError as exc:
         raise BadInput(str(pack.path), f"item {item_id!r}: {exc.message}") from exc
 

@@ -21,7 +21,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
-from evalrun.chat import ChatFormat
+from evalrun.chat import ChatFormat, ChatPrompt
 from evalrun.chat.reasoning import vllm_version
 from evalrun.config.registry import Registry
 from evalrun.errors import BadInput
@@ -41,7 +41,8 @@ from evalrun.worlds.base import ToolSpec
 class ToolFormat(Protocol):
     name: str
 
-    def prompt(self, chat: ChatFormat | None, specs: Sequence[ToolSpec], task_text: str, steps: Sequence[Step]) -> str:
+    def prompt(self, chat: ChatFormat | None, specs: Sequence[ToolSpec], task_text: str,
+               steps: Sequence[Step]) -> tuple[str, ChatPrompt | None]:  # fmt: skip
         """The prompt of the agent's next reply (``chat`` None: the model has no chat template)."""
         ...
 
@@ -89,9 +90,12 @@ def plain_chat(messages: Sequence[Mapping[str, Any]]) -> str:
 class JsonToolFormat:
     name = "json"
 
-    def prompt(self, chat: ChatFormat | None, specs: Sequence[ToolSpec], task_text: str, steps: Sequence[Step]) -> str:
+    def prompt(self, chat: ChatFormat | None, specs: Sequence[ToolSpec], task_text: str,
+               steps: Sequence[Step]) -> tuple[str, ChatPrompt | None]:  # fmt: skip
         messages = chat_messages(specs, task_text, steps)
-        return chat.render(messages) if chat is not None else plain_chat(messages)
+        if chat is None:
+            return plain_chat(messages), None
+        return chat.render(messages), chat.conversation(messages)
 
     def parse(self, text: str) -> list[ToolCall] | ParseError:
         return parse_reply(text)
@@ -120,10 +124,12 @@ class NativeToolFormat:
 
     name = "native"
 
-    def prompt(self, chat: ChatFormat | None, specs: Sequence[ToolSpec], task_text: str, steps: Sequence[Step]) -> str:
+    def prompt(self, chat: ChatFormat | None, specs: Sequence[ToolSpec], task_text: str,
+               steps: Sequence[Step]) -> tuple[str, ChatPrompt | None]:  # fmt: skip
         if chat is None:
             raise BadInput("task.world.tool_format", "native tools go through the model's chat template: it has none")
-        return chat.render(native_messages(task_text, steps), tools=tool_schemas(specs))
+        messages, tools = native_messages(task_text, steps), tool_schemas(specs)
+        return chat.render(messages, tools=tools), chat.conversation(messages, tools)
 
     def parse(self, text: str) -> list[ToolCall] | ParseError:
         parser, request = _vllm_parser(self.parser, self.tokenizer)
