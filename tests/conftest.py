@@ -16,7 +16,8 @@ from evalrun.pipeline.dispatch import Dispatcher
 from evalrun.pipeline.runner import Prepared, execute, open_for, prepare
 
 ENGINE_FIXTURES = frozenset({"ray_session", "dispatcher", "run_eval", "two_workers", "audit_run", "inline_dispatcher",
-                             "agent_dispatcher"})  # fmt: skip
+                             "agent_dispatcher", "served"})  # fmt: skip
+SERVED = ("cluster=inline", "run.progress=false", "determinism.canary=false", "limit=20")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -90,3 +91,13 @@ def agent_dispatcher() -> Iterator[Dispatcher]:
     d = open_for(prepare(load([*AGENT_MODEL, "limit=1"])))
     yield d
     d.close()
+
+
+@pytest.fixture(scope="session")
+def served() -> Iterator[Dispatcher]:
+    """An inline worker whose engine started a vLLM server of the default model (engine=vllm_server; about
+    80-100 s on 2 cores): the session's one server, reached by URL as ``served.worker.engine.identity.base_url``."""
+    d = open_for(prepare(load([*SERVED, "engine=vllm_server", "limit=1"])))
+    yield d
+    d.close()
+    assert d.worker.engine._server is None  # stopped

@@ -7,37 +7,28 @@ exactly; a URL where nothing listens, or a server serving another model, is refu
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+from conftest import SERVED
+from helpers.proxy import OTHER_FINGERPRINT, FaultProxy
 
 from evalrun.audit.replay import replay_run
 from evalrun.audit.rescore import rescore_run
 from evalrun.audit.verify import verify_run
 from evalrun.config import load
 from evalrun.engines.server import free_port
-from evalrun.errors import BadInput
+from evalrun.errors import BadInput, CheckFailed
 from evalrun.pipeline.dispatch import Dispatcher
-from evalrun.pipeline.runner import execute, open_for, prepare
+from evalrun.pipeline.runner import execute, open_for, prepare, resume
 
 pytestmark = pytest.mark.e2e
 
-SERVED = ("cluster=inline", "run.progress=false", "determinism.canary=false", "limit=20")
 
-
-@pytest.fixture(scope="module")
-def server() -> Iterator[Dispatcher]:
-    """An inline worker whose engine started a vLLM server of the default model (engine=vllm_server)."""
-    d = open_for(prepare(load([*SERVED, "engine=vllm_server", "limit=1"])))
-    yield d
-    d.close()
-    assert d.worker.engine._server is None  # stopped
-
-
-def _base_url(server: Dispatcher) -> str:
-    return server.worker.engine.base_url
+def _base_url(served: Dispatcher) -> str:
+    return served.worker.engine.identity.base_url
 
 
 def _model_entries(run: Path) -> list[dict]:
@@ -51,30 +42,33 @@ def _columns(run: Path) -> list[tuple]:
 
 
 def test_a_served_run_gives_the_offline_engines_tokens_and_records_the_server(
-    server: Dispatcher, run_eval: Callable[..., Path], tmp_path: Path
+    served: Dispatcher, run_eval: Callable[..., Path], tmp_path: Path
 ) -> None:
-    served = execute(prepare(load([*SERVED, "engine=vllm_server", f"run.root={tmp_path / 'served'}"])), server)
+    run = execute(prepare(load([*SERVED, "engine=vllm_server", f"run.root={tmp_path / 'served'}"])), served)
     # the offline engine in the session's Ray worker (an in-process vLLM engine shares vLLM's process-wide state
     # with every other one the session made and closed)
     offline = run_eval("limit=20")
-    assert _columns(served) == _columns(offline)  # text, token ids and logprobs, bit for bit
-    entries = _model_entries(served)
+    assert _columns(run) == _columns(offline)  # text, token ids and logprobs, bit for bit
+    entries = _model_entries(run)
     assert len(entries) == 20 and all(e["response"]["server"]["model"] == "tiny-adder" for e in entries)
     assert all(e["response"]["server"]["system_fingerprint"].startswith("vllm-0.32.0-") for e in entries)
-    manifest = json.loads((served / "manifest.json").read_text())
+    manifest = json.loads((run / "manifest.json").read_text())
     engine = manifest["engine"]
-    assert engine["name"] == "openai" and engine["server"]["model"] == "tiny-adder"
-    assert engine["server"]["max_model_len"] == 128 and manifest["model"]["pinned"] is True
-    assert verify_run(served).scores == "recomputed"
-    replayed = replay_run(served, [])
+    (server,) = engine["servers"]
+    assert engine["name"] == "openai" and server["model"] == "tiny-adder" and manifest["model"]["pinned"] is True
+    assert server["max_model_len"] == 128 and server["system_fingerprint"] == entries[0]["response"]["server"][
+        "system_fingerprint"]  # fmt: skip
+    assert manifest["workers"][0]["engine"]["served_by"] == [entries[0]["response"]["server"]]
+    assert verify_run(run).scores == "recomputed"
+    replayed = replay_run(run, [])
     assert replayed.reproduced == 20 and not replayed.divergences and replayed.root_matches
-    assert replayed.scores_identical and rescore_run(served, []).bytes_identical
+    assert replayed.scores_identical and rescore_run(run, []).bytes_identical
 
 
-def test_a_server_evalrun_did_not_start_is_reached_by_its_url(server: Dispatcher, tmp_path: Path) -> None:
+def test_a_server_evalrun_did_not_start_is_reached_by_its_url(served: Dispatcher, tmp_path: Path) -> None:
     """engine=openai to the same server by URL: a dispatcher of its own, no model loaded in this process; the
     same tokens as through the started server."""
-    url = ("engine=openai", f"engine.base_url={_base_url(server)}", "engine.served_model=tiny-adder")
+    url = ("engine=openai", f"engine.base_url={_base_url(served)}", "engine.served_model=tiny-adder")
     config = load([*SERVED, *url, f"run.root={tmp_path}", "decoding=sample", "seeds=five", "limit=4"])
     prepared = prepare(config)
     client = open_for(prepared)  # the server answers and serves the model
@@ -88,13 +82,13 @@ def test_a_server_evalrun_did_not_start_is_reached_by_its_url(server: Dispatcher
     assert verify_run(first).scores == "recomputed"
 
 
-def test_nothing_listening_or_another_model_is_refused_before_any_episode(server: Dispatcher) -> None:
+def test_nothing_listening_or_another_model_is_refused_before_any_episode(served: Dispatcher) -> None:
     nobody = f"http://127.0.0.1:{free_port()}/v1"
     with pytest.raises(BadInput, match="no server answers") as caught:
         open_for(prepare(load([*SERVED, "engine=openai", f"engine.base_url={nobody}"])))
     assert caught.value.where == "engine.base_url"
     with pytest.raises(BadInput, match=r"serves \['tiny-adder'\], not 'other'") as caught:
-        open_for(prepare(load([*SERVED, "engine=openai", f"engine.base_url={_base_url(server)}",
+        open_for(prepare(load([*SERVED, "engine=openai", f"engine.base_url={_base_url(served)}",
                                "engine.served_model=other"])))  # fmt: skip
     assert caught.value.where == "engine.served_model"
     with pytest.raises(BadInput, match="engine=openai needs the server's URL") as caught:
@@ -102,67 +96,14 @@ def test_nothing_listening_or_another_model_is_refused_before_any_episode(server
     assert caught.value.where == "engine.base_url"
 
 
-class FlakyProxy:
-    """A forwarding proxy in front of the real server (a test double for the one thing it isolates: a server
-    that goes away): it forwards every request until ``fail_after`` completions went through, then drops the
-    connection on each one until healed."""
-
-    def __init__(self, target: str, fail_after: int) -> None:
-        import threading
-        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
-        import httpx
-
-        self.fail_after, self.forwarded, self.dropped = fail_after, 0, 0
-        proxy, lock = self, threading.Lock()
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args: object) -> None:
-                pass
-
-            def _relay(self, method: str) -> None:
-                body = self.rfile.read(int(self.headers.get("Content-Length") or 0)) if method == "POST" else None
-                if method == "POST":
-                    with lock:
-                        down = proxy.fail_after is not None and proxy.forwarded >= proxy.fail_after
-                        proxy.dropped += down
-                        proxy.forwarded += not down
-                    if down:
-                        self.connection.close()
-                        return
-                answer = httpx.request(method, target.removesuffix("/v1") + self.path, content=body,
-                                       headers={"Content-Type": "application/json"}, timeout=120)  # fmt: skip
-                self.send_response(answer.status_code)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(answer.content)))
-                self.end_headers()
-                self.wfile.write(answer.content)
-
-            def do_GET(self) -> None:
-                self._relay("GET")
-
-            def do_POST(self) -> None:
-                self._relay("POST")
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
-
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
-
-
 def test_a_server_that_goes_away_stops_the_run_resumably_and_resume_finishes_it(
-    server: Dispatcher, tmp_path: Path
+    served: Dispatcher, tmp_path: Path
 ) -> None:
     """The server stops answering after 10 of 20 requests: the run stops (exit 1, naming `evalrun resume`) with its
     first parts committed; resumed once the server is back, it runs only the missing episodes and ends with the
     records a run without the fault makes."""
-    from evalrun.errors import CheckFailed
-    from evalrun.pipeline.runner import resume
-
-    proxy = FlakyProxy(_base_url(server), fail_after=10)
+    proxy = FaultProxy(_base_url(served))
+    proxy.down_after = 10
     try:
         flaky = ("engine=openai", f"engine.base_url={proxy.url}", "engine.served_model=tiny-adder",
                  "engine.max_retries=1", "engine.max_concurrency=5", "cluster.batch_size=5")  # fmt: skip
@@ -171,12 +112,12 @@ def test_a_server_that_goes_away_stops_the_run_resumably_and_resume_finishes_it(
         try:
             with pytest.raises(CheckFailed, match=r"no answer after 2 tries.*evalrun resume") as caught:
                 execute(prepared, client)
-            assert proxy.dropped >= 2 and proxy.forwarded == 10
+            assert proxy.given["drop"] >= 2 and proxy.forwarded == 10
             (run,) = (tmp_path / "flaky").iterdir()
             assert str(run) in str(caught.value) and not (run / "record.json").exists()
             kept = len(list((run / "outputs").iterdir()))
             assert kept == 2  # the two batches the server answered, committed
-            proxy.fail_after = None  # the server is back
+            proxy.down_after = None  # the server is back
             resume(run, [], client)
         finally:
             client.close()
@@ -193,3 +134,86 @@ def test_a_server_that_goes_away_stops_the_run_resumably_and_resume_finishes_it(
     assert _columns(run) == _columns(clean)
     record, again = (json.loads((r / "record.json").read_text())["merkle_root"] for r in (run, clean))
     assert record == again
+    # the faults the stopped invocation met are reported by the engine that finished the run (the same one here)
+    served_record = json.loads((run / "record.json").read_text())["dispatch"]["served"]
+    assert served_record["faults"]["connection"] >= 2 and served_record["retries"] >= 1
+    assert json.loads((clean / "record.json").read_text())["dispatch"]["served"] == {
+        "faults": {}, "retries": 0, "limit_changes": 0}  # fmt: skip
+
+
+def test_a_server_that_changes_mid_run_is_drift(served: Dispatcher, tmp_path: Path) -> None:
+    """Answers with another system_fingerprint than the run's server had at the start (a backend swapped behind
+    the URL): under determinism=strict the run stops before committing them, resumably; under run.on_drift=warn
+    it goes on and record.json keeps the drift, while every model entry keeps the fingerprint it was given."""
+    proxy = FaultProxy(_base_url(served))
+    try:
+        url = ("engine=openai", f"engine.base_url={proxy.url}", "engine.served_model=tiny-adder",
+               "cluster.batch_size=5", "engine.max_concurrency=5")  # fmt: skip
+        strict = prepare(load([*SERVED, *url, "determinism=strict", f"run.root={tmp_path / 'strict'}"]))
+        client = open_for(strict)
+        try:
+            proxy.faults.extend([None] * 12 + ["fingerprint"])
+            with pytest.raises(CheckFailed, match=rf"server {proxy.url}.*{OTHER_FINGERPRINT}.*run.on_drift=warn"):
+                execute(strict, client)
+            (run,) = (tmp_path / "strict").iterdir()
+            assert not (run / "record.json").exists()
+            assert all(e["response"]["server"]["system_fingerprint"] != OTHER_FINGERPRINT for e in _model_entries(run))
+            proxy.rewrite = True  # the new backend stays: resumed under warn, the run completes with the drift kept
+            resume(run, ["run.on_drift=warn"], client)
+        finally:
+            client.close()
+    finally:
+        proxy.close()
+    record = json.loads((run / "record.json").read_text())
+    (drift,) = record["dispatch"]["drift"]
+    assert drift["field"] == f"server {proxy.url}" and drift["found"]["system_fingerprint"] == OTHER_FINGERPRINT
+    prints = {e["response"]["server"]["system_fingerprint"] for e in _model_entries(run)}
+    assert OTHER_FINGERPRINT in prints and len(prints) == 2
+    assert verify_run(run).scores == "recomputed"
+
+
+THINKING = ("model=tiny_thinking_adder", "task=addition", "decoding.stop=[]", "task.reasoning_parser=deepseek_r1",
+            "limit=10")  # fmt: skip
+
+
+def test_the_chat_endpoint_is_sent_the_messages_and_renders_the_prompt_evalrun_records(tmp_path: Path) -> None:
+    """engine.api=chat on a server of a model with a chat template (the thinking adder's ChatML): the server renders
+    the messages into the very prompt evalrun rendered and recorded, and generates the tokens the completions
+    endpoint gives for that prompt; the reasoning parser splits served replies as offline ones. A task whose
+    template is not the server's is refused request by request, naming the first difference."""
+    chat_config = load([*SERVED, *THINKING, "engine=vllm_server", "engine.api=chat", f"run.root={tmp_path / 'c'}"])
+    server = open_for(prepare(chat_config))
+    try:
+        chat = execute(prepare(chat_config), server)
+        url = ("engine=openai", f"engine.base_url={server.worker.engine.identity.base_url}",
+               "engine.served_model=tiny-thinking-adder")  # fmt: skip
+        text = prepare(load([*SERVED, *THINKING, *url, f"run.root={tmp_path / 't'}"]))
+        other = tmp_path / "other.jinja"
+        template = Path(chat_config.model.path, "tokenizer_config.json")
+        other.write_text(
+            json.loads(template.read_text())["chat_template"].replace("<|im_start|>assistant", "<|im_start|>assistant ")
+        )
+        mismatch = prepare(load([*SERVED, *THINKING, *url, "engine.api=chat", f"task.chat_template={other}",
+                                 "limit=2", f"run.root={tmp_path / 'm'}"]))  # fmt: skip
+        client = open_for(text)
+        try:
+            completions = execute(text, client)
+        finally:
+            client.close()
+        client = open_for(mismatch)
+        try:
+            refused = execute(mismatch, client)
+        finally:
+            client.close()
+    finally:
+        server.close()
+    assert _columns(chat) == _columns(completions)  # the same prompts, the same tokens and logprobs
+    summary = json.loads((chat / "summary.json").read_text())
+    assert [m["mean"] for m in summary["overall"].values()] == [1]  # the answers after the thinking, split as offline
+    assert verify_run(chat).scores == "recomputed"
+    replayed = replay_run(chat, [])
+    assert replayed.reproduced == 10 and replayed.root_matches
+    ends = [json.loads(line) for path in sorted((refused / "log").iterdir()) for line in path.read_text().splitlines()]
+    errors = [e["error"] for e in ends if e["kind"] == "end"]
+    assert len(errors) == 2 and all("the server rendered the chat otherwise" in e for e in errors)
+    assert all("where evalrun's has ' \\n'" in e for e in errors)  # the first difference, named
