@@ -22,13 +22,22 @@ from evalrun.config import load
 from evalrun.engines.server import free_port
 from evalrun.errors import BadInput, CheckFailed
 from evalrun.pipeline.dispatch import Dispatcher
-from evalrun.pipeline.runner import execute, open_for, prepare, resume
+from evalrun.pipeline.runner import Prepared, execute, open_for, prepare, resume
 
 pytestmark = pytest.mark.e2e
 
 
 def _base_url(served: Dispatcher) -> str:
     return served.worker.engine.identity.base_url
+
+
+def run_alone(prepared: Prepared) -> Path:
+    """A prepared run on a dispatcher of its own (a client of a server: no model loaded here), closed after."""
+    client = open_for(prepared)
+    try:
+        return execute(prepared, client)
+    finally:
+        client.close()
 
 
 def _model_entries(run: Path) -> list[dict]:
@@ -121,12 +130,7 @@ def test_a_server_that_goes_away_stops_the_run_resumably_and_resume_finishes_it(
             resume(run, [], client)
         finally:
             client.close()
-        clean_run = prepare(load([*SERVED, *flaky, f"run.root={tmp_path / 'clean'}"]))
-        clean_client = open_for(clean_run)
-        try:
-            clean = execute(clean_run, clean_client)
-        finally:
-            clean_client.close()
+        clean = run_alone(prepare(load([*SERVED, *flaky, f"run.root={tmp_path / 'clean'}"])))
     finally:
         proxy.close()
     assert proxy.forwarded == 10 + 10 + 20  # nothing sent twice that was answered: the resume sent the other 10
@@ -195,16 +199,7 @@ def test_the_chat_endpoint_is_sent_the_messages_and_renders_the_prompt_evalrun_r
         )
         mismatch = prepare(load([*SERVED, *THINKING, *url, "engine.api=chat", f"task.chat_template={other}",
                                  "limit=2", f"run.root={tmp_path / 'm'}"]))  # fmt: skip
-        client = open_for(text)
-        try:
-            completions = execute(text, client)
-        finally:
-            client.close()
-        client = open_for(mismatch)
-        try:
-            refused = execute(mismatch, client)
-        finally:
-            client.close()
+        completions, refused = run_alone(text), run_alone(mismatch)
     finally:
         server.close()
     assert _columns(chat) == _columns(completions)  # the same prompts, the same tokens and logprobs

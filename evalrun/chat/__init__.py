@@ -127,7 +127,7 @@ def _token_text(value: Any) -> str | None:
 
 
 @dataclass(frozen=True)
-class ChatPrompt:
+class Conversation:
     """What a chat-formatted prompt was rendered from: the messages, the tools (JSON Schema; None: none) and the
     template's extra variables. A chat endpoint (``engine.api=chat``) is sent these and renders them itself; the
     prompt evalrun rendered stays the record, and the server's own rendering must equal it."""
@@ -160,9 +160,10 @@ class ChatFormat:
             raise BadInput(f"chat template ({self.origin})", f"cannot render the messages: {exc}") from exc
         return str(rendered[0])
 
-    def conversation(self, messages: Sequence[Message], tools: Sequence[Mapping[str, Any]] | None = None) -> ChatPrompt:
+    def conversation(self, messages: Sequence[Message],
+                     tools: Sequence[Mapping[str, Any]] | None = None) -> Conversation:  # fmt: skip
         """What :meth:`render` renders, for an engine that takes the chat itself."""
-        return ChatPrompt(tuple(messages), tuple(tools) if tools is not None else None, dict(self.kwargs))
+        return Conversation(tuple(messages), tuple(tools) if tools is not None else None, dict(self.kwargs))
 
     @property
     def customised(self) -> bool:

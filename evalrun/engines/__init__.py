@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
-from evalrun.chat import ChatPrompt
+from evalrun.chat import Conversation
 from evalrun.config.registry import Registry
 
 
@@ -53,9 +53,10 @@ class GenerationRequest:
     # prompt a chat template rendered, which writes them itself (vLLM's chat endpoint tokenizes it so too):
     # a Llama 3 prompt would otherwise start with two BOS tokens.
     add_special_tokens: bool = True
-    # The chat ``prompt`` was rendered from (None: a text prompt): an engine that takes chats (engine=openai
-    # engine.api=chat) sends it and checks that the server rendered ``prompt``; the others read ``prompt``.
-    chat: ChatPrompt | None = None
+    # The conversation ``prompt`` was rendered from (None: a text prompt): an engine that takes conversations
+    # (engine=openai engine.api=chat) sends it and checks that the server rendered ``prompt``; the others, and
+    # that one for a text prompt, read ``prompt``.
+    conversation: Conversation | None = None
 
 
 @dataclass(frozen=True)

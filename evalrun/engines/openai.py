@@ -1,20 +1,25 @@
-"""``engine=openai``: a model behind an OpenAI-compatible server (``vllm serve``, SGLang, TGI, llama.cpp's server).
+"""``engine=openai``: a model behind an OpenAI-compatible server (``vllm serve``; SGLang, TGI and llama.cpp's server
+give no token ids and are refused before the run).
 
 evalrun renders every prompt itself (its chat formatting, the model's template, as for the offline engines) and
 sends it to the completions endpoint, so a served run and an offline run of the same model send the same text;
 each request carries its own seed (a 64-bit seed as the signed 64-bit integer with the same bits, which is how
-the server's sampler reads it), its stop strings and token limit, asks for the chosen tokens' logprobs and, from a
-vLLM server, the token ids (``return_token_ids``). Loglikelihood requests send the tokens of context and
-continuation (tokenized here, as every engine does) and read the server's prompt logprobs (vLLM's
-``prompt_logprobs``); a server without them is refused before the run starts.
+the server's sampler reads it), its stop strings and token limit, asks for the chosen tokens' logprobs and the
+token ids (``return_token_ids``). ``engine.api=chat`` sends a chat-formatted prompt's conversation to the chat
+endpoint instead, and refuses the answer unless the server rendered the very prompt evalrun recorded.
+Loglikelihood requests send the tokens of context and continuation (tokenized here, as every engine does) and
+read the server's prompt logprobs (vLLM's ``prompt_logprobs``).
 
-What the server answered about itself is kept with every response (``Completion.server``: the model it names and
-its ``system_fingerprint``), so a backend that changes during a run is in the record. The response id, the
-retries and the concurrency limit are provenance: logged, never hashed.
+Every server is probed first (:func:`probe`: ``/v1/models``, ``/version`` and a one-token completion, whose
+``system_fingerprint`` the manifest records). What the server answered about itself is kept with every response
+(``Completion.server``: the model it names and its fingerprint), and the engine reports what it met to its worker
+(:class:`~evalrun.engines.ServedReport`), so that a backend that changes during a run is drift. The response id,
+the retries and the concurrency limit are provenance: logged or counted, never hashed.
 
-Requests go out concurrently (``engine.max_concurrency``, adaptive: halved on 429 and 503, the server's
-``Retry-After`` honoured, grown back by one on each success), retried with exponential backoff and jitter on
-timeouts, connection errors and 5xx (``engine.max_retries``); a request the server refuses (4xx) is refused
+Requests go out concurrently to the least loaded of the servers ``engine.base_url`` lists, each with its own
+adaptive limit (``engine.max_concurrency``: halved on 429 and 503, the server's ``Retry-After`` honoured, grown
+back by one on each success), retried with exponential backoff and jitter on timeouts, connection errors,
+malformed answers and 5xx (``engine.max_retries``); a request the server refuses (4xx) is refused
 (:class:`RequestRejected`), and the harness fails that episode only. ``engine.serve=true`` starts a vLLM server of
 the pinned model directory itself (:mod:`evalrun.engines.server`) and stops it when the engine closes.
 """
@@ -35,6 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from evalrun.chat import Conversation
 from evalrun.engines import (
     Completion,
     EngineDown,
@@ -434,8 +440,8 @@ class OpenAIEngine:
         }  # fmt: skip
         if s.top_k > 0:
             body["top_k"] = s.top_k
-        if self._api == "chat":
-            return await self._chat_completion(request, body)
+        if self._api == "chat" and request.conversation is not None:
+            return await self._chat_completion(request, request.conversation, body)
         body["prompt"] = request.prompt
         if s.logprobs:
             body["logprobs"] = 0  # the chosen tokens' only
@@ -444,15 +450,13 @@ class OpenAIEngine:
         values = (choice.get("logprobs") or {}).get("token_logprobs") or [] if s.logprobs else None
         return _completion_of(answer, choice["text"], choice, values)
 
-    async def _chat_completion(self, request: GenerationRequest, body: dict[str, Any]) -> Completion:
+    async def _chat_completion(self, request: GenerationRequest, chat: Conversation,
+                               body: dict[str, Any]) -> Completion:  # fmt: skip
         """``engine.api=chat``: the chat the prompt was rendered from, to the chat endpoint, which renders it with
         the model's template as the server has it; the server's rendering must be evalrun's prompt (the
         record), or the request is refused. Tools go with ``tool_choice: none``: the template shows them and the
-        reply comes back as text, for the agent's own tool parser (the one the run records)."""
-        chat = request.chat
-        if chat is None:
-            raise RequestRejected("engine.api=chat sends chat messages, and this prompt is plain text (the model "
-                                  "has no chat template, or the task asks for plain prompts)")  # fmt: skip
+        reply comes back as text, for the agent's own tool parser (the one the run records). A text prompt (a
+        task without chat formatting, the batch-invariance canary's) goes to the completions endpoint."""
         body.update(messages=api_messages(chat.messages), return_prompt_text=True)
         if chat.kwargs:
             body["chat_template_kwargs"] = dict(chat.kwargs)

@@ -363,12 +363,13 @@ class ModelAgent:
     def act(self, turns: Sequence[Turn]) -> list[Reply]:
         requests = []
         for t in turns:
-            prompt, chat = t.episode.tools.prompt(t.episode.chat, t.tools, t.task_text, t.steps)
+            prompt, conversation = t.episode.tools.prompt(t.episode.chat, t.tools, t.task_text, t.steps)
             # every call samples with the episode's settings (verify checks them against the manifest);
             # the token budget is checked after each reply
             # a chat-formatted prompt has its special tokens from the template
             requests.append(GenerationRequest(prompt, t.episode.sampling, t.episode.episode_id, t.call,
-                                              add_special_tokens=t.episode.chat is None, chat=chat))  # fmt: skip
+                                              add_special_tokens=t.episode.chat is None,
+                                              conversation=conversation))  # fmt: skip
         self.engine_calls += 1
         self.model_calls += len(requests)
         outcomes = generate_each(self.engine, requests)

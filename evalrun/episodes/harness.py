@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from json.encoder import encode_basestring  # type: ignore[attr-defined]
 from typing import Any, Protocol
 
-from evalrun.chat import ChatPrompt
+from evalrun.chat import Conversation
 from evalrun.chat.reasoning import ReasoningParser
 from evalrun.engines import (
     Completion,
@@ -147,7 +147,7 @@ def record_episode(episode: Episode, completion: Completion, generator: dict[str
 def _request(episode: Episode) -> GenerationRequest:
     """The policy's generation request of a dataset episode (its first model call)."""
     return GenerationRequest(episode.prompt, episode.sampling, episode.episode_id, 0, episode.add_special_tokens,
-                             episode.chat)  # fmt: skip
+                             episode.conversation)  # fmt: skip
 
 
 def run_episodes(engine: Engine, episodes: list[Episode], generator: dict[str, Any] | Canonical,
@@ -392,7 +392,7 @@ def _run_staged(engine: Engine, episodes: list[Episode], generator: Canonical,
     return results
 
 
-def judge_prompt(episode: Episode, call: JudgeCall, output: str) -> tuple[str, ChatPrompt | None]:
+def judge_prompt(episode: Episode, call: JudgeCall, output: str) -> tuple[str, Conversation | None]:
     rubric = episode.judging
     assert rubric is not None
     criterion = rubric.criterion(call.criterion)
@@ -412,10 +412,11 @@ def _judge(engine: Engine, episodes: list[Episode], calls: list[_Calls]) -> list
             continue
         call_number = len(calls[i].entries)
         for jc in e.judge_calls:
-            prompt, chat = judge_prompt(e, jc, calls[i].completion.output)  # the answer, not the thinking
+            prompt, conversation = judge_prompt(e, jc, calls[i].completion.output)  # the answer, not the thinking
             fields = {"criterion": jc.criterion, "judge": jc.judge, "shuffle_order": list(jc.order)}
             if e.judging.scoring == "letter":
-                request = GenerationRequest(prompt, jc.sampling, e.episode_id, call_number, e.judge_chat is None, chat)
+                request = GenerationRequest(prompt, jc.sampling, e.episode_id, call_number, e.judge_chat is None,
+                                            conversation)  # fmt: skip
                 generate.append((i, jc, fields, request))
                 call_number += 1
                 continue

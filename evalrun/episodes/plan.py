@@ -14,7 +14,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, overload
 
-from evalrun.chat import ChatFormat, ChatPrompt
+from evalrun.chat import ChatFormat, Conversation
 from evalrun.chat.reasoning import ReasoningParser
 from evalrun.config import DecodingConfig, SeedsConfig
 from evalrun.engines import SamplingSpec
@@ -59,8 +59,8 @@ class Episode:
     add_special_tokens: bool = True  # False: a chat-formatted prompt (its template writes the BOS): GenerationRequest
     judge_chat: ChatFormat | None = None  # the judges' prompts as chat messages through this template; None: plain
     # the chat the prompt was rendered from (None: a plain prompt), for an engine that takes chats
-    # (GenerationRequest.chat); not part of the episode's identity: the prompt is
-    chat: ChatPrompt | None = None
+    # (GenerationRequest.conversation); not part of the episode's identity: the prompt is
+    conversation: Conversation | None = None
     # Why the episode fails without an engine call (a prompt longer than the model's context, found
     # before dispatch: task.on_overlong=fail_episode); not part of the episode's identity.
     rejection: str | None = None
@@ -110,7 +110,7 @@ class PlannedItem:
     shuffle_order: tuple[int, ...]
     judge_orders: tuple[tuple[str, str, tuple[int, ...]], ...]  # (criterion, judge, shown order)
     rejection: str | None = None  # see Episode.rejection
-    chat: ChatPrompt | None = None  # see Episode.chat
+    conversation: Conversation | None = None  # see Episode.conversation
 
 
 class Plan(Sequence[Episode]):
@@ -208,7 +208,7 @@ class Plan(Sequence[Episode]):
             add_special_tokens=self.add_special_tokens,
             judge_chat=self._judge_chat,
             rejection=planned.rejection,
-            chat=planned.chat,
+            conversation=planned.conversation,
         )
 
 
@@ -259,13 +259,13 @@ def build_plan(task: Task, decoding: DecodingConfig, seeds: SeedsConfig) -> Plan
             order = shuffle_order(len(options), master, task.name, item.id)
         shown = tuple(options[i] for i in order)
         examples = [pool.examples[i] for i in fewshot] if pool is not None else []
-        prompt, chat = render_prompt(task.pack, item.id, prompt_variables(item, examples, shown), task.chat)
+        prompt, conversation = render_prompt(task.pack, item.id, prompt_variables(item, examples, shown), task.chat)
         ids = tuple(pool.ids[i] for i in fewshot) if pool is not None else ()
         judge_orders = tuple(
             (c.id, judge, shuffle_order(len(c.labels), master, task.name, item.id, c.id, judge))
             for c in criteria
             for judge in judges
         )
-        items.append(PlannedItem(item, prompt, ids, options, order, judge_orders, chat=chat))
+        items.append(PlannedItem(item, prompt, ids, options, order, judge_orders, conversation=conversation))
     judge_decoding = JUDGE_DECODING.with_overrides(rubric.judge_pack.decoding) if rubric is not None else JUDGE_DECODING
     return Plan(task, tuple(items), decoding, seeds, judge_decoding)

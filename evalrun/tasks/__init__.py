@@ -17,7 +17,7 @@ from typing import Any
 
 from jinja2.exceptions import UndefinedError
 
-from evalrun.chat import ChatFormat, ChatPrompt, ModelFiles, chat_format
+from evalrun.chat import ChatFormat, Conversation, ModelFiles, chat_format
 from evalrun.chat.reasoning import ReasoningParser, reasoning_parser
 from evalrun.config import ChoicesConfig, EvalConfig
 from evalrun.config.jsonl import objects
@@ -128,7 +128,7 @@ def frozen_answers(name_version: str, items: list[Item]) -> tuple[dict[str, str]
 
 
 def render_prompt(pack: PromptPack, item_id: str, variables: Mapping[str, Any],
-                  chat: ChatFormat | None = None) -> tuple[str, ChatPrompt | None]:  # fmt: skip
+                  chat: ChatFormat | None = None) -> tuple[str, Conversation | None]:  # fmt: skip
     """One prompt, plain or (``chat``) chat-formatted, and the chat it was rendered from (None: plain); a template
     variable the item lacks is a BadInput naming the template and item."""
     try:

@@ -21,7 +21,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
-from evalrun.chat import ChatFormat, ChatPrompt
+from evalrun.chat import ChatFormat, Conversation
 from evalrun.chat.reasoning import vllm_version
 from evalrun.config.registry import Registry
 from evalrun.errors import BadInput
@@ -42,7 +42,7 @@ class ToolFormat(Protocol):
     name: str
 
     def prompt(self, chat: ChatFormat | None, specs: Sequence[ToolSpec], task_text: str,
-               steps: Sequence[Step]) -> tuple[str, ChatPrompt | None]:  # fmt: skip
+               steps: Sequence[Step]) -> tuple[str, Conversation | None]:  # fmt: skip
         """The prompt of the agent's next reply (``chat`` None: the model has no chat template)."""
         ...
 
@@ -91,7 +91,7 @@ class JsonToolFormat:
     name = "json"
 
     def prompt(self, chat: ChatFormat | None, specs: Sequence[ToolSpec], task_text: str,
-               steps: Sequence[Step]) -> tuple[str, ChatPrompt | None]:  # fmt: skip
+               steps: Sequence[Step]) -> tuple[str, Conversation | None]:  # fmt: skip
         messages = chat_messages(specs, task_text, steps)
         if chat is None:
             return plain_chat(messages), None
@@ -125,7 +125,7 @@ class NativeToolFormat:
     name = "native"
 
     def prompt(self, chat: ChatFormat | None, specs: Sequence[ToolSpec], task_text: str,
-               steps: Sequence[Step]) -> tuple[str, ChatPrompt | None]:  # fmt: skip
+               steps: Sequence[Step]) -> tuple[str, Conversation | None]:  # fmt: skip
         if chat is None:
             raise BadInput("task.world.tool_format", "native tools go through the model's chat template: it has none")
         messages, tools = native_messages(task_text, steps), tool_schemas(specs)
