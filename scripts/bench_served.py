@@ -47,7 +47,10 @@ async def baseline(url: str, bodies: list[dict[str, Any]], concurrency: int) -> 
 
         async def one(body: dict[str, Any]) -> None:
             async with limit:
-                answer = await c.post("/completions", json=body)
+                try:
+                    answer = await c.post("/completions", json=body)
+                except httpx.TransportError:  # a kept-alive connection the server closed: sent again, as evalrun does
+                    answer = await c.post("/completions", json=body)
                 answer.raise_for_status()
                 answer.json()
 

@@ -396,6 +396,8 @@ class OpenAIEngine:
                     fault, last, response = "timeout", f"{type(exc).__name__}: {exc}", None
                 except httpx.TransportError as exc:
                     fault, last, response = "connection", f"{type(exc).__name__}: {exc}", None
+                    if attempt == 0:  # most often a kept-alive connection the server closed meanwhile: at once
+                        wait = 0.0
             if response is not None:
                 if response.status_code == 200:
                     try:
