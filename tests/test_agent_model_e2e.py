@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+from helpers.runs import run_alone
 
 from evalrun.audit.replay import replay_run
 from evalrun.audit.rescore import rescore_run
@@ -17,7 +18,7 @@ from evalrun.audit.verify import verify_run
 from evalrun.config import load
 from evalrun.errors import BadInput
 from evalrun.pipeline.dispatch import Dispatcher
-from evalrun.pipeline.runner import execute, open_for, prepare
+from evalrun.pipeline.runner import execute, prepare
 
 pytestmark = pytest.mark.e2e
 
@@ -86,12 +87,7 @@ NATIVE = ["task=invoice_desk", "task.world.agent=model", "model=tiny_tool_agent"
 @pytest.fixture(scope="module")
 def native_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The shipped native tool-calling model (its chat template takes the tools), on its own engine."""
-    prepared = prepare(load([*NATIVE, "limit=4", f"run.root={tmp_path_factory.mktemp('native')}"]))
-    dispatcher = open_for(prepared)
-    try:
-        return execute(prepared, dispatcher)
-    finally:
-        dispatcher.close()
+    return run_alone(prepare(load([*NATIVE, "limit=4", f"run.root={tmp_path_factory.mktemp('native')}"])))
 
 
 def test_native_tool_calls_parsed_by_vllm_verified_replayed_rescored(native_run: Path, tmp_path: Path) -> None:

@@ -17,10 +17,10 @@ import signal
 import time
 from pathlib import Path
 
-import pyarrow.parquet as pq
 import pytest
 from conftest import SERVED
 from helpers.proxy import FaultProxy
+from helpers.runs import output_columns, run_alone
 
 from evalrun.audit.verify import verify_run
 from evalrun.config import load
@@ -36,29 +36,14 @@ COUNTED_AS = {"http_429": "http_429", "http_500": "http_500", "http_503": "http_
               "drop": "connection", "slow": "timeout"}  # fmt: skip
 
 
-def _columns(run: Path) -> list[tuple]:
-    rows = pq.read_table(run / "outputs", columns=["episode_id", "output", "token_ids", "token_logprobs"])
-    return sorted(tuple(map(str, r.values())) for r in rows.to_pylist())
-
-
 def _record(run: Path) -> dict:
     return json.loads((run / "record.json").read_text())
 
 
-def _run_once(overrides: list[str]) -> Path:
-    """A run of the config on a dispatcher of its own (closed after)."""
-    prepared = prepare(load(overrides))
-    client = open_for(prepared)
-    try:
-        return execute(prepared, client)
-    finally:
-        client.close()
-
-
 def _assert_same_records(run: Path, clean: Path) -> None:
-    rows = _columns(run)
+    rows = output_columns(run)
     assert len(rows) == 20 and len({r[0] for r in rows}) == 20  # every episode, each once
-    assert rows == _columns(clean)  # text, token ids and logprobs
+    assert rows == output_columns(clean)  # text, token ids and logprobs
     assert _record(run)["merkle_root"] == _record(clean)["merkle_root"]
     assert verify_run(run).scores == "recomputed"
 
@@ -72,10 +57,10 @@ def test_every_fault_is_retried_counted_once_and_leaves_the_records_of_a_clean_r
                "engine.timeout_s=3", "engine.max_retries=6", "engine.max_concurrency=4",
                "cluster.batch_size=5")  # fmt: skip
         proxy.faults.extend(FAULTS)
-        run = _run_once([*SERVED, *url, f"run.root={tmp_path / 'faults'}"])
+        run = run_alone(prepare(load([*SERVED, *url, f"run.root={tmp_path / 'faults'}"])))
         assert not proxy.faults and proxy.given == dict.fromkeys(FAULTS, 1)
         assert proxy.forwarded == 20 + 1  # the slow request's answer came too late: it reached the server twice
-        clean = _run_once([*SERVED, *url, f"run.root={tmp_path / 'clean'}"])
+        clean = run_alone(prepare(load([*SERVED, *url, f"run.root={tmp_path / 'clean'}"])))
         assert proxy.forwarded == 21 + 20
     finally:
         proxy.close()
@@ -147,7 +132,7 @@ def test_a_server_killed_mid_run_stops_it_resumably_and_a_restarted_one_finishes
             assert proxy.forwarded - before == 10  # only the missing episodes
         finally:
             client.close()
-        clean = _run_once([*SERVED, *url, f"run.root={tmp_path / 'clean'}"])
+        clean = run_alone(prepare(load([*SERVED, *url, f"run.root={tmp_path / 'clean'}"])))
     finally:
         proxy.close()
     assert servers[0].process.poll() is not None and _group_gone(servers[0].process.pid)  # the killed one is gone

@@ -107,7 +107,7 @@ def probe(base_url: str, model: str, api_key: str | None, timeout_s: float = 30.
     models, or its completions carry no token ids)."""
     import httpx
 
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    headers = _headers(api_key)
     try:
         response = httpx.get(f"{base_url}/models", headers=headers, timeout=timeout_s)
     except httpx.HTTPError as exc:
@@ -386,8 +386,8 @@ class OpenAIEngine:
             async with self._pool.one() as server:
                 url = server.identity.base_url
                 if server.client is None:
-                    headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
-                    server.client = httpx.AsyncClient(base_url=url, headers=headers, timeout=self._timeout,
+                    server.client = httpx.AsyncClient(base_url=url, headers=_headers(self._api_key),
+                                                      timeout=self._timeout,
                                                       limits=httpx.Limits(max_connections=server.ceiling))  # fmt: skip
                 fault = None
                 try:
@@ -559,6 +559,10 @@ def _error_message(response: Any) -> str:
         return str(response.json()["error"]["message"])[:300]
     except (ValueError, KeyError, TypeError):
         return response.text[:300]
+
+
+def _headers(api_key: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
 
 def _api_key(settings: dict[str, Any]) -> str | None:

@@ -286,7 +286,8 @@ def _watch_workers(config: EvalConfig, dispatcher: Dispatcher, run: layout.RunDi
     ``determinism.require_invariant``."""
     # a resumed run's answers must come from the servers its manifest recorded, not from whatever answers now
     recorded = reader.read_manifest(run).get("workers") if run is not None else None
-    reference = (recorded[0].get("engine") or {}).get("served_by") or [] if recorded else None
+    # (None: none recorded, as for a run made before servers were fingerprinted: the first worker's then)
+    reference = ((recorded[0].get("engine") or {}).get("served_by") or None) if recorded else None
     watch = WorkerWatch(drift_policy(config), _warn_drift, reference)
     for info in dispatcher.workers():
         _see(watch, info, run, config)
@@ -461,19 +462,23 @@ def _complete(
     clock.lap("start-up")
     writing = 0.0
     with progress, contextlib.closing(parts):
-        for outcome in dispatcher.map(batches, generator, committed.setup):
-            if outcome.worker not in watch.workers:  # a replacement worker: checked before its results count
-                for info in dispatcher.workers():
-                    if info["worker"] == outcome.worker:
-                        _see(watch, info, run, config)
-            try:  # a server that changed mid-run: its answers are not committed under run.on_drift=fail
-                watch.see_served(outcome.worker, outcome.served)
-            except DriftStopped as exc:
-                raise _drift_stop(exc, run) from exc
-            started = time.perf_counter()
-            if parts.write(outcome.part):
-                progress.advance(outcome.episodes, outcome.part.output_tokens)
-            writing += time.perf_counter() - started
+        try:
+            for outcome in dispatcher.map(batches, generator, committed.setup):
+                if outcome.worker not in watch.workers:  # a replacement worker: checked before its results count
+                    for info in dispatcher.workers():
+                        if info["worker"] == outcome.worker:
+                            _see(watch, info, run, config)
+                try:  # a server that changed mid-run: its answers are not committed under run.on_drift=fail
+                    watch.see_served(outcome.worker, outcome.served)
+                except DriftStopped as exc:
+                    raise _drift_stop(exc, run) from exc
+                started = time.perf_counter()
+                if parts.write(outcome.part):
+                    progress.advance(outcome.episodes, outcome.part.output_tokens)
+                writing += time.perf_counter() - started
+        except EngineDown:  # the backend stopped answering: the batches it answered are kept for resume
+            parts.flush()
+            raise
         started = time.perf_counter()
         parts.flush()  # every part durable before anything is scored
         writing += time.perf_counter() - started

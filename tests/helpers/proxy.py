@@ -41,6 +41,7 @@ class FaultProxy:
         self.on_forward: Callable[[int], None] | None = None  # called with `forwarded` before each relay
         self.forwarded = 0  # completion requests answered by the real server (probes not counted)
         self.given: Counter[str] = Counter()
+        self.last_request = time.monotonic()  # when the last completion request came
         proxy, lock = self, threading.Lock()
         origin = target.removesuffix("/v1")
 
@@ -62,6 +63,7 @@ class FaultProxy:
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0)) if method == "POST" else None
                 fault = None
                 if method == "POST" and json.loads(body or b"{}").get("prompt") != PROBE_PROMPT:
+                    proxy.last_request = time.monotonic()
                     with lock:
                         down = proxy.down_after is not None and proxy.forwarded >= proxy.down_after
                         fault = "drop" if down else (proxy.faults.popleft() if proxy.faults else None)
@@ -114,3 +116,11 @@ class FaultProxy:
     def close(self) -> None:
         self.httpd.shutdown()
         self.httpd.server_close()
+
+
+def settle(proxy: FaultProxy, quiet_s: float = 1.0, within_s: float = 30.0) -> None:
+    """Wait until no completion request has come for ``quiet_s``: a stopped run's cancelled requests may still be
+    on their way (cancelling a request does not unsend it)."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() - proxy.last_request < quiet_s and time.monotonic() < deadline:
+        time.sleep(0.1)
