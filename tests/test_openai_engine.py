@@ -218,6 +218,24 @@ def test_base_url_is_a_url_or_a_list_of_urls(value: Any, field: str) -> None:
     assert config.base_url == ("http://a:1/v1",) and config.as_record()["base_url"] == ["http://a:1/v1"]
 
 
+def test_the_judges_engine_is_checked_under_its_own_name_before_anything_loads() -> None:
+    """``+engine@judge_engine=openai``: its settings are an engine section's, named ``judge_engine.*`` in errors."""
+    from evalrun.config import load
+
+    rubric = ["task=report_rubric", "+engine@judge_engine=openai"]
+    with pytest.raises(BadInput) as raised:
+        load([*rubric, "judge_engine.base_url=localhost:8000"])
+    assert raised.value.where == "judge_engine.base_url"
+    with pytest.raises(BadInput) as raised:
+        load([*rubric, "judge_engine.base_url=http://a:1/v1", "judge_engine.max_concurrency=0"])
+    assert raised.value.where == "judge_engine.max_concurrency"
+    with pytest.raises(BadInput) as raised:
+        load(["task=report_rubric", "+engine@judge_engine=openai"])  # no URL and no serve
+    assert raised.value.where == "judge_engine.base_url"
+    config = load([*rubric, "judge_engine.base_url=http://a:1/v1"])
+    assert config.engine.name == "vllm" and config.judge_engine is not None and config.judge_engine.name == "openai"
+
+
 def test_tool_calls_go_to_the_chat_api_with_their_arguments_as_json_text() -> None:
     from evalrun.engines.openai import api_messages
 

@@ -10,6 +10,7 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 from conftest import SERVED
 from helpers.proxy import OTHER_FINGERPRINT, FaultProxy, settle
@@ -75,6 +76,63 @@ def test_a_server_evalrun_did_not_start_is_reached_by_its_url(served: Dispatcher
         client.close()
     assert output_columns(first) == output_columns(again)  # seeded sampling, request by request: repeatable
     assert verify_run(first).scores == "recomputed"
+    manifest = json.loads((first / "manifest.json").read_text())
+    # the weights are the server's: the local directory only rendered the prompts
+    assert manifest["model"]["pinned"] is False and manifest["identity"]["model"]["pinned"] is False
+    assert manifest["engine"]["weights_pinned"] is False
+
+
+def test_a_rubrics_judges_on_a_server_of_their_own_are_the_second_noisy_stage(served: Dispatcher,
+                                                                                tmp_path: Path) -> None:  # fmt: skip
+    """An offline run (engine=hf) whose judges are a served model (``+engine@judge_engine=openai``): the policy's
+    calls are the offline engine's, every judge call names the judges' server in the chain, the manifest records
+    that server and its unpinned weights; the verdicts are those of judges in the worker's process, and replay
+    serves the judges' recorded answers with no server."""
+    base = [*SERVED, "task=report_rubric", "limit=2", "engine=hf"]
+    judged = [*base, f"run.root={tmp_path / 'served'}", "+engine@judge_engine=openai",
+              f"judge_engine.base_url={_base_url(served)}", "judge_engine.served_model=tiny-adder"]  # fmt: skip
+    run = run_alone(prepare(load(judged)))
+    local = run_alone(prepare(load([*base, f"run.root={tmp_path / 'local'}"])))
+    entries = _model_entries(run)
+    judges = [e for e in entries if e.get("role") == "judge"]
+    assert len(judges) == 2 * (3 * 3 + 3 * 4) and all(e["response"]["server"]["model"] == "tiny-adder" for e in judges)
+    assert all("server" not in e["response"] for e in entries if e.get("role") != "judge")  # the policy: offline
+    assert output_columns(run) == output_columns(local)  # the policy's outputs, bit for bit
+    for got, expected in zip(_judgements(run), _judgements(local), strict=True):
+        assert [j["output"] for j in got] == [j["output"] for j in expected]  # the same verdicts
+        for a, b in zip(got, expected, strict=True):  # two engines' float32 kernels: close, not bitwise
+            assert a["option_logprobs"] == pytest.approx(b["option_logprobs"], abs=1e-3)
+    manifest = json.loads((run / "manifest.json").read_text())
+    assert manifest["judge_engine"]["name"] == "openai" and manifest["judge_engine"]["weights_pinned"] is False
+    assert manifest["judge_engine"]["servers"][0]["base_url"] == _base_url(served)
+    assert manifest["identity"]["judge_engine"]["base_url"] == _base_url(served)
+    assert manifest["model"]["pinned"] is True and manifest["judge_model"]["pinned"] is False
+    assert manifest["workers"][0]["engine"]["served_by"] == [judges[0]["response"]["server"]]
+    assert verify_run(run).scores == "recomputed"
+    replayed = replay_run(run, [])  # the judges' answers from the record: no server is asked
+    assert replayed.reproduced == 2 and not replayed.divergences and replayed.scores_identical
+
+
+def _judgements(run: Path) -> list[list[dict]]:
+    rows = pq.read_table(run / "outputs", columns=["episode_id", "judgements"]).to_pylist()
+    return [r["judgements"] for r in sorted(rows, key=lambda r: r["episode_id"])]
+
+
+def test_judges_whose_server_is_not_there_or_serves_another_model_are_refused_before_any_episode(
+    served: Dispatcher,
+) -> None:
+    rubric = ["task=report_rubric", "engine=hf", *SERVED, "+engine@judge_engine=openai"]
+    nobody = f"http://127.0.0.1:{free_port()}/v1"
+    with pytest.raises(BadInput, match=r"the judges' engine: .*no server answers") as caught:
+        open_for(prepare(load([*rubric, f"judge_engine.base_url={nobody}"])))
+    assert caught.value.where == "judge_engine.base_url"
+    with pytest.raises(BadInput, match=r"the judges' engine: .*not 'other'") as caught:
+        open_for(prepare(load([*rubric, f"judge_engine.base_url={_base_url(served)}",
+                               "judge_engine.served_model=other"])))  # fmt: skip
+    assert caught.value.where == "judge_engine.served_model"
+    with pytest.raises(BadInput, match=r"the task has no task\.rubric") as caught:
+        load([*SERVED, "+engine@judge_engine=openai", f"judge_engine.base_url={nobody}"])
+    assert caught.value.where == "judge_engine"
 
 
 def test_nothing_listening_or_another_model_is_refused_before_any_episode(served: Dispatcher) -> None:

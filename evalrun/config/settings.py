@@ -230,40 +230,41 @@ class EngineConfig(Section):
     # renders with its template and must render alike); null: completions
     api: Literal["completions", "chat"] | None = field(default=None, metadata=LEFT_OUT_WHEN_NULL)
 
-    def check(self) -> None:
+    def check(self, where: str = "engine") -> None:
+        """``where``: the section's name in the config (``engine``, or ``judge_engine`` for the judges' engine)."""
         for key in ("max_num_seqs", "tensor_parallel_size", "cpu_kvcache_gib"):
             if getattr(self, key) < 1:
-                raise _fail(f"engine.{key}", "an integer >= 1", getattr(self, key))
+                raise _fail(f"{where}.{key}", "an integer >= 1", getattr(self, key))
         if self.name == "hf" and (self.tensor_parallel_size != 1 or self.enable_prefix_caching):
-            raise BadInput("engine", "engine=hf supports tensor_parallel_size=1 and enable_prefix_caching=false only")
+            raise BadInput(where, "engine=hf supports tensor_parallel_size=1 and enable_prefix_caching=false only")
         if self.device is not None and (self.name != "hf" or not re.fullmatch(r"cpu|cuda(:\d+)?", self.device)):
-            raise _fail("engine.device", "null, or cpu | cuda | cuda:N with engine=hf", self.device)
+            raise _fail(f"{where}.device", "null, or cpu | cuda | cuda:N with engine=hf", self.device)
         if not 0 < self.gpu_memory_utilization <= 1:
-            raise _fail("engine.gpu_memory_utilization", "a number in (0, 1]", self.gpu_memory_utilization)
+            raise _fail(f"{where}.gpu_memory_utilization", "a number in (0, 1]", self.gpu_memory_utilization)
         served = ("base_url", "served_model", "api_key_env", "serve", "max_concurrency", "timeout_s", "max_retries",
                   "api")  # fmt: skip
         given = [key for key in served if getattr(self, key) is not None]
         if given and self.name != "openai":
-            raise BadInput(f"engine.{given[0]}", f"a setting of engine=openai, and the engine is {self.name}")
+            raise BadInput(f"{where}.{given[0]}", f"a setting of engine=openai, and the engine is {self.name}")
         if self.name == "openai" and not self.serve and not self.base_url:
-            raise BadInput("engine.base_url", "engine=openai needs the server's URL (http://HOST:PORT/v1), or "
+            raise BadInput(f"{where}.base_url", "engine=openai needs the server's URL (http://HOST:PORT/v1), or "
                                               "engine.serve=true to start a vLLM server of the model")  # fmt: skip
         for key in ("max_concurrency", "max_retries"):
             value = getattr(self, key)
             if value is not None and value < (1 if key == "max_concurrency" else 0):
-                raise _fail(f"engine.{key}", "an integer >= 1" if key == "max_concurrency" else "an integer >= 0",
+                raise _fail(f"{where}.{key}", "an integer >= 1" if key == "max_concurrency" else "an integer >= 0",
                             value)  # fmt: skip
         urls = (self.base_url,) if isinstance(self.base_url, str) else self.base_url or ()
         for i, url in enumerate(urls):
             if not re.fullmatch(r"https?://[^/\s]+(/\S*)?", url):
-                raise _fail("engine.base_url" + (f".{i}" if not isinstance(self.base_url, str) else ""),
+                raise _fail(f"{where}.base_url" + (f".{i}" if not isinstance(self.base_url, str) else ""),
                             "a server's URL, http://HOST:PORT/v1", url)  # fmt: skip
         if self.base_url is not None and not urls:
-            raise _fail("engine.base_url", "a server's URL or a list of them", [])
+            raise _fail(f"{where}.base_url", "a server's URL or a list of them", [])
         if self.serve and self.base_url is not None:
-            raise BadInput("engine.base_url", "engine.serve=true starts its own server: give one or the other")
+            raise BadInput(f"{where}.base_url", "engine.serve=true starts its own server: give one or the other")
         if self.timeout_s is not None and not self.timeout_s > 0:
-            raise _fail("engine.timeout_s", "a number of seconds > 0", self.timeout_s)
+            raise _fail(f"{where}.timeout_s", "a number of seconds > 0", self.timeout_s)
 
 
 @dataclass(frozen=True)
@@ -554,6 +555,10 @@ class EvalConfig(Section):
     report: bool = True
     # The model a rubric's judges run on (``+model@judge_model=NAME``); None: the run's own model.
     judge_model: ModelConfig | None = None
+    # The engine a rubric's judges run on (``+engine@judge_engine=NAME``, e.g. ``openai`` with the judges' server as
+    # ``judge_engine.base_url``); None: the run's engine settings (a served run's judges on a server of their own
+    # model when ``judge_model`` differs).
+    judge_engine: EngineConfig | None = None
 
     # Resolved by evalrun.config.validate (absolute, checked to exist); not settings.
     dataset_path: Path = field(default=Path(), kw_only=True, metadata=NOT_A_SETTING)
@@ -575,6 +580,10 @@ class EvalConfig(Section):
             raise BadInput("seeds.fewshot", "an agent task (task.world) has no few-shot examples: expected null")
         if self.judge_model is not None and self.task.rubric is None:
             raise BadInput("judge_model", "a judge model grades a rubric: the task has no task.rubric")
+        if self.judge_engine is not None:
+            if self.task.rubric is None:
+                raise BadInput("judge_engine", "a judge engine runs a rubric's judges: the task has no task.rubric")
+            self.judge_engine.check("judge_engine")
 
     def with_decoding(self, overrides: Mapping[str, Any]) -> EvalConfig:
         """This config with a prompt pack's decoding settings over the decoding group's, checked again."""

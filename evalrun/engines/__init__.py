@@ -224,6 +224,15 @@ class CheckedEngine(Protocol):
     def preflight(cls, model_path: Path, settings: dict[str, Any]) -> None: ...
 
 
+@runtime_checkable
+class RemoteEngine(Protocol):
+    """An engine class whose model may compute elsewhere than from the directory evalrun hashed (a server evalrun
+    did not start): the run's model is then recorded as unpinned."""
+
+    @classmethod
+    def weights_pinned(cls, settings: dict[str, Any]) -> bool: ...
+
+
 @dataclass(frozen=True)
 class ServedReport:
     """What a served engine met since it was last asked (:class:`ServedEngine`): provenance, never hashed.
@@ -288,6 +297,13 @@ def engine(name: str) -> Callable[[E], E]:
 
 def build_engine(name: str, model_path: Path, model_dtype: str, settings: dict[str, Any]) -> Engine:
     return ENGINES.get(name)(model_path, model_dtype, settings)
+
+
+def weights_pinned(name: str, settings: dict[str, Any]) -> bool:
+    """Whether engine ``name`` with ``settings`` computes with the model directory evalrun hashed
+    (:class:`RemoteEngine`; every engine in the worker's process does)."""
+    factory = ENGINES.get(name)
+    return factory.weights_pinned(settings) if isinstance(factory, RemoteEngine) else True
 
 
 def preflight(name: str, model_path: Path, settings: dict[str, Any]) -> None:

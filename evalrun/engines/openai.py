@@ -262,6 +262,7 @@ class OpenAIEngine:
             "version": self.identity.version or "unknown",
             "settings": settings,  # the key's variable name at most, never the key
             "servers": [i.as_record() for i in identities],
+            "weights_pinned": self.weights_pinned(settings),
         }
 
     @classmethod
@@ -270,6 +271,12 @@ class OpenAIEngine:
         if not settings.get("serve"):
             name = settings.get("served_model") or model_path.name
             _same_servers([probe(url, name, _api_key(settings)) for url in base_urls(settings)])
+
+    @classmethod
+    def weights_pinned(cls, settings: dict[str, Any]) -> bool:
+        """RemoteEngine: only a server evalrun started itself (``engine.serve``) serves the directory it hashed;
+        another's weights are what its server says they are."""
+        return bool(settings.get("serve"))
 
     def describe(self) -> dict[str, Any]:
         return self._description

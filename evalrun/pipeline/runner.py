@@ -13,7 +13,7 @@ import sys
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from functools import partial
 from pathlib import Path
@@ -21,8 +21,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from evalrun.config import EvalConfig, ModelConfig, load_stored, parse_overrides, to_yaml, validate
-from evalrun.engines import ENGINES, EngineDown, preflight
+from evalrun.config import EngineConfig, EvalConfig, ModelConfig, load_stored, parse_overrides, to_yaml, validate
+from evalrun.engines import ENGINES, EngineDown, preflight, weights_pinned
 from evalrun.engines.pins import ResolvedModel, model_directory, resolve_model
 from evalrun.episodes import EPISODE_KINDS, EncodedPart, EpisodeKind, Planned, kind_of, model_files
 from evalrun.errors import BadInput, CheckFailed, Interrupted, WriteFailed, first_line
@@ -80,6 +80,7 @@ def worker_spec(config: EvalConfig) -> WorkerSpec:
         determinism=config.determinism,
         judge_model_path=str(_directory(judge)) if judge is not None else None,
         judge_model_dtype=judge.dtype if judge is not None else None,
+        judge_engine=config.judge_engine,
         threads=worker_threads(config),
     )
 
@@ -99,11 +100,19 @@ def _resolve(m: ModelConfig) -> ResolvedModel:
     )  # fmt: skip
 
 
+def _served_unpinned(model: ResolvedModel, engine: EngineConfig) -> ResolvedModel:
+    """``model``, recorded as unpinned when ``engine`` computes with weights evalrun did not hash (a server it did
+    not start: its model files here only render the prompts)."""
+    return model if weights_pinned(engine.name, engine.as_record()) else replace(model, pinned=False)
+
+
 def check_plugins(config: EvalConfig) -> None:
     """Every plug-in the config names is registered: episode kind, engine, dispatcher, scorer, normalisers
     (a BadInput names the field). Nothing is imported to check."""
     EPISODE_KINDS.check(config.task.episode_kind)
     ENGINES.check(config.engine.name)
+    if config.judge_engine is not None:
+        ENGINES.check(config.judge_engine.name, field="judge_engine.name")
     DISPATCHERS.check(config.cluster.name)
     SCORERS.check(config.task.scorer.name)
     for name in config.task.scorer.normalize:
@@ -114,8 +123,14 @@ def prepare(config: EvalConfig) -> Prepared:
     """All checks that need no engine: plug-in names, model pins, the task (dataset, templates, world), the
     scorer's settings, the plan. The kind of episode loads and plans (docs/design.md "Kinds of episode")."""
     check_plugins(config)
-    model = _resolve(config.model)
+    resolved = _resolve(config.model)
+    model = _served_unpinned(resolved, config.engine)
     judge = _resolve(config.judge_model) if config.judge_model is not None else None
+    if judge is not None or config.judge_engine is not None:
+        judges = _served_unpinned(judge or resolved, config.judge_engine or config.engine)
+        # judges on the run's model are recorded as a judge model of their own when their weights are pinned
+        # where the run's are not, or the other way round (a served judge of an offline run's model)
+        judge = judges if judge is not None or judges.pinned != model.pinned else None
     kind = kind_of(config)
     files = model_files(model, judge)
     config, task = kind.load(config, files)
@@ -163,6 +178,17 @@ def open_for(prepared: Prepared) -> Dispatcher:
     server of a served model answers and serves it: engines.CheckedEngine; a BadInput names the setting)."""
     config = prepared.config
     preflight(config.engine.name, prepared.model.path, config.engine.as_record())
+    judges = config.judge_engine or (config.engine if prepared.judge_model is not None else None)
+    if judges is not None:  # the judges' server (when served) answers and serves the judges' model
+        where = "judge_engine" if config.judge_engine is not None else "engine"
+        try:
+            preflight(judges.name, (prepared.judge_model or prepared.model).path, judges.as_record())
+        except BadInput as exc:
+            named = f"{where}{exc.where.removeprefix('engine')}" if exc.where.startswith("engine") else exc.where
+            hint = "" if config.judge_engine is not None else (
+                " (the judges' model runs on the run's engine settings: give its server with +engine@judge_engine="
+                "openai judge_engine.base_url=URL)")  # fmt: skip
+            raise BadInput(named, f"the judges' engine: {exc.message}{hint}") from exc
     return open_dispatcher(prepared.worker_spec, config.cluster)
 
 

@@ -43,8 +43,11 @@ class WorkerSpec:
     engine: EngineConfig
     determinism: DeterminismConfig
     engine_factory: Callable[[WorkerSpec], Any] | None = None
-    judge_model_path: str | None = None  # a second engine, same settings, for a rubric's judges
+    # a second engine for a rubric's judges: of the judges' model (same engine settings), or of judge_engine's
+    # settings (the run's model where no judge model is given), or both
+    judge_model_path: str | None = None
     judge_model_dtype: str | None = None
+    judge_engine: EngineConfig | None = None
     # torch's intra-op (OpenMP) threads in the worker's process, set before its engine is built: the CPUs a
     # worker is given (cluster.cpus_per_worker), in the driver's process as in a Ray actor of that many CPUs
     # (Ray sets OMP_NUM_THREADS to them). None: torch's default, one per core, whose spinning threads slowed
@@ -61,6 +64,7 @@ class WorkerSpec:
             "engine_factory": None if factory is None else f"{factory.__module__}.{factory.__qualname__}",
             "judge_model_path": self.judge_model_path,
             "judge_model_dtype": self.judge_model_dtype,
+            **({"judge_engine": self.judge_engine.as_record()} if self.judge_engine is not None else {}),
             "threads": self.threads,
         }
 
@@ -133,11 +137,8 @@ class EngineWorker:
             self.determinism["notes"].append(not_run)
         self._scorers: dict[bytes, PartScorer | None] = {}  # by pickled ScoringSetup
         self.judge_engine = self.engine
-        if spec.judge_model_path is not None:
-            judge = replace(
-                spec, model_path=spec.judge_model_path, model_dtype=spec.judge_model_dtype or spec.model_dtype
-            )
-            self.judge_engine = _build_engine(judge)
+        if spec.judge_model_path is not None or spec.judge_engine is not None:
+            self.judge_engine = _build_engine(judge_spec(spec))
         self.engines = Engines(self.engine, self.judge_engine)
 
     def info(self) -> dict[str, Any]:
@@ -234,11 +235,19 @@ def pack_batch(episodes: list[Planned]) -> bytes:
         return cast(bytes, cloudpickle.dumps(episodes, protocol=pickle.HIGHEST_PROTOCOL))
 
 
+def judge_spec(spec: WorkerSpec) -> WorkerSpec:
+    """The spec of a worker's judge engine: the judges' model (the run's where none is given) on the judges'
+    engine settings (the run's where none are given)."""
+    return replace(spec, model_path=spec.judge_model_path or spec.model_path,
+                   model_dtype=spec.judge_model_dtype or spec.model_dtype, engine=spec.judge_engine or spec.engine,
+                   judge_model_path=None, judge_model_dtype=None, judge_engine=None)  # fmt: skip
+
+
 def canary_on_demand(spec: WorkerSpec) -> tuple[CanaryResult, dict[str, Any]]:
     """``evalrun canary``: one worker built in this process for ``spec`` (its judge engine left out), the
     canary run whatever ``determinism.canary`` says; the result and the worker's info. A canary that
     could not run is a BadInput naming why (the engine refused its prompts, or does not generate)."""
-    spec = replace(spec, determinism=replace(spec.determinism, canary=True), judge_model_path=None)
+    spec = replace(spec, determinism=replace(spec.determinism, canary=True), judge_model_path=None, judge_engine=None)
     worker = EngineWorker(spec, "canary-0")
     if worker.canary is None:
         notes = [n for n in worker.determinism["notes"] if n.startswith("determinism.canary")]
