@@ -116,7 +116,7 @@ def test_chat_prompts_and_their_digest(chatml: Path) -> None:
 
 
 def test_chat_on_a_model_without_a_template_exits_2_before_any_model_loads(capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli.main(["run", "task=addition_chat", "limit=2"]) == 2
+    assert cli.main(["run", "task=addition_chat", "limit=2", "cluster=inline"]) == 2
     err = capsys.readouterr().err
     assert "task.chat_format" in err and "has no chat template" in err
 

@@ -79,7 +79,7 @@ def test_model_with_a_changed_file_is_refused_naming_file_and_both_hashes(tmp_pa
     shutil.copytree(MODEL_DIR, model)
     config = model / "config.json"
     config.write_text(config.read_text() + " ", encoding="utf-8")
-    result = evalrun(tmp_path, f"model.path={model}")
+    result = evalrun(tmp_path, f"model.path={model}", "cluster=inline")  # (Ray's early start: test_startup.py)
     assert result.returncode == 2
     pinned = load([]).model.sha256["config.json"]
     from evalrun.records.canonical import file_sha256

@@ -181,15 +181,34 @@ def test_requests_stay_in_flight_across_batches_and_a_refusal_takes_its_place(st
     engine.close()
 
 
-def test_a_server_without_token_ids_is_refused_before_the_run(stub: Callable[..., Stub]) -> None:
+def test_a_server_without_token_ids_is_refused_unless_evalrun_tokenizes_its_replies(stub: Callable[..., Stub]) -> None:
     """An OpenAI-compatible server that is not vLLM (SGLang, TGI, llama.cpp give no token ids): refused at the
-    probe, naming the server and the missing feature, not one failed episode at a time."""
+    probe, naming the server, the missing feature and the setting, not one failed episode at a time; with
+    ``engine.token_ids=local`` its replies' text is tokenized here, and logprobs that do not fit those tokens
+    are left out rather than misplaced."""
+    from transformers import AutoTokenizer
+
     from evalrun.engines import preflight
 
-    server = stub(lambda body, n: (200, {}, completion()), probe=completion(ids=None))
-    with pytest.raises(BadInput, match=r"gives no token ids with a completion \(vLLM's return_token_ids\)"):
+    server = stub(lambda body, n: (200, {}, completion(ids=None)), probe=completion(ids=None))
+    with pytest.raises(BadInput, match=r"gives no token ids .*set engine.token_ids=local") as raised:
         preflight("openai", MODEL, {"base_url": server.url})
-    assert server.bodies == []
+    assert raised.value.where == "engine.base_url" and server.bodies == []
+    engine = _engine(server.url, token_ids="local")
+    (reply,) = engine.generate([_request()])
+    tokens = AutoTokenizer.from_pretrained(str(MODEL)).encode(" 86", add_special_tokens=False)
+    assert reply.text == " 86" and list(reply.token_ids) == tokens and reply.logprobs == ()
+    assert engine.describe()["token_ids"] == "local" and engine.describe()["servers"][0]["token_ids"] is False
+    engine.close()
+
+
+def test_a_run_scored_by_loglikelihood_needs_the_servers_prompt_logprobs(stub: Callable[..., Stub]) -> None:
+    from evalrun.engines import preflight
+
+    server = stub(lambda body, n: (200, {}, completion()))  # token ids, but no prompt logprobs
+    preflight("openai", MODEL, {"base_url": server.url})  # generation only: fine
+    with pytest.raises(BadInput, match=r"gives no prompt logprobs .*scores by loglikelihood"):
+        preflight("openai", MODEL, {"base_url": server.url}, frozenset({"loglikelihood"}))
 
 
 def test_several_servers_share_the_requests_and_must_agree(stub: Callable[..., Stub]) -> None:

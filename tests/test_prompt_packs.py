@@ -196,7 +196,9 @@ def test_malformed_rubric_fails_with_exit_2_naming_file_and_field(tmp_path: Path
     with pytest.raises(BadInput) as caught:
         load_rubric(rubric)
     assert str(rubric) in caught.value.where and field in caught.value.where
-    assert cli.main(["run", "task=report_rubric", f"task.rubric={rubric}", f"run.root={tmp_path}/runs"]) == 2
+    code = cli.main(["run", "task=report_rubric", f"task.rubric={rubric}", f"run.root={tmp_path}/runs",
+                     "cluster=inline"])  # fmt: skip
+    assert code == 2
     assert str(rubric) in capsys.readouterr().err
     assert not (tmp_path / "runs").exists()
 

@@ -165,7 +165,7 @@ def test_evaluation_never_imports_or_calls_the_solver(monkeypatch: Any) -> None:
 def test_a_missing_reference_is_bad_input_before_any_model_loads(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(BadInput, match="no reference for cost-0"):
         prepare(load(["task=shift_planner", "task.world.split=train", "limit=2"]))
-    assert main(["run", "task=shift_planner", "task.world.split=train", "limit=2"]) == 2
+    assert main(["run", "task=shift_planner", "task.world.split=train", "limit=2", "cluster=inline"]) == 2
     assert "no reference for cost-0" in capsys.readouterr().err
 
 

@@ -195,6 +195,7 @@ SERVED_SETTINGS = (
     "timeout_s",
     "max_retries",
     "api",
+    "token_ids",
 )
 
 
@@ -205,7 +206,8 @@ def test_settings_are_typed_frozen_and_give_back_the_composed_record() -> None:
     assert raw["task"].pop("kind") is None  # a setting left out of the record while null (records stay as before)
     assert [raw["task"].pop(k) for k in CHAT_SETTINGS] == [None, None, {}, None]
     assert raw["determinism"].pop("require_invariant") is None  # the same
-    assert [raw["engine"].pop(k) for k in SERVED_SETTINGS] == [None] * 8  # engine=openai's, the same
+    assert [raw["engine"].pop(k) for k in SERVED_SETTINGS] == [None] * len(SERVED_SETTINGS)  # engine=openai's, the same
+    assert raw.pop("judge_engine") is None  # the same
     assert config.as_record() == raw
     assert validate(compose_config(["task=addition_mc", "task.kind=dataset"])).as_record()["task"]["kind"] == "dataset"
     assert config.decoding.stop == ("\n",) and config.task.choices.scoring == "both"
@@ -220,7 +222,8 @@ def test_the_hydra_schema_is_generated_from_the_settings_with_the_same_defaults(
     assert schema["task"].pop("kind") is None  # composed as null, left out of the record while null
     assert [schema["task"].pop(k) for k in CHAT_SETTINGS] == [None, None, {}, None]
     assert schema["determinism"].pop("require_invariant") is None  # the same
-    assert [schema["engine"].pop(k) for k in SERVED_SETTINGS] == [None] * 8
+    assert [schema["engine"].pop(k) for k in SERVED_SETTINGS] == [None] * len(SERVED_SETTINGS)
+    assert schema.pop("judge_engine") is None
     assert schema == EvalConfig().as_record()
 
 

@@ -82,6 +82,40 @@ def test_a_server_evalrun_did_not_start_is_reached_by_its_url(served: Dispatcher
     assert manifest["engine"]["weights_pinned"] is False
 
 
+def test_a_server_that_gives_no_token_ids_runs_on_evalruns_tokenization_of_its_replies(
+    served: Dispatcher, run_eval: Callable[..., Path], tmp_path: Path
+) -> None:
+    """The session's server behind a proxy that answers as servers other than vLLM do (no token ids, no prompt
+    logprobs, no chat rendering): refused unless ``engine.token_ids=local``, and refused for a task scored by
+    loglikelihood or for the chat endpoint, all before any episode; with it, the offline engine's text for every
+    item, its token ids less the stop token the text leaves out, and its logprobs on those tokens."""
+    proxy = FaultProxy(_base_url(served))
+    proxy.text_only = True
+    url = (*SERVED, "engine=openai", f"engine.base_url={proxy.url}", "engine.served_model=tiny-adder")
+    try:
+        with pytest.raises(BadInput, match=r"gives no token ids .*engine\.token_ids=local"):
+            open_for(prepare(load([*url])))
+        with pytest.raises(BadInput, match=r"gives no prompt logprobs .*scores by loglikelihood"):
+            open_for(prepare(load([*url, "engine.token_ids=local", "task=addition_mc"])))
+        with pytest.raises(BadInput, match=r"does not say how its chat endpoint rendered") as caught:
+            open_for(prepare(load([*url, "engine.token_ids=local", "engine.api=chat"])))
+        assert caught.value.where == "engine.api"
+        run = run_alone(prepare(load([*url, "engine.token_ids=local", f"run.root={tmp_path}"])))
+    finally:
+        proxy.close()
+    offline = run_eval("limit=20")
+    got, expected = output_columns(run), output_columns(offline)
+    assert [r[:2] for r in got] == [r[:2] for r in expected]  # episode and text, every one
+    for (_, _, ids, logprobs), (_, _, model_ids, model_logprobs) in zip(got, expected, strict=True):
+        # the reply's text tokenized as the model spelled it; the stop token the text leaves out is not there
+        ids, model_ids = json.loads(ids), json.loads(model_ids)
+        assert ids == model_ids[: len(ids)] and len(ids) == len(model_ids) - 1
+        assert json.loads(logprobs) == json.loads(model_logprobs)[: len(ids)]  # placed on the same tokens
+    manifest = json.loads((run / "manifest.json").read_text())
+    assert manifest["engine"]["token_ids"] == "local" and manifest["engine"]["servers"][0]["token_ids"] is False
+    assert verify_run(run).scores == "recomputed" and replay_run(run, []).reproduced == 20
+
+
 def test_a_rubrics_judges_on_a_server_of_their_own_are_the_second_noisy_stage(served: Dispatcher,
                                                                                 tmp_path: Path) -> None:  # fmt: skip
     """An offline run (engine=hf) whose judges are a served model (``+engine@judge_engine=openai``): the policy's

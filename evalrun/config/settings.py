@@ -229,6 +229,9 @@ class EngineConfig(Section):
     # completions (evalrun's rendered prompt, as text) or chat (the messages it was rendered from, which the server
     # renders with its template and must render alike); null: completions
     api: Literal["completions", "chat"] | None = field(default=None, metadata=LEFT_OUT_WHEN_NULL)
+    # where a reply's token ids come from: the server (vLLM's return_token_ids), or, for a server that gives none
+    # (SGLang, TGI, llama.cpp), evalrun's tokenization of the reply's text; null: server
+    token_ids: Literal["server", "local"] | None = field(default=None, metadata=LEFT_OUT_WHEN_NULL)
 
     def check(self, where: str = "engine") -> None:
         """``where``: the section's name in the config (``engine``, or ``judge_engine`` for the judges' engine)."""
@@ -242,7 +245,7 @@ class EngineConfig(Section):
         if not 0 < self.gpu_memory_utilization <= 1:
             raise _fail(f"{where}.gpu_memory_utilization", "a number in (0, 1]", self.gpu_memory_utilization)
         served = ("base_url", "served_model", "api_key_env", "serve", "max_concurrency", "timeout_s", "max_retries",
-                  "api")  # fmt: skip
+                  "api", "token_ids")  # fmt: skip
         given = [key for key in served if getattr(self, key) is not None]
         if given and self.name != "openai":
             raise BadInput(f"{where}.{given[0]}", f"a setting of engine=openai, and the engine is {self.name}")
@@ -558,7 +561,7 @@ class EvalConfig(Section):
     # The engine a rubric's judges run on (``+engine@judge_engine=NAME``, e.g. ``openai`` with the judges' server as
     # ``judge_engine.base_url``); None: the run's engine settings (a served run's judges on a server of their own
     # model when ``judge_model`` differs).
-    judge_engine: EngineConfig | None = None
+    judge_engine: EngineConfig | None = field(default=None, metadata=LEFT_OUT_WHEN_NULL)
 
     # Resolved by evalrun.config.validate (absolute, checked to exist); not settings.
     dataset_path: Path = field(default=Path(), kw_only=True, metadata=NOT_A_SETTING)

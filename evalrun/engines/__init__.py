@@ -217,11 +217,12 @@ class ClosingEngine(Engine, Protocol):
 
 @runtime_checkable
 class CheckedEngine(Protocol):
-    """An engine class that checks, before any engine or worker starts, what it will need (a server that answers
-    and serves the model): a BadInput names the setting."""
+    """An engine class that checks, before any engine or worker starts, what it will need (a server that answers,
+    serves the model and gives what the run ``needs``: ``loglikelihood`` for a run that scores options by it): a
+    BadInput names the setting."""
 
     @classmethod
-    def preflight(cls, model_path: Path, settings: dict[str, Any]) -> None: ...
+    def preflight(cls, model_path: Path, settings: dict[str, Any], needs: frozenset[str] = frozenset()) -> None: ...
 
 
 @runtime_checkable
@@ -306,8 +307,8 @@ def weights_pinned(name: str, settings: dict[str, Any]) -> bool:
     return factory.weights_pinned(settings) if isinstance(factory, RemoteEngine) else True
 
 
-def preflight(name: str, model_path: Path, settings: dict[str, Any]) -> None:
+def preflight(name: str, model_path: Path, settings: dict[str, Any], needs: frozenset[str] = frozenset()) -> None:
     """The checks engine ``name`` makes before it is built (:class:`CheckedEngine`; most make none)."""
     factory = ENGINES.get(name)
     if isinstance(factory, CheckedEngine):
-        factory.preflight(model_path, settings)
+        factory.preflight(model_path, settings, needs)

@@ -1,5 +1,5 @@
 """``engine=openai``: a model behind an OpenAI-compatible server (``vllm serve``; SGLang, TGI and llama.cpp's server
-give no token ids and are refused before the run).
+give no token ids, and run with ``engine.token_ids=local``: evalrun tokenizes their replies).
 
 evalrun renders every prompt itself (its chat formatting, the model's template, as for the offline engines) and
 sends it to the completions endpoint, so a served run and an offline run of the same model send the same text;
@@ -10,11 +10,13 @@ endpoint instead, and refuses the answer unless the server rendered the very pro
 Loglikelihood requests send the tokens of context and continuation (tokenized here, as every engine does) and
 read the server's prompt logprobs (vLLM's ``prompt_logprobs``).
 
-Every server is probed first (:func:`probe`: ``/v1/models``, ``/version`` and a one-token completion, whose
-``system_fingerprint`` the manifest records). What the server answered about itself is kept with every response
-(``Completion.server``: the model it names and its fingerprint), and the engine reports what it met to its worker
-(:class:`~evalrun.engines.ServedReport`), so that a backend that changes during a run is drift. The response id,
-the retries and the concurrency limit are provenance: logged or counted, never hashed.
+Every server is probed first (:func:`probe`: ``/v1/models``, ``/version``, a one-token completion, whose
+``system_fingerprint`` the manifest records, and whether it gives token ids, prompt logprobs and, for
+``engine.api=chat``, its chat rendering; :func:`fit` refuses what the run cannot do without them). What the server
+answered about itself is kept with every response (``Completion.server``: the model it names and its fingerprint),
+and the engine reports what it met to its worker (:class:`~evalrun.engines.ServedReport`), so that a backend that
+changes during a run is drift. The response id, the retries and the concurrency limit are provenance: logged or
+counted, never hashed.
 
 Requests go out concurrently to the least loaded of the servers ``engine.base_url`` lists, each with its own
 adaptive limit (``engine.max_concurrency``: halved on 429 and 503, the server's ``Retry-After`` honoured, grown
@@ -35,7 +37,7 @@ import os
 import random
 import threading
 from collections import Counter
-from collections.abc import Coroutine, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -88,11 +90,24 @@ class ServerIdentity:
     max_model_len: int | None
     version: str | None
     system_fingerprint: str | None = None
+    # what of evalrun's record the server gives: the reply's token ids (vLLM's return_token_ids) and a prompt's
+    # logprobs (vLLM's prompt_logprobs, which loglikelihood requests read)
+    token_ids: bool = True
+    prompt_logprobs: bool = True
+    # the chat endpoint's rendering of the messages (vLLM's return_prompt_text); None: not asked (engine.api is not
+    # chat)
+    prompt_text: bool | None = None
 
     def as_record(self) -> dict[str, Any]:
+        chat = {} if self.prompt_text is None else {"prompt_text": self.prompt_text}
         return {"base_url": self.base_url, "model": self.model, "root": self.root,
                 "max_model_len": self.max_model_len, "version": self.version,
-                "system_fingerprint": self.system_fingerprint}  # fmt: skip
+                "system_fingerprint": self.system_fingerprint, "token_ids": self.token_ids,
+                "prompt_logprobs": self.prompt_logprobs, **chat}  # fmt: skip
+
+    def named(self) -> str:
+        """The server as an error message names it: its URL, version and model."""
+        return f"{self.base_url} (server {self.version + ' ' if self.version else ''}of {self.model!r})"
 
 
 def base_urls(settings: dict[str, Any]) -> list[str]:
@@ -101,10 +116,12 @@ def base_urls(settings: dict[str, Any]) -> list[str]:
     return [str(u).rstrip("/") for u in ([given] if isinstance(given, str) else given or [])]
 
 
-def probe(base_url: str, model: str, api_key: str | None, timeout_s: float = 30.0) -> ServerIdentity:
-    """The server at ``base_url`` serves ``model`` and gives what evalrun records: its identity, or a BadInput
-    naming the field that is wrong (nothing listens there, it is not an OpenAI-compatible server, it serves other
-    models, or its completions carry no token ids)."""
+def probe(base_url: str, model: str, api_key: str | None, timeout_s: float = 30.0,
+          chat: bool = False) -> ServerIdentity:  # fmt: skip
+    """The server at ``base_url`` serves ``model``: its identity, what of evalrun's record it gives (token ids,
+    prompt logprobs, and with ``chat`` its chat endpoint's rendering: :func:`fit` decides whether that is
+    enough), or a BadInput naming the field that is wrong
+    (nothing listens there, it is not an OpenAI-compatible server, or it serves other models)."""
     import httpx
 
     headers = _headers(api_key)
@@ -139,18 +156,52 @@ def probe(base_url: str, model: str, api_key: str | None, timeout_s: float = 30.
     if not isinstance(completion, dict):
         raise BadInput("engine.base_url", f"{base_url}/completions answered {reply.status_code}: "
                                           f"{_error_message(reply)}")  # fmt: skip
-    choices = completion.get("choices") or [{}]
-    if not isinstance(choices[0], dict) or not isinstance(choices[0].get("token_ids"), list):
-        served_by = f"{version} " if version else ""
-        raise BadInput("engine.base_url", f"{base_url} (server {served_by}of {model!r}) gives no token ids with a "
-                                          "completion (vLLM's return_token_ids): evalrun records the tokens of "
-                                          "every reply, and reaches vLLM servers only for now")  # fmt: skip
+    choice = (completion.get("choices") or [{}])[0]
+    token_ids = isinstance(choice, dict) and isinstance(choice.get("token_ids"), list)
+    # a prompt's logprobs, as a loglikelihood request reads them (a server that refuses the field has none)
+    body = {"model": model, "prompt": PROBE_PROMPT, "max_tokens": 1, "temperature": 0.0, "prompt_logprobs": 1}
+    try:
+        reply = httpx.post(f"{base_url}/completions", json=body, headers=headers, timeout=timeout_s)
+        scored = reply.json() if reply.status_code == 200 else {}
+        prompt_logprobs = isinstance(((scored.get("choices") or [{}])[0] or {}).get("prompt_logprobs"), list)
+    except (httpx.HTTPError, ValueError, AttributeError, TypeError):
+        prompt_logprobs = False
+    prompt_text = None
+    if chat:  # the chat endpoint says how it rendered the messages (evalrun checks that against its record)
+        body = {"model": model, "messages": [{"role": "user", "content": PROBE_PROMPT}], "max_tokens": 1,
+                "temperature": 0.0, "return_prompt_text": True}  # fmt: skip
+        try:
+            reply = httpx.post(f"{base_url}/chat/completions", json=body, headers=headers, timeout=timeout_s)
+            prompt_text = reply.status_code == 200 and isinstance(reply.json().get("prompt_text"), str)
+        except (httpx.HTTPError, ValueError, AttributeError):
+            prompt_text = False
     entry = listed[model]
     max_len = entry.get("max_model_len")
     fingerprint = completion.get("system_fingerprint")
     return ServerIdentity(base_url, str(completion.get("model") or model), entry.get("root"),
                           max_len if isinstance(max_len, int) else None, version,
-                          None if fingerprint is None else str(fingerprint))  # fmt: skip
+                          None if fingerprint is None else str(fingerprint), token_ids, prompt_logprobs,
+                          prompt_text)  # fmt: skip
+
+
+def fit(identities: list[ServerIdentity], settings: dict[str, Any], needs: frozenset[str] = frozenset()) -> None:
+    """The servers give what the run records and needs, or a BadInput naming the server and what it lacks: token
+    ids (unless ``engine.token_ids=local``: evalrun tokenizes the replies itself) and, for a run that scores by
+    loglikelihood (``needs``), a prompt's logprobs."""
+    for identity in identities:
+        if not identity.token_ids and settings.get("token_ids") != "local":
+            raise BadInput("engine.base_url", f"{identity.named()} gives no token ids with a completion (vLLM's "
+                                              "return_token_ids): set engine.token_ids=local to have evalrun "
+                                              "tokenize its replies with the model's tokenizer")  # fmt: skip
+        if identity.prompt_text is False:
+            raise BadInput("engine.api", f"{identity.named()} does not say how its chat endpoint rendered the "
+                                         "messages (vLLM's return_prompt_text), which evalrun checks against the "
+                                         "prompt it records: use engine.api=completions")  # fmt: skip
+        if "loglikelihood" in needs and not identity.prompt_logprobs:
+            raise BadInput("engine.base_url", f"{identity.named()} gives no prompt logprobs (vLLM's "
+                                              "prompt_logprobs), and the run scores by loglikelihood (multiple "
+                                              "choice by task.choices.scoring, or a rubric's judges): score by "
+                                              "letter, or use a vLLM server")  # fmt: skip
 
 
 @dataclass
@@ -239,11 +290,15 @@ class OpenAIEngine:
         if not urls:
             raise BadInput("engine.base_url", "engine=openai needs the server's URL (http://HOST:PORT/v1), or "
                                               "engine.serve=true to start a vLLM server of the model")  # fmt: skip
-        identities = _same_servers([probe(url, self.model, self._api_key) for url in urls])
+        chat = self._api == "chat"
+        identities = _same_servers([probe(url, self.model, self._api_key, chat=chat) for url in urls])
+        fit(identities, settings)
         ceiling = int(settings.get("max_concurrency") or DEFAULT_CONCURRENCY)
         self._pool = _Pool([_Server(identity, ceiling) for identity in identities])
         self.identity = identities[0]
         self._tokenizer: Any = None
+        # a server that gives no token ids (engine.token_ids=local): its replies are tokenized here
+        self._tokenize = None if self.identity.token_ids else self._local_tokens
         # the requests' event loop runs in a thread of its own, so that submitted requests go on while the
         # harness records a batch (QueueingEngine): the server's queue never drains between batches
         self._loop = asyncio.new_event_loop()
@@ -263,14 +318,20 @@ class OpenAIEngine:
             "settings": settings,  # the key's variable name at most, never the key
             "servers": [i.as_record() for i in identities],
             "weights_pinned": self.weights_pinned(settings),
+            "token_ids": "server" if self.identity.token_ids else "local",
         }
+        if self._tokenize is not None:
+            self._load_tokenizer()
 
     @classmethod
-    def preflight(cls, model_path: Path, settings: dict[str, Any]) -> None:
-        """The servers evalrun does not start answer, serve the model and agree (checked before any worker starts)."""
+    def preflight(cls, model_path: Path, settings: dict[str, Any], needs: frozenset[str] = frozenset()) -> None:
+        """The servers evalrun does not start answer, serve the model, agree and give what the run needs (checked
+        before any worker starts; a vLLM server evalrun starts gives all of it)."""
         if not settings.get("serve"):
             name = settings.get("served_model") or model_path.name
-            _same_servers([probe(url, name, _api_key(settings)) for url in base_urls(settings)])
+            chat = settings.get("api") == "chat"
+            identities = [probe(url, name, _api_key(settings), chat=chat) for url in base_urls(settings)]
+            fit(_same_servers(identities), settings, needs)
 
     @classmethod
     def weights_pinned(cls, settings: dict[str, Any]) -> bool:
@@ -361,11 +422,21 @@ class OpenAIEngine:
     def loglikelihood(self, requests: list[LoglikelihoodRequest]) -> list[Loglikelihood]:
         if not requests:
             return []
+        self._load_tokenizer()
+        return self._run([self._loglikelihood(r) for r in requests])
+
+    def _load_tokenizer(self) -> None:
         if self._tokenizer is None:
             from transformers import AutoTokenizer
 
             self._tokenizer = AutoTokenizer.from_pretrained(str(self._model_path))
-        return self._run([self._loglikelihood(r) for r in requests])
+
+    def _local_tokens(self, text: str) -> tuple[list[int], list[str]]:
+        """A reply's token ids where the server gives none: its text tokenized with the model's tokenizer (ids that
+        decode to it; not necessarily the ones the model chose, which the server did not say), and each one's
+        text, to place the server's logprobs by."""
+        ids = list(self._tokenizer.encode(text, add_special_tokens=False))
+        return ids, [self._tokenizer.decode([i]) for i in ids]
 
     def _run(self, calls: Sequence[Coroutine[Any, Any, Any]]) -> list[Any]:
         """Every call, concurrently within the limit, on the engine's loop; results in call order. A refused
@@ -456,8 +527,9 @@ class OpenAIEngine:
             body["logprobs"] = 0  # the chosen tokens' only
         answer = await self._post("/completions", body)
         choice = answer["choices"][0]
-        values = (choice.get("logprobs") or {}).get("token_logprobs") or [] if s.logprobs else None
-        return _completion_of(answer, choice["text"], choice, values)
+        logprobs = choice.get("logprobs") or {}
+        values = logprobs.get("token_logprobs") or [] if s.logprobs else None
+        return _completion_of(answer, choice["text"], choice, values, self._tokenize, logprobs.get("tokens"))
 
     async def _chat_completion(self, request: GenerationRequest, chat: Conversation,
                                body: dict[str, Any]) -> Completion:  # fmt: skip
@@ -485,10 +557,11 @@ class OpenAIEngine:
             raise RequestRejected("the server split the reply (a --reasoning-parser or tool parser of its own): "
                                   "evalrun takes replies whole and splits them itself (task.reasoning_parser, "
                                   "task.world.tool_format)")  # fmt: skip
-        values = None
+        values, strings = None, None
         if request.sampling.logprobs:
-            values = [step.get("logprob") for step in (choice.get("logprobs") or {}).get("content") or []]
-        return _completion_of(answer, message.get("content") or "", choice, values)
+            steps = (choice.get("logprobs") or {}).get("content") or []
+            values, strings = [step.get("logprob") for step in steps], [step.get("token") for step in steps]
+        return _completion_of(answer, message.get("content") or "", choice, values, self._tokenize, strings)
 
     async def _loglikelihood(self, request: LoglikelihoodRequest) -> Loglikelihood:
         ids, n = loglikelihood_tokens(self._tokenizer, request)
@@ -508,13 +581,23 @@ class OpenAIEngine:
                              server=_server_of(answer))  # fmt: skip
 
 
-def _completion_of(answer: dict[str, Any], text: str, choice: dict[str, Any], logprobs: list[Any] | None) -> Completion:
-    """A completion from a server's answer: its text, the token ids (vLLM's return_token_ids), the chosen tokens'
-    logprobs when asked for (None: not asked; vLLM writes -9999.0 for minus infinity) and what the server said
-    of itself."""
+def _completion_of(answer: dict[str, Any], text: str, choice: dict[str, Any], logprobs: list[Any] | None,
+                   tokenize: Callable[[str], tuple[list[int], list[str]]] | None = None,
+                   strings: list[Any] | None = None) -> Completion:  # fmt: skip
+    """A completion from a server's answer: its text, the token ids (vLLM's return_token_ids; else, with
+    ``tokenize``, the text's tokens here), the chosen tokens' logprobs when asked for (None: not asked; vLLM
+    writes -9999.0 for minus infinity) and what the server said of itself. With local tokens the server's
+    logprobs are kept only when its tokens' ``strings`` begin with the local tokens' texts, one for one (then
+    they are the same tokens; a stop token the text leaves out comes after them), else none: a logprob is never
+    placed on a token it may not belong to."""
     token_ids = choice.get("token_ids")
-    if token_ids is None:
+    if token_ids is None and tokenize is None:
         raise RequestRejected("the server gave no token ids (vLLM's return_token_ids)")
+    if token_ids is None:
+        token_ids, pieces = tokenize(text)
+        aligned = strings is not None and list(strings[: len(pieces)]) == pieces and len(logprobs or ()) >= len(pieces)
+        if logprobs is not None:
+            logprobs = logprobs[: len(pieces)] if aligned else []
     values = () if logprobs is None else tuple(None if v is None or v <= -9999.0 else float(v) for v in logprobs)
     return Completion(
         text=text, token_ids=tuple(int(t) for t in token_ids), logprobs=values,
@@ -576,11 +659,23 @@ def _api_key(settings: dict[str, Any]) -> str | None:
     return os.environ.get(settings["api_key_env"]) if settings.get("api_key_env") else None
 
 
+# what several servers of one run must agree in
+SERVER_FIELDS = (
+    "model",
+    "system_fingerprint",
+    "version",
+    "max_model_len",
+    "token_ids",
+    "prompt_logprobs",
+    "prompt_text",
+)
+
+
 def _same_servers(identities: list[ServerIdentity]) -> list[ServerIdentity]:
     """Several servers of one run serve the same thing: the same model, fingerprint and version, or a BadInput."""
     first = identities[0]
     for other in identities[1:]:
-        for name in ("model", "system_fingerprint", "version", "max_model_len"):
+        for name in SERVER_FIELDS:
             if getattr(other, name) != getattr(first, name):
                 raise BadInput("engine.base_url", f"{other.base_url} differs from {first.base_url} in {name}: "
                                                   f"{getattr(other, name)!r} instead of {getattr(first, name)!r} "

@@ -177,12 +177,14 @@ def open_for(prepared: Prepared) -> Dispatcher:
     """The dispatcher (its workers, their engines) of a prepared run, once the engine's own checks pass (e.g. the
     server of a served model answers and serves it: engines.CheckedEngine; a BadInput names the setting)."""
     config = prepared.config
-    preflight(config.engine.name, prepared.model.path, config.engine.as_record())
+    policy_needs, judge_needs = _engine_needs(prepared)
     judges = config.judge_engine or (config.engine if prepared.judge_model is not None else None)
-    if judges is not None:  # the judges' server (when served) answers and serves the judges' model
+    preflight(config.engine.name, prepared.model.path, config.engine.as_record(),
+              policy_needs | (judge_needs if judges is None else frozenset()))  # fmt: skip
+    if judges is not None:  # the judges' server (when served) answers, serves the judges' model, gives what they need
         where = "judge_engine" if config.judge_engine is not None else "engine"
         try:
-            preflight(judges.name, (prepared.judge_model or prepared.model).path, judges.as_record())
+            preflight(judges.name, (prepared.judge_model or prepared.model).path, judges.as_record(), judge_needs)
         except BadInput as exc:
             named = f"{where}{exc.where.removeprefix('engine')}" if exc.where.startswith("engine") else exc.where
             hint = "" if config.judge_engine is not None else (
@@ -190,6 +192,17 @@ def open_for(prepared: Prepared) -> Dispatcher:
                 "openai judge_engine.base_url=URL)")  # fmt: skip
             raise BadInput(named, f"the judges' engine: {exc.message}{hint}") from exc
     return open_dispatcher(prepared.worker_spec, config.cluster)
+
+
+def _engine_needs(prepared: Prepared) -> tuple[frozenset[str], frozenset[str]]:
+    """What the run's calls need of an engine beyond generation, for the policy's calls and the judges':
+    ``loglikelihood`` where multiple-choice options (``task.choices.scoring``) or a rubric's verdicts are scored
+    by it (engines.CheckedEngine)."""
+    choices = prepared.config.task.choices
+    rubric = prepared.kind.rubric(prepared.task)
+    policy = {"loglikelihood"} if choices.field is not None and choices.scoring != "letter" else set()
+    judges = {"loglikelihood"} if rubric is not None and rubric.scoring == "loglikelihood" else set()
+    return frozenset(policy), frozenset(judges)
 
 
 def _batches(episodes: Iterable[Any], size: int) -> Iterator[list[Any]]:

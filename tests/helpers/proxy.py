@@ -9,6 +9,10 @@ forwarded (a server that went away; 0: at once):
 - ``slow``: the answer held back ``slow_s`` seconds (past the client's timeout), then sent;
 - ``fingerprint``: the real answer with another ``system_fingerprint`` (a backend that changed mid-run).
 
+``text_only`` makes the server behind it one of the OpenAI-compatible servers that are not vLLM (llama.cpp's,
+TGI, SGLang as they answer by default): every answer, the probe's too, without vLLM's token ids, prompt
+logprobs and prompt text.
+
 Every fault given and every request forwarded is counted. ``on_forward``, when set, is called with the count
 (this request's included) before each forwarded completion request is relayed: a test's way to act at a given
 point of a run (kill the server behind the proxy, say). A request the server behind the proxy cannot be reached
@@ -37,6 +41,7 @@ class FaultProxy:
         self.faults: deque[str | None] = deque()  # the next completion requests' faults, in order (None: none)
         self.down_after: int | None = None  # then every completion request dropped
         self.rewrite = False  # every answer with OTHER_FINGERPRINT
+        self.text_only = False  # every answer without vLLM's extensions
         self.slow_s = slow_s
         self.on_forward: Callable[[int], None] | None = None  # called with `forwarded` before each relay
         self.forwarded = 0  # completion requests answered by the real server (probes not counted)
@@ -96,6 +101,14 @@ class FaultProxy:
                 if fault == "fingerprint" or (proxy.rewrite and method == "POST"):
                     data = json.loads(content)
                     data["system_fingerprint"] = OTHER_FINGERPRINT
+                    content = json.dumps(data).encode()
+                if proxy.text_only and method == "POST" and answer.status_code == 200:
+                    data = json.loads(content)
+                    data.pop("prompt_token_ids", None)
+                    for choice in data.get("choices") or []:
+                        for key in ("token_ids", "prompt_logprobs", "prompt_token_ids", "prompt_text"):
+                            choice.pop(key, None)
+                    data.pop("prompt_text", None)
                     content = json.dumps(data).encode()
                 if fault == "slow":
                     time.sleep(proxy.slow_s)
