@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from evalrun.errors import BadInput
+from evalrun.pipeline.runner import load_run_config
 from evalrun.rundir.layout import RunDir
 from evalrun.rundir.reader import read_outputs
 from evalrun.rundir.writer import locked
@@ -69,3 +71,6 @@ def test_second_driver_and_changed_config_are_refused(run_eval, tmp_path: Path) 
 
     wrong = evalrun(tmp_path, "resume", str(run), "decoding.temperature=0")
     assert wrong.returncode == 2 and "decoding.temperature" in wrong.stderr
+    with pytest.raises(BadInput, match="the rest is the run's own") as caught:  # what a served model computes
+        load_run_config(RunDir(run), ["engine.served_model=other"])
+    assert caught.value.where == "engine.served_model=other"

@@ -233,6 +233,14 @@ class EngineConfig(Section):
     # (SGLang, TGI, llama.cpp), evalrun's tokenization of the reply's text; null: server
     token_ids: Literal["server", "local"] | None = field(default=None, metadata=LEFT_OUT_WHEN_NULL)
 
+    # how requests reach a served model, not what it computes (the server's answers are checked for drift): a run
+    # resumes through another URL or at another concurrency, as it resumes on other workers or batch sizes
+    TRANSPORT: ClassVar[tuple[str, ...]] = ("base_url", "api_key_env", "max_concurrency", "timeout_s", "max_retries")
+
+    def identity_record(self) -> dict[str, Any]:
+        """The settings as a run's identity holds them: :meth:`as_record` without the transport's."""
+        return {k: v for k, v in self.as_record().items() if k not in self.TRANSPORT}
+
     def check(self, where: str = "engine") -> None:
         """``where``: the section's name in the config (``engine``, or ``judge_engine`` for the judges' engine)."""
         for key in ("max_num_seqs", "tensor_parallel_size", "cpu_kvcache_gib"):

@@ -134,8 +134,8 @@ def run_identity(kind: EpisodeKind, config: EvalConfig, task: Any, model: Resolv
         "episodes": episodes,
         "model": _model_identity(model),
         "judge_model": _model_identity(judge_model),
-        "engine": config.engine.as_record(),
-        **({"judge_engine": config.judge_engine.as_record()} if config.judge_engine is not None else {}),
+        "engine": config.engine.identity_record(),
+        **({"judge_engine": config.judge_engine.identity_record()} if config.judge_engine is not None else {}),
         "decoding": config.decoding.as_record(),
         "seeds": seeds_identity(config.seeds),
         # the canary checks the engine and changes nothing the run computes (runs made before it resume)

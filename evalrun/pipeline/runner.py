@@ -168,7 +168,7 @@ def _resumable(run: layout.RunDir) -> Iterator[None]:
                                      f"completes it") from exc  # fmt: skip
     except EngineDown as exc:
         raise CheckFailed(f"{first_line(exc)}; the run is incomplete: `evalrun resume {run.path}` finishes it once "
-                          "the engine answers again") from exc  # fmt: skip
+                          "the engine answers again (with engine.base_url=URL if it moved)") from exc  # fmt: skip
     except KeyboardInterrupt as exc:
         raise Interrupted(run.path) from exc
 
@@ -265,14 +265,18 @@ def execute(prepared: Prepared, dispatcher: Dispatcher | None = None) -> Path:
 
 
 def load_run_config(run: layout.RunDir, overrides: list[str]) -> EvalConfig:
-    """The config a run was made with (its config.yaml), with ``cluster=NAME``, ``cluster.*`` and
-    ``run.progress`` overrides: how it runs, never what it computes."""
+    """The config a run was made with (its config.yaml), with ``cluster=NAME``, ``cluster.*``, ``run.progress``,
+    ``run.on_drift`` and a served engine's transport (``engine.base_url``, ...: a server that moved) overrides:
+    how it runs, never what it computes."""
     if not run.config.is_file() or not run.manifest.is_file():
         raise BadInput(str(run.path), "not an evalrun run directory (config.yaml or manifest.json is missing)")
+    transport = {f"{section}.{key}" for section in ("engine", "judge_engine") for key in EngineConfig.TRANSPORT}
     for override in parse_overrides(overrides, plain=True):
-        if not (override.key in ("cluster", "run.progress", "run.on_drift") or override.key.startswith("cluster.")):
-            raise BadInput(override.text, "only cluster=NAME, cluster.*, run.progress and run.on_drift overrides are "
-                                          "accepted; the rest is the run's own")  # fmt: skip
+        key = override.key
+        if not (key in ("cluster", "run.progress", "run.on_drift") or key.startswith("cluster.") or key in transport):
+            raise BadInput(override.text, "only cluster=NAME, cluster.*, run.progress, run.on_drift and a served "
+                                          "engine's engine.base_url, api_key_env, max_concurrency, timeout_s and "
+                                          "max_retries overrides are accepted; the rest is the run's own")  # fmt: skip
     return validate(load_stored(run.config, overrides, groups=("cluster",)))
 
 
