@@ -1,0 +1,85 @@
+"""lm-eval's filters and metrics (lm-evaluation-harness 0.4, ``lm_eval/filters`` and ``lm_eval/api/metrics.py``),
+as pure functions of one document's replies: what :mod:`evalrun.tasks.lm_eval` reads from a task YAML's
+``filter_list`` and ``metric_list``, computed as lm-eval computes it.
+"""
+
+from __future__ import annotations
+
+import re
+import string
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from evalrun.tasks.lm_eval import REGEX_DEFAULT, FilterPipeline, MetricSpec
+
+Replies = list[Any]  # one document's replies (lm-eval's K repeats), as a filter sees and returns them
+
+
+def _regex(replies: Replies, regex_pattern: str = REGEX_DEFAULT, group_select: int = 0,
+           fallback: str = "[invalid]") -> Replies:  # fmt: skip
+    """Every match of the pattern (``findall``: a group's text, or the first non-empty group of several), the one
+    ``group_select`` picks (negative from the end), stripped; ``fallback`` where nothing matches."""
+    pattern = re.compile(regex_pattern)
+    filtered = []
+    for reply in replies:
+        found = pattern.findall(reply if isinstance(reply, str) else "")
+        if not found:
+            filtered.append(fallback)
+            continue
+        match = found[group_select]
+        if isinstance(match, tuple):
+            groups = [g for g in match if g]
+            match = groups[0] if groups else fallback
+        filtered.append(match.strip())
+    return filtered
+
+
+FILTERS: Mapping[str, Callable[..., Any]] = {
+    "regex": _regex,
+    "take_first": lambda replies: replies[0],
+    "remove_whitespace": lambda replies: [r.strip() for r in replies],  # lm-eval strips both ends
+    "lowercase": lambda replies: [r.lower() for r in replies],
+    "uppercase": lambda replies: [r.upper() for r in replies],
+}
+
+
+def apply_filters(pipeline: FilterPipeline, replies: Sequence[str]) -> Any:
+    """A document's replies through the pipeline's steps in order (a pipeline that does not end in ``take_first``
+    leaves a list, as lm-eval's does)."""
+    value: Any = list(replies)
+    for function, kwargs in pipeline.steps:
+        value = FILTERS[function](value, **kwargs)
+    return value
+
+
+def exact_match(prediction: str, reference: str, regexes_to_ignore: Sequence[str] | None = None,
+                ignore_case: bool = False, ignore_punctuation: bool = False,
+                ignore_numbers: bool = False) -> float:  # fmt: skip
+    """lm-eval's exact_match (its port of Hugging Face evaluate's): each ignored regex removed, then case, ASCII
+    punctuation and digits as asked; whitespace is not stripped."""
+    pair = [prediction, reference]
+    for ignored in regexes_to_ignore or ():
+        pair = [re.sub(ignored, "", x) for x in pair]
+    if ignore_case:
+        pair = [x.lower() for x in pair]
+    if ignore_punctuation:
+        pair = [x.translate(str.maketrans("", "", string.punctuation)) for x in pair]
+    if ignore_numbers:
+        pair = [x.translate(str.maketrans("", "", string.digits)) for x in pair]
+    return float(pair[0].rstrip("\x00") == pair[1].rstrip("\x00"))  # numpy's strings drop trailing NULs
+
+
+def _argmax(values: Sequence[float]) -> int:
+    return max(range(len(values)), key=lambda i: (values[i], -i))  # numpy's argmax: ties to the first
+
+
+def choice_metrics(logprobs: Sequence[float], choices: Sequence[str], gold: int) -> dict[str, float]:
+    """``acc``: the likeliest choice is the gold one; ``acc_norm``: the likeliest per character of the choice
+    (its text without the target delimiter, lm-eval's ``len(choice)``)."""
+    normalized = [lp / float(len(c)) for lp, c in zip(logprobs, choices, strict=True)]
+    return {"acc": float(_argmax(logprobs) == gold), "acc_norm": float(_argmax(normalized) == gold)}
+
+
+def score_generation(metric: MetricSpec, filtered: Any, reference: str) -> float:
+    """One generate_until metric of a document's filtered answer (lm-eval casts the gold to the answer's type)."""
+    return exact_match(str(filtered), reference, **dict(metric.kwargs))

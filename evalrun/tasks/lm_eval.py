@@ -1,0 +1,634 @@
+"""lm-evaluation-harness task YAMLs, read as they are: what lm-eval 0.4 builds from one, reproduced exactly.
+
+A task YAML (lm-eval's format, its ``include:`` and ``!function`` tags) is read into :class:`LmEvalTask`: the
+resolved settings (includes merged as lm-eval merges them, shallowly, the including file's keys winning), the
+functions it names (each a Python file beside the YAML that declares it, loaded and hashed), the documents of its
+splits, and for each evaluated document the prompt lm-eval would send (:meth:`LmEvalTask.contexts`): the
+description, the few-shot examples lm-eval's sampler draws (``random.Random(1234)`` shared by the documents in
+order; the document itself left out when the examples come from the split under evaluation), each example's text,
+target delimiter, answer and few-shot delimiter, then the document's text; for ``multiple_choice`` the target
+delimiter and each choice as the continuations scored. Every key evalrun does not implement is refused by name
+(file and key), never ignored: the reader says what it reads (:data:`SUPPORTED`).
+
+What lm-eval's definitions are, with its source's places, is in docs/design.md "lm-eval tasks".
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import json
+import random
+import re
+import sys
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from jinja2 import BaseLoader, Environment, StrictUndefined
+from jinja2.exceptions import TemplateError
+
+from evalrun.errors import BadInput
+from evalrun.records.canonical import canonical_hash, file_sha256
+
+LM_EVAL_VERSION = "0.4.13"  # the lm-eval whose definitions are reproduced (and the agreement was measured on)
+FEWSHOT_SEED = 1234  # lm-eval's default few-shot seed (simple_evaluate's fewshot_random_seed)
+OUTPUT_TYPES = ("generate_until", "multiple_choice")
+GENERATION_KEYS = ("until", "max_gen_toks", "do_sample", "temperature", "top_p", "top_k")
+FEWSHOT_KEYS = ("sampler", "split")
+FORMATS = ("json", "csv", "parquet")
+
+# every TaskConfig key evalrun reads; any other key of a task YAML is refused by name
+SUPPORTED = frozenset({
+    "task", "task_alias", "tag", "dataset_path", "dataset_name", "dataset_kwargs", "training_split",
+    "validation_split", "test_split", "fewshot_split", "output_type", "doc_to_text", "doc_to_target",
+    "doc_to_choice", "description", "target_delimiter", "fewshot_delimiter", "num_fewshot", "fewshot_config",
+    "generation_kwargs", "filter_list", "metric_list", "metadata", "repeats", "include",
+})  # fmt: skip
+
+
+def _regex_replace(string: str, pattern: str, repl: str, count: int = 0) -> str:
+    return re.sub(pattern, repl, string, count=count)
+
+
+# lm-eval's template environment (lm_eval/utils.py): strict, trailing newlines kept, its one extra filter
+_JINJA = Environment(loader=BaseLoader(), undefined=StrictUndefined, keep_trailing_newline=True)
+_JINJA.filters["regex_replace"] = _regex_replace
+
+
+@dataclass(frozen=True)
+class LmEvalFunction:
+    """A ``!function module.name`` reference: the Python file it is read from (relative to the YAML declaring it,
+    as lm-eval resolves it), the source's sha256 (in the digest, as scorer sources are) and the function."""
+
+    reference: str
+    path: Path
+    sha256: str
+    function: Callable[..., Any] = field(compare=False, repr=False)
+
+    def __call__(self, *args: Any) -> Any:
+        return self.function(*args)
+
+    def as_record(self) -> dict[str, str]:
+        return {"function": self.reference, "file": self.path.name, "sha256": self.sha256}
+
+
+@dataclass(frozen=True)
+class DataSplit:
+    """One split of the task's dataset: its files (each with its sha256) and its documents, in file order."""
+
+    name: str
+    files: tuple[tuple[Path, str], ...]
+    docs: tuple[Mapping[str, Any], ...]
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        """The split's column names (lm-eval's ``features``), in first-seen order."""
+        seen: dict[str, None] = {}
+        for doc in self.docs:
+            seen.update(dict.fromkeys(doc))
+        return tuple(seen)
+
+    def as_record(self) -> dict[str, Any]:
+        return {"name": self.name, "files": [{"file": p.name, "sha256": s} for p, s in self.files],
+                "docs": len(self.docs), "rows_sha256": canonical_hash([dict(d) for d in self.docs])}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Requests:
+    """What lm-eval sends for one document: the context, and for multiple choice the continuations scored."""
+
+    context: str
+    continuations: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class LmEvalTask:
+    name: str
+    path: Path  # the task's YAML
+    settings: Mapping[str, Any]  # the resolved settings: includes merged, functions as LmEvalFunction
+    splits: Mapping[str, DataSplit]
+
+    @property
+    def output_type(self) -> str:
+        return str(self.settings.get("output_type") or "generate_until")
+
+    @property
+    def eval_split(self) -> DataSplit:
+        """The split evaluated: ``test_split``, else ``validation_split`` (lm-eval's order)."""
+        name = self.settings.get("test_split") or self.settings.get("validation_split")
+        return self.splits[str(name)]
+
+    @property
+    def target_delimiter(self) -> str:
+        return str(self.settings.get("target_delimiter", " "))
+
+    @property
+    def fewshot_delimiter(self) -> str:
+        return str(self.settings.get("fewshot_delimiter", "\n\n"))
+
+    @property
+    def num_fewshot(self) -> int:
+        return int(self.settings.get("num_fewshot") or 0)
+
+    @property
+    def filters(self) -> tuple[FilterPipeline, ...]:
+        return filters(self.settings.get("filter_list"), self.path)
+
+    @property
+    def metrics(self) -> tuple[MetricSpec, ...]:
+        return metrics(self.settings.get("metric_list"), self.output_type, self.path)
+
+    def generation(self) -> dict[str, Any]:
+        """``generation_kwargs`` as lm-eval completes them: without any, greedy, 256 tokens, stopping at the few-shot
+        delimiter; ``until`` defaults to the few-shot delimiter."""
+        given = self.settings.get("generation_kwargs")
+        if given is None:
+            return {"until": [self.fewshot_delimiter], "do_sample": False, "temperature": 0.0, "max_gen_toks": 256}
+        kwargs = dict(given)
+        until = kwargs.get("until", [self.fewshot_delimiter])
+        kwargs["until"] = [until] if isinstance(until, str) else list(until)
+        if "temperature" in kwargs:
+            kwargs["temperature"] = float(kwargs["temperature"])
+        return kwargs
+
+    # --- a document's fields, as lm-eval's doc_to_* read them ---
+
+    def text(self, doc: Mapping[str, Any]) -> Any:
+        return self._field(doc, "doc_to_text")
+
+    def target(self, doc: Mapping[str, Any]) -> Any:
+        return self._field(doc, "doc_to_target")
+
+    def choices(self, doc: Mapping[str, Any]) -> list[Any] | None:
+        spec = self.settings.get("doc_to_choice")
+        if spec is None:
+            return None
+        if isinstance(spec, str):
+            if spec in self._columns:
+                return list(doc[spec])
+            rendered = self._render(spec, doc, "doc_to_choice")
+            try:
+                value = ast.literal_eval(rendered)
+            except (SyntaxError, ValueError) as exc:
+                raise BadInput(f"{self.path}: doc_to_choice", f"rendered {rendered!r}, not a list literal") from exc
+            return list(value)
+        if isinstance(spec, dict):
+            return list(spec.values())
+        if isinstance(spec, list):
+            return list(spec)
+        return list(spec(doc))
+
+    def gold(self, doc: Mapping[str, Any]) -> int:
+        """A multiple-choice document's right choice: the target's index (lm-eval's -100 when out of range or
+        not a choice)."""
+        choices, gold = self.choices(doc) or [], self.target(doc)
+        if isinstance(gold, int) and not isinstance(gold, bool):
+            return gold if gold < len(choices) else -100
+        if isinstance(gold, str):
+            return choices.index(gold) if gold in choices else -100
+        raise BadInput(f"{self.path}: doc_to_target", f"a choice's index or text for multiple_choice, got {gold!r}")
+
+    def reference(self, doc: Mapping[str, Any]) -> str:
+        """A generation document's gold text: the target (with ``doc_to_choice``, the choice it indexes), as text."""
+        gold = self.target(doc)
+        choices = self.choices(doc)
+        if choices is not None:
+            gold = choices[gold]
+        if isinstance(gold, list):
+            raise BadInput(f"{self.path}: doc_to_target", "several targets per document are not supported yet")
+        return gold if isinstance(gold, str) else str(gold)
+
+    @property
+    def _columns(self) -> tuple[str, ...]:
+        return self.eval_split.columns
+
+    def _field(self, doc: Mapping[str, Any], key: str) -> Any:
+        spec = self.settings.get(key)
+        if spec is None:
+            raise BadInput(f"{self.path}: {key}", "missing: lm-eval needs it to build a prompt")
+        if isinstance(spec, int) and not isinstance(spec, bool):
+            return spec
+        if isinstance(spec, str):
+            if spec in self._columns:
+                return doc[spec]
+            rendered = self._render(spec, doc, key)
+            if rendered.isdigit() and self.settings.get("doc_to_choice") is not None:
+                return ast.literal_eval(rendered)
+            if key == "doc_to_target" and len(rendered) >= 2 and rendered[0] == "[" and rendered[-1] == "]":
+                try:
+                    return ast.literal_eval(rendered)
+                except (SyntaxError, ValueError):
+                    return rendered
+            return rendered
+        if isinstance(spec, list) and key == "doc_to_target":
+            return spec
+        if isinstance(spec, LmEvalFunction):
+            return spec(doc)
+        raise BadInput(f"{self.path}: {key}", f"a field name, a Jinja template or a !function, got {spec!r}")
+
+    def _render(self, template: str, doc: Mapping[str, Any], key: str) -> str:
+        try:
+            return _JINJA.from_string(template).render(**doc)
+        except TemplateError as exc:
+            raise BadInput(f"{self.path}: {key}", f"template {template!r}: {exc}") from exc
+
+    def _description(self, doc: Mapping[str, Any]) -> str:
+        description = self.settings.get("description")
+        if not description:
+            return ""
+        return str(doc[description]) if description in doc else self._render(str(description), doc, "description")
+
+    # --- prompts ---
+
+    def fewshot_split(self) -> DataSplit:
+        """Where the examples come from: ``fewshot_config.split`` or ``fewshot_split``, else the training, the
+        validation and the test split, the first the task has (lm-eval's order)."""
+        config = self.settings.get("fewshot_config") or {}
+        name = config.get("split") or self.settings.get("fewshot_split")
+        for candidate in (name, self.settings.get("training_split"), self.settings.get("validation_split"),
+                          self.settings.get("test_split")):  # fmt: skip
+            if candidate:
+                return self.splits[str(candidate)]
+        raise BadInput(f"{self.path}: fewshot_split", "num_fewshot > 0 needs a split to draw examples from")
+
+    def fewshot(self, seed: int = FEWSHOT_SEED) -> Iterator[list[Mapping[str, Any]]]:
+        """Each evaluated document's examples, in document order, as lm-eval's sampler draws them: one
+        ``random.Random(seed)`` for the task, so a document's examples depend on the documents before it."""
+        n = self.num_fewshot
+        docs = self.eval_split.docs
+        if n == 0:
+            yield from ([] for _ in docs)
+            return
+        config = self.settings.get("fewshot_config") or {}
+        sampler = config.get("sampler", "default")
+        pool = list(self.fewshot_split().docs)
+        same_split = (config.get("split") or self.settings.get("fewshot_split")) == self.settings.get("test_split")
+        rnd = random.Random(seed)
+        for doc in docs:
+            excluded = doc if same_split else None
+            if sampler == "first_n":
+                yield [x for x in pool if x != excluded][:n]
+            elif excluded is None:
+                yield rnd.sample(pool, n)
+            else:
+                chosen = [x for x in rnd.sample(pool, n + 1) if x != excluded][:n]
+                if len(chosen) < n:  # the document is in the pool more than once
+                    chosen = rnd.sample([x for x in pool if x != excluded], n)
+                yield chosen
+
+    def requests(self, seed: int = FEWSHOT_SEED) -> Iterator[Requests]:
+        """Every evaluated document's requests, in document order."""
+        for doc, examples in zip(self.eval_split.docs, self.fewshot(seed), strict=True):
+            context = self._context(doc, examples)
+            if self.output_type == "multiple_choice":
+                continuations = tuple(f"{self.target_delimiter}{c}" for c in self.choices(doc) or [])
+                yield Requests(context, continuations)
+            else:
+                yield Requests(context)
+
+    def _context(self, doc: Mapping[str, Any], examples: Sequence[Mapping[str, Any]]) -> str:
+        parts = [self._description(doc)]
+        for example in examples:
+            question, answer = self.text(example), self.target(example)
+            self._must_be_text(question, "doc_to_text", example)
+            if answer is None or answer == "":
+                parts.append(question)
+                continue
+            choices = self.choices(example)
+            if choices and isinstance(answer, int) and not isinstance(answer, bool):
+                answer = choices[answer]
+            elif isinstance(answer, list):
+                answer = answer[0]
+            self._must_be_text(answer, "doc_to_target", example)
+            parts.append(f"{question}{self.target_delimiter}{answer}{self.fewshot_delimiter}")
+        question = self.text(doc)
+        self._must_be_text(question, "doc_to_text", doc)
+        parts.append(question)
+        return "".join(parts)
+
+    def _must_be_text(self, value: Any, key: str, doc: Mapping[str, Any]) -> None:
+        if not isinstance(value, str):
+            raise BadInput(f"{self.path}: {key}", f"gave {value!r} for {dict(doc)!r}: a prompt's text is a string")
+
+    def as_record(self) -> dict[str, Any]:
+        """What the digest covers of the task as lm-eval defines it: the resolved settings, each function by its
+        source's hash, and each split's files and rows by their hashes."""
+        return {"lm_eval": LM_EVAL_VERSION, "name": self.name, "settings": _record(self.settings),
+                "splits": {name: s.as_record() for name, s in sorted(self.splits.items())}}  # fmt: skip
+
+
+def _record(value: Any) -> Any:
+    if isinstance(value, LmEvalFunction):
+        return value.as_record()
+    if isinstance(value, Mapping):
+        return {str(k): _record(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_record(v) for v in value]
+    return value
+
+
+# --- filters and metrics, as the YAML names them (evalrun.scoring.lm_eval computes them) ---
+
+# filter functions and the arguments each takes (lm-eval's filters of those names)
+FILTER_FUNCTIONS: Mapping[str, tuple[str, ...]] = {
+    "regex": ("regex_pattern", "group_select", "fallback"), "take_first": (), "remove_whitespace": (),
+    "lowercase": (), "uppercase": (),
+}  # fmt: skip
+# metrics, the output types they score and the arguments each takes
+METRICS: Mapping[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "exact_match": (("generate_until",), ("ignore_case", "ignore_punctuation", "regexes_to_ignore", "ignore_numbers")),
+    "acc": (("multiple_choice",), ()),
+    "acc_norm": (("multiple_choice",), ()),
+}
+DEFAULT_METRICS = {"generate_until": ("exact_match",), "multiple_choice": ("acc", "acc_norm")}
+
+
+@dataclass(frozen=True)
+class FilterPipeline:
+    """One ``filter_list`` entry: its name (the metrics' suffix, ``exact_match,NAME``) and its steps in order,
+    each a filter function's name and arguments."""
+
+    name: str
+    steps: tuple[tuple[str, Mapping[str, Any]], ...]
+
+    def as_record(self) -> dict[str, Any]:
+        return {"name": self.name, "filter": [{"function": f, **dict(kw)} for f, kw in self.steps]}
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    metric: str
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+    aggregation: str = "mean"
+    higher_is_better: bool = True
+
+    def as_record(self) -> dict[str, Any]:
+        return {"metric": self.metric, "aggregation": self.aggregation, "higher_is_better": self.higher_is_better,
+                **dict(self.kwargs)}  # fmt: skip
+
+
+def filters(spec: Any, where: Path | None = None) -> tuple[FilterPipeline, ...]:
+    """``filter_list`` as pipelines; without one, lm-eval's single ``none`` pipeline (take the first reply)."""
+    if spec is None:
+        return (FilterPipeline("none", (("take_first", {}),)),)
+    if not isinstance(spec, list) or not spec:
+        raise BadInput(f"{where}: filter_list", f"a list of {{name, filter: [...]}} entries, got {spec!r}")
+    pipelines = []
+    for i, entry in enumerate(spec):
+        at = f"{where}: filter_list.{i}"
+        if not isinstance(entry, dict) or set(entry) - {"name", "filter"} or not isinstance(entry.get("name"), str):
+            raise BadInput(at, f"a mapping of name and filter, got {entry!r}")
+        steps = []
+        for j, step in enumerate(entry.get("filter") or []):
+            function = step.get("function") if isinstance(step, dict) else None
+            if function not in FILTER_FUNCTIONS:
+                raise BadInput(f"{at}.filter.{j}.function", f"one of {', '.join(FILTER_FUNCTIONS)} (the filters "
+                                                            f"evalrun implements), got {function!r}")  # fmt: skip
+            kwargs = {k: v for k, v in step.items() if k != "function"}
+            unknown = sorted(set(kwargs) - set(FILTER_FUNCTIONS[function]))
+            if unknown:
+                raise BadInput(f"{at}.filter.{j}.{unknown[0]}", f"not an argument of the {function} filter")
+            if function == "regex":
+                try:
+                    re.compile(str(kwargs.get("regex_pattern", REGEX_DEFAULT)))
+                except re.error as exc:
+                    raise BadInput(f"{at}.filter.{j}.regex_pattern", f"not a regular expression ({exc})") from exc
+            steps.append((str(function), kwargs))
+        pipelines.append(FilterPipeline(entry["name"], tuple(steps)))
+    return tuple(pipelines)
+
+
+REGEX_DEFAULT = r"#### (\-?[0-9\.\,]+)"  # lm-eval's regex filter default (GSM8K's answer line)
+
+
+def metrics(spec: Any, output_type: str, where: Path | None = None) -> tuple[MetricSpec, ...]:
+    """``metric_list`` as metrics; without one, lm-eval's defaults for the output type."""
+    if spec is None:
+        return tuple(MetricSpec(m) for m in DEFAULT_METRICS[output_type])
+    if not isinstance(spec, list) or not spec:
+        raise BadInput(f"{where}: metric_list", f"a list of {{metric: NAME, ...}} entries, got {spec!r}")
+    found = []
+    for i, entry in enumerate(spec):
+        at = f"{where}: metric_list.{i}"
+        name = entry.get("metric") if isinstance(entry, dict) else None
+        if name not in METRICS:
+            raise BadInput(f"{at}.metric", f"one of {', '.join(METRICS)} (the metrics evalrun implements), "
+                                           f"got {name!r}")  # fmt: skip
+        types, arguments = METRICS[name]
+        if output_type not in types:
+            raise BadInput(f"{at}.metric", f"{name} scores {', '.join(types)}, and the task is {output_type}")
+        kwargs = {k: v for k, v in entry.items() if k not in ("metric", "aggregation", "higher_is_better")}
+        unknown = sorted(set(kwargs) - set(arguments))
+        if unknown:
+            raise BadInput(
+                f"{at}.{unknown[0]}", f"not an argument of {name} (it takes {', '.join(arguments) or 'none'})"
+            )
+        if entry.get("aggregation", "mean") != "mean":
+            raise BadInput(
+                f"{at}.aggregation", f"mean (the aggregation evalrun implements), got {entry['aggregation']!r}"
+            )
+        found.append(MetricSpec(name, kwargs, "mean", bool(entry.get("higher_is_better", True))))
+    return tuple(found)
+
+
+# --- reading a task YAML ---
+
+
+def load_task(path: Path) -> LmEvalTask:
+    """The lm-eval task of the YAML at ``path``; a BadInput names the file and key at fault (a key evalrun does
+    not implement, an include or function that is not there, a split the dataset does not have)."""
+    settings, origins = read_yaml(path)
+    for key in settings:
+        if key not in SUPPORTED:
+            raise BadInput(f"{origins[key]}: {key}", f"an lm-eval key evalrun does not implement (it reads "
+                                                     f"{', '.join(sorted(SUPPORTED - {'include'}))})")  # fmt: skip
+    _check(settings, origins)
+    name = settings.get("task")
+    if not isinstance(name, str) or not name:
+        raise BadInput(f"{path}: task", "the task's name (a string) is missing")
+    splits = _splits(settings, origins)
+    return LmEvalTask(name, path, settings, splits)
+
+
+def read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> tuple[dict[str, Any], dict[str, Path]]:
+    """A task YAML's settings with its includes merged (each include in order, later over earlier, then the
+    file's own keys over them; shallow, as lm-eval merges), and the file each key came from."""
+    path = path.resolve()
+    if path in seen:
+        raise BadInput(f"{seen[-1]}: include", f"{path} includes itself (through {' -> '.join(map(str, seen))})")
+    if not path.is_file():
+        where = f"{seen[-1]}: include" if seen else "task.path"
+        raise BadInput(where, f"{path} does not exist or is not a file")
+    try:
+        data = yaml.load(path.read_text(encoding="utf-8"), Loader=_loader(path))
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        raise BadInput(f"{path}:{mark.line + 1}" if mark else str(path), f"not valid YAML ({exc})") from exc
+    if not isinstance(data, dict):
+        raise BadInput(str(path), "an lm-eval task YAML is a mapping of keys")
+    merged: dict[str, Any] = {}
+    origins: dict[str, Path] = {}
+    includes = data.pop("include", None)
+    for include in [includes] if isinstance(includes, str) else includes or []:
+        settings, where = read_yaml(path.parent / str(include), (*seen, path))
+        settings.pop("task_list", None)
+        merged.update(settings)
+        origins.update(where)
+    merged.update(data)
+    origins.update(dict.fromkeys(data, path))
+    return merged, origins
+
+
+def _loader(path: Path) -> type[yaml.SafeLoader]:
+    """A SafeLoader that reads ``!function module.name`` relative to the directory of ``path``."""
+
+    class Loader(yaml.SafeLoader):
+        pass
+
+    def function(loader: yaml.SafeLoader, node: yaml.Node) -> LmEvalFunction:
+        reference = str(loader.construct_scalar(node))  # type: ignore[arg-type]
+        return import_function(reference, path)
+
+    Loader.add_constructor("!function", function)
+    return Loader
+
+
+def import_function(reference: str, declared_in: Path) -> LmEvalFunction:
+    """``module.sub.name`` as lm-eval resolves it: the file ``module/sub.py`` beside the YAML that declares it.
+    (lm-eval falls back to importing an installed module; evalrun does not, since it hashes what it runs.)"""
+    module, _, name = reference.rpartition(".")
+    source = declared_in.parent / f"{module.replace('.', '/')}.py"
+    where = f"{declared_in}: !function {reference}"
+    if not module or not source.is_file():
+        raise BadInput(where, f"no file {source} beside the YAML (a !function is read from a Python file there)")
+    spec = importlib.util.spec_from_file_location(f"evalrun_lm_eval.{source.with_suffix('')}", source)
+    if spec is None or spec.loader is None:
+        raise BadInput(where, f"{source} is not a Python module")
+    loaded = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(loaded)
+    except Exception as exc:
+        raise BadInput(where, f"{source} does not import ({type(exc).__name__}: {exc})") from exc
+    sys.modules.setdefault(spec.name, loaded)
+    fn = getattr(loaded, name, None)
+    if not callable(fn):
+        raise BadInput(where, f"{source} has no function {name!r}")
+    return LmEvalFunction(reference, source, file_sha256(source), fn)
+
+
+def _check(settings: Mapping[str, Any], origins: Mapping[str, Path]) -> None:
+    def fail(key: str, expected: str) -> BadInput:
+        return BadInput(f"{origins[key.split('.')[0]]}: {key}", expected)
+
+    output_type = settings.get("output_type", "generate_until")
+    if output_type not in OUTPUT_TYPES:
+        raise fail("output_type", f"one of {', '.join(OUTPUT_TYPES)} (evalrun does not implement "
+                                  f"{output_type!r} yet), got {output_type!r}")  # fmt: skip
+    if output_type == "multiple_choice" and settings.get("doc_to_choice") is None:
+        raise fail("output_type", "multiple_choice needs doc_to_choice")
+    if settings.get("repeats", 1) != 1:
+        raise fail("repeats", "1 (repeats are evalrun's seeds.repeats), got " + repr(settings.get("repeats")))
+    for key in ("description", "target_delimiter", "fewshot_delimiter"):
+        if key in settings and not isinstance(settings[key], str):
+            raise fail(key, f"a string, got {settings[key]!r}")
+    shots = settings.get("num_fewshot")
+    if shots is not None and (not isinstance(shots, int) or isinstance(shots, bool) or shots < 0):
+        raise fail("num_fewshot", f"an integer >= 0, got {shots!r}")
+    fewshot = settings.get("fewshot_config") or {}
+    if not isinstance(fewshot, dict):
+        raise fail("fewshot_config", f"a mapping, got {fewshot!r}")
+    for key in fewshot:
+        if key not in FEWSHOT_KEYS:
+            raise fail(f"fewshot_config.{key}", f"not implemented by evalrun (it reads {', '.join(FEWSHOT_KEYS)})")
+    if fewshot.get("sampler", "default") not in ("default", "first_n"):
+        raise fail("fewshot_config.sampler", f"default or first_n, got {fewshot.get('sampler')!r}")
+    generation = settings.get("generation_kwargs") or {}
+    if not isinstance(generation, dict):
+        raise fail("generation_kwargs", f"a mapping, got {generation!r}")
+    for key in generation:
+        if key not in GENERATION_KEYS:
+            raise fail(
+                f"generation_kwargs.{key}", f"not implemented by evalrun (it reads {', '.join(GENERATION_KEYS)})"
+            )
+    filters(settings.get("filter_list"), origins.get("filter_list"))
+    metrics(settings.get("metric_list"), output_type, origins.get("metric_list"))
+
+
+def _splits(settings: Mapping[str, Any], origins: Mapping[str, Path]) -> dict[str, DataSplit]:
+    """The dataset's splits from local files (``dataset_path: json|csv|parquet``, ``dataset_kwargs.data_files``),
+    each file's path relative to the YAML that names it, else to the working directory (where lm-eval's
+    ``datasets.load_dataset`` reads it from); every split the settings name must be there."""
+    kind = settings.get("dataset_path")
+    where = origins.get("dataset_path")
+    if kind not in FORMATS:
+        raise BadInput(f"{where or origins['task']}: dataset_path", f"one of {', '.join(FORMATS)} with "
+                       "dataset_kwargs.data_files (local files); a Hugging Face hub dataset is not supported "
+                       f"yet, got {kind!r}")  # fmt: skip
+    if settings.get("dataset_name") is not None:
+        raise BadInput(f"{origins['dataset_name']}: dataset_name", "a local json/csv/parquet dataset has no config "
+                                                                   "name: expected null")  # fmt: skip
+    kwargs = settings.get("dataset_kwargs") or {}
+    kwargs_from = origins.get("dataset_kwargs", where)
+    unknown = sorted(set(kwargs) - {"data_files"})
+    if unknown:
+        raise BadInput(f"{kwargs_from}: dataset_kwargs.{unknown[0]}", "not implemented by evalrun (it reads "
+                                                                      "data_files)")  # fmt: skip
+    files = kwargs.get("data_files")
+    if isinstance(files, str | list):
+        files = {"train": files}  # datasets' default split for unnamed files
+    if not isinstance(files, dict) or not files:
+        raise BadInput(f"{kwargs_from}: dataset_kwargs.data_files", "the split files, {SPLIT: FILE or [FILES]}")
+    base = Path(kwargs_from).parent if kwargs_from else Path()
+    splits = {}
+    for split, names in files.items():
+        paths = [_data_file(base, str(n), f"{kwargs_from}: dataset_kwargs.data_files.{split}")
+                 for n in ([names] if isinstance(names, str) else names)]  # fmt: skip
+        docs = tuple(doc for p in paths for doc in _rows(p, str(kind)))
+        splits[str(split)] = DataSplit(str(split), tuple((p, file_sha256(p)) for p in paths), docs)
+    for key in ("test_split", "validation_split", "training_split", "fewshot_split"):
+        split = settings.get(key)
+        if split is not None and str(split) not in splits:
+            raise BadInput(f"{origins[key]}: {key}", f"the dataset has no split {split!r} (it has "
+                                                     f"{', '.join(sorted(splits))})")  # fmt: skip
+    fewshot_from = (settings.get("fewshot_config") or {}).get("split")
+    if fewshot_from is not None and str(fewshot_from) not in splits:
+        raise BadInput(
+            f"{origins['fewshot_config']}: fewshot_config.split", f"the dataset has no split {fewshot_from!r}"
+        )
+    if not (settings.get("test_split") or settings.get("validation_split")):
+        raise BadInput(f"{origins['task']}: test_split", "the split to evaluate (test_split or validation_split)")
+    return splits
+
+
+def _data_file(base: Path, name: str, where: str) -> Path:
+    path = Path(name)
+    for candidate in [path] if path.is_absolute() else [base / path, Path.cwd() / path]:
+        if candidate.is_file():
+            return candidate.resolve()
+    raise BadInput(where, f"{name}: no such file beside the YAML ({base}) or in the working directory")
+
+
+def _rows(path: Path, kind: str) -> Iterator[dict[str, Any]]:
+    """A data file's rows as dictionaries: JSON Lines (or one JSON list), CSV, Parquet."""
+    if kind == "json":
+        text = path.read_text(encoding="utf-8")
+        if text.lstrip().startswith("["):
+            yield from json.loads(text)
+            return
+        for number, line in enumerate(text.splitlines(), 1):
+            if line.strip():
+                try:
+                    yield json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise BadInput(f"{path}:{number}", f"not a JSON object ({exc.msg})") from exc
+    elif kind == "csv":  # types inferred, as datasets' CSV reader infers them (numbers are numbers)
+        import pyarrow.csv as pcsv
+
+        yield from pcsv.read_csv(path).to_pylist()
+    else:
+        import pyarrow.parquet as pq
+
+        yield from pq.read_table(path).to_pylist()

@@ -1,0 +1,170 @@
+"""lm-eval task YAMLs read as lm-eval 0.4.13 reads them: the shipped suites' prompts and continuations equal, item
+for item, what lm-eval's own code builds from them (tests/golden/lm_eval, made by scripts/lm_eval_contexts.py in
+a side environment with lm-eval installed); every key evalrun does not implement, a split that is not there, a
+!function that does not exist and a hub dataset are refused naming the file and key; filters and metrics follow
+lm-eval's definitions."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from evalrun.errors import BadInput
+from evalrun.scoring.lm_eval import FILTERS, apply_filters, choice_metrics, exact_match
+from evalrun.tasks.lm_eval import FILTER_FUNCTIONS, METRICS, FilterPipeline, load_task
+
+ROOT = Path(__file__).resolve().parents[1]
+SHIPPED = ROOT / "evalrun" / "tasks" / "builtin" / "lm_eval"
+GOLDEN = ROOT / "tests" / "golden" / "lm_eval"
+
+
+def _goldens() -> list[Path]:
+    return sorted(GOLDEN.glob("*.jsonl"))
+
+
+def _yaml_of(task_name: str) -> Path:
+    for path in sorted(SHIPPED.rglob("*.yaml")):
+        if f"task: {task_name}\n" in path.read_text(encoding="utf-8"):
+            return path
+    raise AssertionError(f"no shipped YAML declares task {task_name}")
+
+
+@pytest.mark.parametrize("golden", _goldens(), ids=lambda p: p.stem)
+def test_the_prompts_are_lm_evals_item_for_item(golden: Path) -> None:
+    task = load_task(_yaml_of(golden.stem))
+    expected = [json.loads(line) for line in golden.read_text(encoding="utf-8").splitlines()]
+    got = list(task.requests())
+    assert len(got) == len(expected) == len(task.eval_split.docs)
+    for doc, requests, line in zip(task.eval_split.docs, got, expected, strict=True):
+        assert dict(doc) == line["doc"]
+        if task.output_type == "multiple_choice":
+            assert [[requests.context, c] for c in requests.continuations] == line["requests"]
+            assert task.target(doc) == line["target"]
+        else:
+            ((context, generation),) = line["requests"]
+            assert requests.context == context and task.generation() == generation
+            assert task.target(doc) == line["target"]
+
+
+def test_a_golden_file_exists_for_every_shipped_task() -> None:
+    names = {load_task(p).name for p in SHIPPED.rglob("*.yaml")}
+    assert names and names == {p.stem for p in _goldens()}
+
+
+def _write(tmp_path: Path, text: str, name: str = "task.yaml") -> Path:
+    (tmp_path / "test.jsonl").write_text('{"q": "1+1", "a": "2"}\n{"q": "2+2", "a": "4"}\n', encoding="utf-8")
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+BASE = textwrap.dedent("""\
+    task: tiny
+    dataset_path: json
+    dataset_kwargs: {data_files: {test: test.jsonl}}
+    test_split: test
+    doc_to_text: "Q: {{q}}\\nA:"
+    doc_to_target: a
+    """)
+
+
+@pytest.mark.parametrize(
+    ("extra", "key"),
+    [
+        ("process_results: x\n", "process_results"),
+        ("gen_prefix: 'Answer:'\n", "gen_prefix"),
+        ("output_type: loglikelihood_rolling\n", "output_type"),
+        ("generation_kwargs: {until: ['\\n'], num_beams: 4}\n", "generation_kwargs.num_beams"),
+        ("fewshot_config: {sampler: first_n, samples: []}\n", "fewshot_config.samples"),
+        ("filter_list: [{name: m, filter: [{function: majority_vote}]}]\n", "filter_list.0.filter.0.function"),
+        ("metric_list: [{metric: bleu}]\n", "metric_list.0.metric"),
+        ("metric_list: [{metric: exact_match, ignore_spaces: true}]\n", "metric_list.0.ignore_spaces"),
+        ("test_split: validation\n", "test_split"),
+    ],
+)
+def test_what_evalrun_does_not_implement_is_refused_by_file_and_key(tmp_path: Path, extra: str, key: str) -> None:
+    path = _write(tmp_path, BASE + extra)
+    with pytest.raises(BadInput) as caught:
+        load_task(path)
+    assert caught.value.where == f"{path}: {key}", caught.value
+
+
+def test_a_key_is_named_in_the_file_it_came_from(tmp_path: Path) -> None:
+    _write(tmp_path, BASE + "should_decontaminate: true\n", "base.yaml")
+    path = tmp_path / "task.yaml"
+    path.write_text("include: base.yaml\ntask: other\n", encoding="utf-8")
+    with pytest.raises(BadInput) as caught:
+        load_task(path)
+    assert caught.value.where == f"{tmp_path / 'base.yaml'}: should_decontaminate"
+
+
+def test_includes_merge_shallowly_with_the_including_files_keys_winning(tmp_path: Path) -> None:
+    _write(tmp_path, BASE + 'description: "base\\n\\n"\n', "base.yaml")
+    path = tmp_path / "task.yaml"
+    path.write_text("include: base.yaml\ntask: derived\ndoc_to_text: 'q={{q}}'\n", encoding="utf-8")
+    task = load_task(path)
+    assert task.name == "derived" and [r.context for r in task.requests()] == ["base\n\nq=1+1", "base\n\nq=2+2"]
+    (tmp_path / "loop.yaml").write_text("include: loop.yaml\ntask: loop\n", encoding="utf-8")
+    with pytest.raises(BadInput, match="includes itself"):
+        load_task(tmp_path / "loop.yaml")
+
+
+def test_a_function_is_read_from_the_file_beside_its_yaml_and_hashed(tmp_path: Path) -> None:
+    (tmp_path / "utils.py").write_text("def text(doc):\n    return 'fn ' + doc['q']\n", encoding="utf-8")
+    path = _write(tmp_path, BASE.replace('doc_to_text: "Q: {{q}}\\nA:"', "doc_to_text: !function utils.text"))
+    task = load_task(path)
+    assert [r.context for r in task.requests()] == ["fn 1+1", "fn 2+2"]
+    record = task.as_record()["settings"]["doc_to_text"]
+    assert record["function"] == "utils.text" and len(record["sha256"]) == 64
+    missing = _write(tmp_path, BASE.replace('doc_to_text: "Q: {{q}}\\nA:"', "doc_to_text: !function nope.text"))
+    with pytest.raises(BadInput) as caught:
+        load_task(missing)
+    assert caught.value.where == f"{missing}: !function nope.text" and "no file" in caught.value.message
+    absent = _write(tmp_path, BASE.replace('doc_to_text: "Q: {{q}}\\nA:"', "doc_to_text: !function utils.absent"))
+    with pytest.raises(BadInput, match="has no function 'absent'"):
+        load_task(absent)
+
+
+def test_a_hub_dataset_is_refused_until_it_can_be_pinned(tmp_path: Path) -> None:
+    path = _write(tmp_path, BASE.replace("dataset_path: json", "dataset_path: openai/gsm8k"))
+    with pytest.raises(BadInput) as caught:
+        load_task(path)
+    assert caught.value.where == f"{path}: dataset_path" and "hub dataset is not supported yet" in caught.value.message
+
+
+def test_the_fewshot_sampler_is_lm_evals_one_generator_for_the_task_in_document_order(tmp_path: Path) -> None:
+    import random
+
+    rows = "".join(json.dumps({"q": f"{i}+1", "a": str(i + 1)}) + "\n" for i in range(12))
+    (tmp_path / "train.jsonl").write_text(rows, encoding="utf-8")
+    path = _write(tmp_path, BASE.replace("{test: test.jsonl}", "{test: test.jsonl, train: train.jsonl}")
+                  + "fewshot_split: train\nnum_fewshot: 2\n")  # fmt: skip
+    task = load_task(path)
+    pool = list(task.splits["train"].docs)
+    rnd = random.Random(1234)
+    assert list(task.fewshot()) == [rnd.sample(pool, 2), rnd.sample(pool, 2)]
+    first = next(task.requests()).context
+    a, b = rnd_examples = random.Random(1234).sample(pool, 2)
+    assert first == f"Q: {a['q']}\nA: {a['a']}\n\nQ: {b['q']}\nA: {b['a']}\n\nQ: 1+1\nA:" and rnd_examples
+
+
+def test_the_filters_and_metrics_are_lm_evals() -> None:
+    assert set(FILTERS) == set(FILTER_FUNCTIONS) and set(METRICS) == {"exact_match", "acc", "acc_norm"}
+    last = FilterPipeline("flex", (("regex", {"regex_pattern": r"(-?\d+)", "group_select": -1}), ("take_first", {})))
+    assert apply_filters(last, ["12 then 35 ok", "x"]) == "35"
+    groups = FilterPipeline("g", (("regex", {"regex_pattern": r"(\d+)|([a-z]+)"}), ("take_first", {})))
+    assert apply_filters(groups, ["abc 1"]) == "abc"  # the first non-empty group of the first match
+    none = FilterPipeline("n", (("regex", {}), ("take_first", {})))
+    assert apply_filters(none, ["no answer line"]) == "[invalid]"
+    tidy = FilterPipeline("t", (("remove_whitespace", {}), ("lowercase", {}), ("take_first", {})))
+    assert apply_filters(tidy, ["  Paris \n"]) == "paris"
+    assert exact_match(" A.", "a", ignore_case=True, ignore_punctuation=True) == 0.0  # whitespace is kept
+    assert exact_match("A.", "a", ignore_case=True, ignore_punctuation=True) == 1.0
+    assert exact_match("The answer: 42", "42", regexes_to_ignore=[r"^The answer: "]) == 1.0
+    assert exact_match("abc12", "abc", ignore_numbers=True) == 1.0
+    # acc picks the likeliest choice, acc_norm the likeliest per character (ties to the first)
+    assert choice_metrics([-4.0, -6.0], ["no", "yes!!"], 1) == {"acc": 0.0, "acc_norm": 1.0}
+    assert choice_metrics([-2.0, -2.0], ["a", "b"], 0) == {"acc": 1.0, "acc_norm": 1.0}
