@@ -61,7 +61,7 @@ RELOCATE = [
 def test_built_in_plug_ins_are_registered_by_name() -> None:
     assert ENGINES.names() == ("hf", "openai", "vllm")
     assert DISPATCHERS.names() == ("inline", "local", "ray")
-    assert SCORERS.names() == ("choice", "exact_match", "number", "regex", "rubric", "verifier")
+    assert SCORERS.names() == ("choice", "exact_match", "lm_eval", "number", "regex", "rubric", "verifier")
     assert NORMALIZERS.names() == ("collapse_whitespace", "lower", "strip", "strip_punctuation")
     assert {name: SCORERS.get(name).version for name in SCORERS.names()} == dict.fromkeys(SCORERS.names(), "1")
     assert SCORERS.get("choice").columns[-2:] == ("shuffle_order", "option_logprobs")
@@ -185,7 +185,8 @@ def test_one_decorated_class_or_function_adds_an_engine_dispatcher_scorer_and_no
 # --- typed settings -------------------------------------------------------------------------
 
 
-CHAT_SETTINGS = ("chat_format", "chat_template", "chat_template_kwargs", "reasoning_parser")  # left out while unset
+# left out while unset (task.path: an lm-eval task's YAML)
+CHAT_SETTINGS = ("chat_format", "chat_template", "chat_template_kwargs", "reasoning_parser", "path")
 SERVED_SETTINGS = (
     "base_url",
     "served_model",
@@ -204,7 +205,7 @@ def test_settings_are_typed_frozen_and_give_back_the_composed_record() -> None:
     raw = OmegaConf.to_container(cfg, resolve=True)
     config = validate(cfg)
     assert raw["task"].pop("kind") is None  # a setting left out of the record while null (records stay as before)
-    assert [raw["task"].pop(k) for k in CHAT_SETTINGS] == [None, None, {}, None]
+    assert [raw["task"].pop(k) for k in CHAT_SETTINGS] == [None, None, {}, None, None]
     assert raw["determinism"].pop("require_invariant") is None  # the same
     assert [raw["engine"].pop(k) for k in SERVED_SETTINGS] == [None] * len(SERVED_SETTINGS)  # engine=openai's, the same
     assert raw.pop("judge_engine") is None  # the same
@@ -220,7 +221,7 @@ def test_settings_are_typed_frozen_and_give_back_the_composed_record() -> None:
 def test_the_hydra_schema_is_generated_from_the_settings_with_the_same_defaults() -> None:
     schema = OmegaConf.to_container(OmegaConf.structured(Schema))
     assert schema["task"].pop("kind") is None  # composed as null, left out of the record while null
-    assert [schema["task"].pop(k) for k in CHAT_SETTINGS] == [None, None, {}, None]
+    assert [schema["task"].pop(k) for k in CHAT_SETTINGS] == [None, None, {}, None, None]
     assert schema["determinism"].pop("require_invariant") is None  # the same
     assert [schema["engine"].pop(k) for k in SERVED_SETTINGS] == [None] * len(SERVED_SETTINGS)
     assert schema.pop("judge_engine") is None

@@ -447,6 +447,9 @@ class TaskConfig(Section):
     # A reasoning model's replies split into thinking and answer by this vLLM reasoning parser (deepseek_r1,
     # qwen3, ...; evalrun/chat/reasoning.py); None: replies are taken whole
     reasoning_parser: str | None = field(default=None, metadata=LEFT_OUT_WHEN_NULL)
+    # An lm-evaluation-harness task YAML (task.kind=lm_eval, conf/task/lm_eval.yaml), or a directory of them with
+    # the task named by task.name; it defines the dataset, prompts, filters and metrics itself
+    path: str | None = field(default=None, metadata=LEFT_OUT_WHEN_NULL)
 
     @property
     def episode_kind(self) -> str:
@@ -456,6 +459,9 @@ class TaskConfig(Section):
         return "world" if self.world is not None else "dataset"
 
     def check(self) -> None:
+        if self.path is not None or self.kind == "lm_eval":
+            self._check_lm_eval()
+            return
         if self.world is not None:
             self.world.check()
             given = [k for k in ("dataset", "template", "prompt_pack", "rubric", "references")
@@ -479,6 +485,23 @@ class TaskConfig(Section):
             raise BadInput("task.rubric", "a task is multiple choice or rubric-graded, not both")
         if (self.template is None) == (self.prompt_pack is None):
             raise BadInput("task", "expected exactly one of task.template (a file) and task.prompt_pack (a directory)")
+
+    def _check_lm_eval(self) -> None:
+        if self.kind != "lm_eval" or self.path is None:
+            raise BadInput("task.path", "an lm-eval task YAML runs as task=lm_eval task.path=FILE.yaml (task.kind="
+                                        "lm_eval with task.path)")  # fmt: skip
+        given = [k for k in ("dataset", "template", "prompt_pack", "rubric", "references", "world")
+                 if getattr(self, k) is not None]  # fmt: skip
+        if given or self.choices.field is not None:
+            key = given[0] if given else "choices.field"
+            raise BadInput(f"task.{key}", "an lm-eval task's YAML defines its dataset, prompts and choices: "
+                                          "expected null")  # fmt: skip
+        if self.scorer.name != "lm_eval":
+            raise BadInput("task.scorer.name", "an lm-eval task is scored by its YAML's filters and metrics: expected "
+                                               "lm_eval")  # fmt: skip
+        if self.chat_format == "chat":
+            raise BadInput("task.chat_format", "lm-eval's chat templates (--apply_chat_template) are not "
+                                               "supported yet: expected plain or null (lm-eval's default)")  # fmt: skip
 
 
 TRUNCATE_LEFT = "truncate_left"

@@ -96,6 +96,12 @@ def validate(cfg: DictConfig) -> EvalConfig:
         settings = replace(settings, chat_template_path=chat_template_path)
     if task.world is not None:  # an agent task: its world is checked where worlds are known (the plan)
         return settings
+    if task.path is not None:  # an lm-eval task YAML (or a directory of them): read by its kind, evalrun/tasks/lm_eval
+        given = Path(task.path).expanduser()
+        path = given if given.is_absolute() else Path.cwd() / given
+        if not path.exists():
+            raise BadInput("task.path", f"{path} does not exist (an lm-eval task YAML, or a directory of them)")
+        return replace(settings, prompt_path=path)
     assert task.dataset is not None
     dataset_path = _resolve_path(task.dataset, "task.dataset")
     if task.prompt_pack is not None:

@@ -218,6 +218,7 @@ class EpisodeKind(Protocol):
 EPISODE_KINDS: Registry[EpisodeKind] = Registry("episode kind", "task.kind")
 EPISODE_KINDS.declare("dataset", "evalrun.episodes.dataset")
 EPISODE_KINDS.declare("world", "evalrun.episodes.world")
+EPISODE_KINDS.declare("lm_eval", "evalrun.episodes.lm_eval")
 
 K = TypeVar("K")
 

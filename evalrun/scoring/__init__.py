@@ -7,7 +7,8 @@ Every scorer and normaliser is registered where it is defined (``@scorer``, ``@n
 - :mod:`~evalrun.scoring.text`: exact_match, regex, number;
 - :mod:`~evalrun.scoring.choice`: choice (letter parsing, loglikelihood);
 - :mod:`~evalrun.scoring.rubric`: rubric (verdicts, aggregation, weighting);
-- :mod:`~evalrun.scoring.verifier`: verifier (an agent episode's final state, by its world's verifier).
+- :mod:`~evalrun.scoring.verifier`: verifier (an agent episode's final state, by its world's verifier);
+- :mod:`~evalrun.scoring.lm_eval`: lm_eval (an lm-eval task's filters and metrics, lm-eval's definitions).
 
 All scoring code lives in this package, so the scoring hash (:mod:`evalrun.scoring.digest`)
 covers it by hashing the package's files; a world's verifier lives with its world and is covered
@@ -16,7 +17,7 @@ by the verifier version the scoring context records.
 
 from __future__ import annotations
 
-from evalrun.scoring import choice, normalizers, rubric, text, verifier
+from evalrun.scoring import choice, lm_eval, normalizers, rubric, text, verifier
 from evalrun.scoring.context import ScoringContext
 from evalrun.scoring.digest import scoring_hash, scoring_record
 from evalrun.scoring.registry import NORMALIZERS, SCORERS, Score, Scorer, normalizer, scorer
@@ -30,7 +31,7 @@ from evalrun.scoring.table import (
     stream_scores,
 )
 
-BUILTIN = (choice, normalizers, rubric, text, verifier)  # imported for their registrations
+BUILTIN = (choice, lm_eval, normalizers, rubric, text, verifier)  # imported for their registrations
 
 __all__ = [
     "NORMALIZERS",

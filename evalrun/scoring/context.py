@@ -21,6 +21,8 @@ class ScoringContext:
     judge_model: str | None = None
     verifier: dict[str, Any] | None = None  # agent tasks: the world (name, version), its verifier's version, references
     references: dict[str, str] | None = None  # a dataset task's frozen answer set (name, version, index hash)
+    # an lm-eval task's output type, filter pipelines and metrics (evalrun.tasks.lm_eval's scoring_record)
+    lm_eval: dict[str, Any] | None = None
 
     @classmethod
     def of(cls, choices: ChoicesConfig, rubric: Rubric | None, model_files: dict[str, str],
@@ -55,6 +57,8 @@ class ScoringContext:
             record["verifier"] = self.verifier
         if self.references is not None:  # likewise for tasks without a frozen answer set
             record["references"] = self.references
+        if self.lm_eval is not None:  # and for tasks that are not lm-eval's
+            record["lm_eval"] = self.lm_eval
         return record
 
 

@@ -5,12 +5,17 @@ as pure functions of one document's replies: what :mod:`evalrun.tasks.lm_eval` r
 
 from __future__ import annotations
 
+import json
 import re
 import string
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from evalrun.tasks.lm_eval import REGEX_DEFAULT, FilterPipeline, MetricSpec
+from evalrun.config import ScorerConfig
+from evalrun.errors import BadInput
+from evalrun.scoring.context import ScoringContext
+from evalrun.scoring.registry import Row, RowScorer, Score, scorer
+from evalrun.tasks.lm_eval import REGEX_DEFAULT, FilterPipeline, MetricSpec, filters, metrics
 
 Replies = list[Any]  # one document's replies (lm-eval's K repeats), as a filter sees and returns them
 
@@ -83,3 +88,42 @@ def choice_metrics(logprobs: Sequence[float], choices: Sequence[str], gold: int)
 def score_generation(metric: MetricSpec, filtered: Any, reference: str) -> float:
     """One generate_until metric of a document's filtered answer (lm-eval casts the gold to the answer's type)."""
     return exact_match(str(filtered), reference, **dict(metric.kwargs))
+
+
+def metric_name(metric: str, pipeline: str) -> str:
+    """A score's metric name: lm-eval's ``exact_match,get-answer`` as ``exact_match/get-answer`` (the filter named
+    after a slash, as a rubric's criteria are); lm-eval's default pipeline, ``none``, is left out."""
+    return metric if pipeline == "none" else f"{metric}/{pipeline}"
+
+
+@scorer("lm_eval", version="1", columns=("option_logprobs",))
+def lm_eval(spec: ScorerConfig, context: ScoringContext) -> RowScorer:
+    """An lm-eval task's metrics: generate_until, each metric of each filter pipeline's answer (``extracted``: the
+    filtered answer) against the gold text; multiple_choice, acc and acc_norm of the choices' loglikelihoods
+    against the gold choice (the row's target names it and every choice's text)."""
+    record = context.lm_eval
+    if record is None:
+        raise BadInput("task.scorer.name", "the lm_eval scorer scores lm-eval tasks only (task=lm_eval)")
+    output_type = str(record["output_type"])
+    pipelines = filters(record["filter_list"])
+    chosen = metrics(record["metric_list"], output_type)
+
+    def generation(row: Row) -> list[Score]:
+        scores = []
+        for pipeline in pipelines:
+            answer = apply_filters(pipeline, [row["output"]])
+            for metric in chosen:
+                value = score_generation(metric, answer, row["target"])
+                scores.append(Score(metric_name(metric.metric, pipeline.name), value, str(answer)))
+        return scores
+
+    def choice(row: Row) -> list[Score]:
+        target = json.loads(row["target"])
+        logprobs = row["option_logprobs"]
+        if logprobs is None:
+            return [Score(m.metric, 0.0, None) for m in chosen]
+        values = choice_metrics(logprobs, target["choices"], int(target["gold"]))
+        picked = str(_argmax(logprobs))
+        return [Score(m.metric, values[m.metric], picked) for m in chosen]
+
+    return choice if output_type == "multiple_choice" else generation

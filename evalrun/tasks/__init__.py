@@ -50,6 +50,9 @@ class Task:
     chat: ChatFormat | None = None  # prompts as chat messages through this template; None: plain text
     reasoning: ReasoningParser | None = None  # replies split into thinking and answer; None: taken whole
     judge_chat: ChatFormat | None = None  # a rubric's judge prompts as chat messages (the judges' model's template)
+    # a task format that defines its own scoring (an lm-eval task's filters and metrics, as its scoring record);
+    # None: the task.scorer settings
+    scoring: Mapping[str, Any] | None = None
 
     def pack_record(self, decoding: Mapping[str, Any]) -> dict[str, Any]:
         """What the prompt pack hash covers, with the chat format when prompts are chat-formatted and the
@@ -130,7 +133,11 @@ def frozen_answers(name_version: str, items: list[Item]) -> tuple[dict[str, str]
 def render_prompt(pack: PromptPack, item_id: str, variables: Mapping[str, Any],
                   chat: ChatFormat | None = None) -> tuple[str, Conversation | None]:  # fmt: skip
     """One prompt, plain or (``chat``) chat-formatted, and the chat it was rendered from (None: plain); a template
-    variable the item lacks is a BadInput naming the template and item."""
+    variable the item lacks is a BadInput naming the template and item. A pack whose prompts are made otherwise
+    than from its templates (an lm-eval task's, built as lm-eval builds them) gives them itself."""
+    given = pack.prompt_of(item_id)
+    if given is not None:
+        return given, None
     try:
         if chat is None:
             return pack.render(variables), None

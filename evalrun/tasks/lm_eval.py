@@ -30,8 +30,11 @@ import yaml
 from jinja2 import BaseLoader, Environment, StrictUndefined
 from jinja2.exceptions import TemplateError
 
+from evalrun.config import ChoicesConfig
 from evalrun.errors import BadInput
 from evalrun.records.canonical import canonical_hash, file_sha256
+from evalrun.tasks import Item, Task
+from evalrun.tasks.pack import PromptPack
 
 LM_EVAL_VERSION = "0.4.13"  # the lm-eval whose definitions are reproduced (and the agreement was measured on)
 FEWSHOT_SEED = 1234  # lm-eval's default few-shot seed (simple_evaluate's fewshot_random_seed)
@@ -319,6 +322,38 @@ class LmEvalTask:
         return {"lm_eval": LM_EVAL_VERSION, "name": self.name, "settings": _record(self.settings),
                 "splits": {name: s.as_record() for name, s in sorted(self.splits.items())}}  # fmt: skip
 
+    def prompt_record(self) -> dict[str, Any]:
+        """The digest's prompt-pack part: :meth:`as_record` without the filters and metrics (the scoring part)."""
+        record = self.as_record()
+        record["settings"] = {k: v for k, v in record["settings"].items() if k not in SCORING_KEYS}
+        return record
+
+    def scoring_record(self) -> dict[str, Any]:
+        """The digest's scoring part of the task: its output type, filter pipelines and metrics as read."""
+        return {"output_type": self.output_type, "filter_list": [f.as_record() for f in self.filters],
+                "metric_list": [m.as_record() for m in self.metrics]}  # fmt: skip
+
+    def decoding(self) -> dict[str, Any]:
+        """The generation settings as evalrun's decoding section takes them (over the decoding group, as a prompt
+        pack's): ``until`` as stop strings, ``max_gen_toks`` as the token limit, greedy unless ``do_sample`` (or,
+        without it, a temperature above 0; sampling without a temperature is at 1.0, transformers' default)."""
+        if self.output_type != "generate_until":
+            return {}
+        kwargs = self.generation()
+        temperature = kwargs.get("temperature")
+        sampled = kwargs.get("do_sample")
+        if sampled is None:
+            sampled = temperature is not None and temperature > 0
+        decoding: dict[str, Any] = {
+            "stop": list(kwargs["until"]),
+            "max_tokens": int(kwargs.get("max_gen_toks", 256)),
+            "temperature": (1.0 if temperature is None else temperature) if sampled else 0.0,
+        }
+        for key in ("top_p", "top_k"):
+            if key in kwargs:
+                decoding[key] = kwargs[key]
+        return decoding
+
 
 def _record(value: Any) -> Any:
     if isinstance(value, LmEvalFunction):
@@ -328,6 +363,80 @@ def _record(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [_record(v) for v in value]
     return value
+
+
+SCORING_KEYS = ("filter_list", "metric_list")  # the task's settings in the digest's scoring part
+
+
+@dataclass(frozen=True)
+class LmEvalPack(PromptPack):
+    """An lm-eval task's prompts, made as lm-eval makes them (:meth:`LmEvalTask.requests`), by item id; its record
+    is the task's (:meth:`LmEvalTask.prompt_record`) with the effective decoding settings."""
+
+    prompts: Mapping[str, str] = field(default_factory=dict)
+    record: Mapping[str, Any] = field(default_factory=dict)
+
+    def prompt_of(self, item_id: str) -> str | None:
+        return self.prompts[item_id]
+
+    def as_record(self, decoding: Mapping[str, Any]) -> dict[str, Any]:
+        return {**self.record, "decoding": {k: v for k, v in decoding.items() if k != "name"}}
+
+
+def as_task(task: LmEvalTask, limit: int | None = None, seed: int = FEWSHOT_SEED) -> Task:
+    """The lm-eval task as evalrun runs it: an item per evaluated document (its id the document's index, as
+    lm-eval's ``doc_id``), the first ``limit`` of them, each prompt made with the few-shot examples lm-eval draws
+    for it from ``seed`` (drawn over every document before it, so a limit keeps the prompts of the full run). A
+    generation item's target is its gold text; a multiple-choice item's options are its choices (in order, not
+    shuffled, scored by loglikelihood as lm-eval does) and its target names the gold choice and every choice's
+    text (what acc_norm divides by)."""
+    multiple_choice = task.output_type == "multiple_choice"
+    if multiple_choice and task.target_delimiter != " ":
+        raise BadInput(
+            f"{task.path}: target_delimiter",
+            "' ' for multiple_choice (evalrun scores a space and the "
+            f"choice, as lm-eval's default), got {task.target_delimiter!r}",
+        )
+    items, prompts = [], {}
+    for index, (doc, requests) in enumerate(zip(task.eval_split.docs, task.requests(seed), strict=True)):
+        if limit is not None and index >= limit:
+            break
+        item_id = str(index)
+        if multiple_choice:
+            choices = [str(c) for c in task.choices(doc) or []]
+            target = json.dumps({"gold": task.gold(doc), "choices": choices}, ensure_ascii=False)
+            items.append(Item(item_id, doc, target, tuple(choices)))
+        else:
+            items.append(Item(item_id, doc, task.reference(doc)))
+        prompts[item_id] = requests.context
+    metadata = task.settings.get("metadata")
+    version = metadata.get("version") if isinstance(metadata, dict) else None
+    pack = LmEvalPack(task.name, None if version is None else str(version), task.path, "", "", None, task.decoding(),
+                      prompts=prompts, record=task.prompt_record())  # fmt: skip
+    split = task.eval_split
+    choices = ChoicesConfig(field="doc_to_choice", shuffle=False, scoring="loglikelihood") if multiple_choice else (
+        ChoicesConfig())  # fmt: skip
+    return Task(name=task.name, items=tuple(items), pack=pack, dataset_path=split.files[0][0],
+                dataset_sha256=split.as_record()["rows_sha256"], choices=choices,
+                scoring=task.scoring_record())  # fmt: skip
+
+
+def find_task(path: Path, name: str | None) -> LmEvalTask:
+    """The task ``path`` defines (a YAML), or the task named ``name`` among the YAMLs under the directory ``path``
+    (as lm-eval's ``--include_path``); a name that is not there is a BadInput listing the ones that are."""
+    if path.is_file():
+        task = load_task(path)
+        if name is not None and name != task.name:
+            raise BadInput("task.name", f"{path} defines task {task.name!r}, not {name!r}")
+        return task
+    found: dict[str, Path] = {}
+    for candidate in sorted(path.rglob("*.yaml")):
+        settings, _ = read_yaml(candidate)
+        if isinstance(settings.get("task"), str) and "group" not in settings:
+            found.setdefault(settings["task"], candidate)
+    if name not in found:
+        raise BadInput("task.name", f"name the task to run from {path}: one of {', '.join(sorted(found)) or 'none'}")
+    return load_task(found[name])
 
 
 # --- filters and metrics, as the YAML names them (evalrun.scoring.lm_eval computes them) ---

@@ -135,6 +135,10 @@ class PromptPack:
     def hash(self, decoding: Mapping[str, Any]) -> str:
         return canonical_hash(self.as_record(decoding))
 
+    def prompt_of(self, item_id: str) -> str | None:
+        """An item's prompt when the pack holds it made (None: rendered from the templates)."""
+        return None
+
     def render(self, variables: Mapping[str, Any]) -> str:
         """The plain prompt: the system template's text, then the user template's."""
         return _compiled(self.system).render(**variables) + _compiled(self.user).render(**variables)

@@ -1,0 +1,79 @@
+"""The ``lm_eval`` kind: an lm-evaluation-harness task YAML run as lm-eval runs it (``task=lm_eval
+task.path=TASK.yaml``).
+
+Its episodes are a dataset's (:mod:`evalrun.episodes.dataset`: one generation, or one loglikelihood call per
+choice, recorded and replayed alike); what differs is where they come from. The task, its documents and its
+prompts are :mod:`evalrun.tasks.lm_eval`'s (lm-eval's definitions, reproduced), the scores the ``lm_eval``
+scorer's (its filters and metrics, :mod:`evalrun.scoring.lm_eval`), and the digest covers the task as lm-eval
+defines it: the resolved YAML with its functions' sources and its data's hashes in the prompt-pack part, the
+filters and metrics in the scoring part.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from evalrun.config import EvalConfig
+from evalrun.engines.pins import ResolvedModel
+from evalrun.episodes import ModelFiles, episode_kind
+from evalrun.episodes.dataset import DatasetKind
+from evalrun.episodes.plan import Episode
+from evalrun.episodes.recorded import as_dict, section, without
+from evalrun.errors import BadInput
+from evalrun.scoring import ScoringContext
+from evalrun.tasks import Task
+from evalrun.tasks.lm_eval import FEWSHOT_SEED, as_task, find_task
+from evalrun.tasks.rubric import Rubric
+
+DEFAULT_NAME = "lm_eval"  # conf/task/lm_eval.yaml's: the YAML's own task name is the run's
+
+
+@episode_kind("lm_eval")
+class LmEvalKind(DatasetKind):
+    name = "lm_eval"
+
+    def load(self, config: EvalConfig, model: ModelFiles) -> tuple[EvalConfig, Task]:
+        wanted = None if config.task.name == DEFAULT_NAME else config.task.name
+        source = find_task(Path(config.prompt_path), wanted)
+        # lm-eval's few-shot seed is 1234 (simple_evaluate's fewshot_random_seed); seeds.fewshot replaces it
+        task = as_task(source, config.limit, FEWSHOT_SEED if config.seeds.fewshot is None else config.seeds.fewshot)
+        named = replace(config, task=replace(config.task, name=source.name))
+        return named.with_decoding(task.pack.decoding), task
+
+    def plan(self, config: EvalConfig, task: Task, model: ModelFiles) -> Sequence[Episode]:
+        # the examples are in the prompts already (lm-eval's sampler, seeded by seeds.fewshot or 1234)
+        return super().plan(replace(config, seeds=replace(config.seeds, fewshot=None)), task, model)
+
+    def scoring_context(self, config: EvalConfig, task: Task, model: ResolvedModel,
+                        judge_model: ResolvedModel | None) -> ScoringContext:  # fmt: skip
+        return ScoringContext(task.choices.scoring if task.multiple_choice else "", lm_eval=self._scoring_of(task))
+
+    def prompt_record(self, config: EvalConfig, task: Task) -> dict[str, Any]:
+        return dict(task.pack_record(config.decoding.as_record()))
+
+    def identity(self, config: EvalConfig, task: Task) -> dict[str, Any]:
+        return {**super().identity(config, task), "lm_eval": self._scoring_of(task)}
+
+    def section(self, config: EvalConfig, task: Task) -> dict[str, Any]:
+        return {"kind": self.name, **super().section(config, task), "lm_eval": self._scoring_of(task)}
+
+    def recorded_scoring_context(self, manifest: Mapping[str, Any], rubric: Rubric | None) -> ScoringContext:
+        task = section(manifest, "task")
+        choices = as_dict(task.get("choices"))
+        scoring = choices.get("scoring", "") if choices.get("field") is not None else ""
+        return ScoringContext(str(scoring), lm_eval=as_dict(task.get("lm_eval")))
+
+    def recorded_scoring_record(self, manifest: Mapping[str, Any]) -> dict[str, Any]:
+        return self.recorded_scoring_context(manifest, None).as_record()
+
+    def recorded_prompt_record(self, manifest: Mapping[str, Any]) -> dict[str, Any]:
+        return without(section(manifest, "task.prompt_pack"), "path")
+
+    @staticmethod
+    def _scoring_of(task: Task) -> dict[str, Any]:
+        if task.scoring is None:
+            raise BadInput("task.kind", "task.kind=lm_eval runs an lm-eval task YAML (task=lm_eval task.path=FILE)")
+        return dict(task.scoring)
