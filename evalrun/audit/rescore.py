@@ -10,7 +10,7 @@ grader?" answered without a single model call.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pyarrow as pa
@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 from evalrun.config import Override, ScorerConfig, parse_overrides
 from evalrun.episodes import kind_of_manifest
 from evalrun.errors import BadInput, CheckFailed
-from evalrun.records.canonical import canonical_hash
+from evalrun.records.canonical import canonical_hash, differences
 from evalrun.records.outputs import same_scores
 from evalrun.rundir import layout, writer
 from evalrun.rundir.reader import open_run, read_config, read_manifest, read_outputs
@@ -32,6 +32,7 @@ from evalrun.scoring import (
     scoring_hash,
 )
 from evalrun.stats.summary import summarize
+from evalrun.tasks.lm_eval import find_task
 from evalrun.tasks.rubric import load_rubric
 
 
@@ -63,6 +64,8 @@ class RescoreReport:
     diffs: tuple[TaskDiff, ...]
     written: Path | None
     first_difference: ScoreDifference | None = None
+    # what of the scoring settings changed, dotted (an lm-eval task's filter_list.0.filter.0.regex_pattern)
+    changed: tuple[str, ...] = ()
 
 
 def recorded_scorer(run: layout.RunDir) -> ScorerConfig:
@@ -87,20 +90,45 @@ def _scorer_key(override: Override) -> str | None:
     return key if key in SCORER_SETTINGS else None
 
 
-def split_overrides(overrides: list[str]) -> tuple[dict[str, object], Path | None]:
-    """The scorer settings and the rubric file (``task.rubric=PATH`` or ``rubric=PATH``) that ``overrides`` set."""
+def split_overrides(overrides: list[str]) -> tuple[dict[str, object], Path | None, Path | None]:
+    """The scorer settings, the rubric file (``task.rubric=PATH`` or ``rubric=PATH``) and an lm-eval task's YAML
+    (``task.path=PATH``: its filters and metrics edited) that ``overrides`` set."""
     settings: dict[str, object] = {}
-    rubric = None
+    rubric = task_path = None
     for override in parse_overrides(overrides, plain=True):
         key = _scorer_key(override)
         if key is not None:
             settings[key] = override.value
         elif override.key in ("task.rubric", "rubric") and isinstance(override.value, str):
             rubric = Path(override.value).expanduser().resolve()
+        elif override.key == "task.path" and isinstance(override.value, str):
+            task_path = Path(override.value).expanduser().resolve()
         else:
             names = ", ".join(SCORER_SETTINGS)
-            raise BadInput(override.text, f"expected KEY=VALUE with KEY a scorer setting ({names}) or task.rubric")
-    return settings, rubric
+            raise BadInput(override.text, f"expected KEY=VALUE with KEY a scorer setting ({names}), task.rubric or "
+                                          "task.path (an lm-eval task's YAML)")  # fmt: skip
+    return settings, rubric, task_path
+
+
+def edited_lm_eval_context(run: layout.RunDir, path: Path) -> tuple[ScoringContext, tuple[str, ...]]:
+    """The scoring context of an lm-eval run with its task's YAML at ``path`` read now (its filters and metrics
+    edited), and what of them changed. Everything else the YAML defines must be as recorded: the prompts the
+    model was shown, the data, the functions (else: a new run, exit 2)."""
+    manifest = read_manifest(run)
+    task = manifest.get("task") or {}
+    if task.get("kind") != "lm_eval":
+        raise BadInput("task.path", "this run is not an lm-eval task's: task.path edits an lm-eval task's YAML")
+    edited = find_task(path, str(task.get("name")))
+    recorded_prompts = {k: v for k, v in (task.get("prompt_pack") or {}).items() if k not in ("path", "decoding")}
+    recorded = {"prompt_pack": recorded_prompts, "dataset": (task.get("dataset") or {}).get("splits")}
+    now = {"prompt_pack": edited.prompt_record(), "dataset": edited.splits_record()}
+    first = next(differences(recorded, now), None)
+    if first is not None:
+        raise BadInput(str(path), f"what the model was shown or what it ran on changed ({first[0]}): the "
+                                  "recorded outputs do not apply; that is a new run")  # fmt: skip
+    scoring, recorded_scoring = edited.scoring_record(), task.get("lm_eval") or {}
+    context = kind_of_manifest(manifest).recorded_scoring_context(manifest, None)
+    return replace(context, lm_eval=scoring), tuple(d[0] for d in differences(recorded_scoring, scoring))
 
 
 def _diffs(old: pa.Table, new: pa.Table) -> tuple[TaskDiff, ...]:
@@ -170,12 +198,16 @@ class _Rescored:
     identical: bool
     bytes_identical: bool
     new_bytes: bytes
+    changed: tuple[str, ...] = ()
 
 
 def _rescore(run: layout.RunDir, overrides: list[str]) -> _Rescored:
     recorded = recorded_scorer(run)
-    settings, rubric_path = split_overrides(overrides)
+    settings, rubric_path, task_path = split_overrides(overrides)
     context, rubric_changed = recorded_context(run, rubric_path)
+    changed: tuple[str, ...] = ()
+    if task_path is not None:
+        context, changed = edited_lm_eval_context(run, task_path)
     spec = ScorerConfig.from_record({**recorded.as_record(), **settings})
     make_scorer(spec, context)  # a BadInput names a setting the scorer cannot use
     outputs = read_outputs(run, score_columns(spec))
@@ -183,11 +215,12 @@ def _rescore(run: layout.RunDir, overrides: list[str]) -> _Rescored:
     old_bytes = run.scores.read_bytes()
     old = pq.read_table(pa.BufferReader(old_bytes))
     old_versions = set(old.column("scorer_version").to_pylist()) if "scorer_version" in old.column_names else set()
-    scorer_changed = spec != recorded or rubric_changed or old_versions - {scorer_version(spec)} != set()
+    scorer_changed = (spec != recorded or rubric_changed or bool(changed)
+                      or old_versions - {scorer_version(spec)} != set())  # fmt: skip
     identical = same_scores(old, new)
     new_bytes = writer.table_bytes(new)
     return _Rescored(
-        spec, context, scorer_changed, old, new, identical, identical and new_bytes == old_bytes, new_bytes
+        spec, context, scorer_changed, old, new, identical, identical and new_bytes == old_bytes, new_bytes, changed
     )
 
 
@@ -206,14 +239,15 @@ def rescore_run(path: Path, overrides: list[str]) -> RescoreReport:
     r = _rescore(run, overrides)
     spec, context, scorer_changed, new = r.spec, r.context, r.scorer_changed, r.new
     if r.identical:
-        return RescoreReport(new.num_rows, scorer_changed, True, r.bytes_identical, (), None)
+        return RescoreReport(new.num_rows, scorer_changed, True, r.bytes_identical, (), None, changed=r.changed)
     out_dir = run.path / layout.RESCORE / scoring_hash(spec, context)[:16]
     out_dir.mkdir(parents=True, exist_ok=True)
     writer.write_atomic(out_dir / layout.SCORES, r.new_bytes)
     writer.write_json(out_dir / layout.SUMMARY, summarize(new))
     writer.write_json(out_dir / layout.RESCORER, {**spec.as_record(), "context": context.as_record()})
     diffs = _diffs(r.old, new)
-    report = RescoreReport(new.num_rows, scorer_changed, False, False, diffs, out_dir, first_difference(r.old, new))
+    report = RescoreReport(new.num_rows, scorer_changed, False, False, diffs, out_dir, first_difference(r.old, new),
+                           r.changed)  # fmt: skip
     if not scorer_changed:
         changed = sum(d.changed_episodes for d in diffs)
         first = report.first_difference

@@ -187,6 +187,8 @@ def render_rescore(console: Console, report: RescoreReport) -> None:
         _line(console, f"rescored {report.rows} rows: {kind} to scores.parquet")
         return
     _line(console, f"rescored {report.rows} rows with a changed scorer; new scores in {report.written}")
+    if report.changed:
+        _line(console, f"changed: {', '.join(report.changed)}")
     table = _table("task", "metric", "before>", "after>", "delta>", "changed episodes>")
     for d in report.diffs:
         delta = None if d.old_mean is None or d.new_mean is None else d.new_mean - d.old_mean

@@ -58,7 +58,10 @@ class LmEvalKind(DatasetKind):
         return {**super().identity(config, task), "lm_eval": self._scoring_of(task)}
 
     def section(self, config: EvalConfig, task: Task) -> dict[str, Any]:
-        return {"kind": self.name, **super().section(config, task), "lm_eval": self._scoring_of(task)}
+        recorded = super().section(config, task)
+        splits = getattr(task.pack, "splits", {})  # an LmEvalPack's: each split's files and rows by their hashes
+        recorded["dataset"] = {**recorded["dataset"], "splits": dict(splits)}
+        return {"kind": self.name, **recorded, "lm_eval": self._scoring_of(task)}
 
     def recorded_scoring_context(self, manifest: Mapping[str, Any], rubric: Rubric | None) -> ScoringContext:
         task = section(manifest, "task")

@@ -11,11 +11,12 @@ differ between identical workers.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from evalrun.engines import ServedReport
+from evalrun.records.canonical import differences
 
 GPU_FIELDS = ("name", "capability", "driver", "cuda")
 
@@ -58,16 +59,6 @@ def fingerprint(info: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def _differences(expected: Any, found: Any, path: str) -> Iterator[tuple[str, Any, Any]]:
-    """(dotted field, expected, found) for every leaf that differs; a mapping against a non-mapping
-    (no GPU against a GPU) is one difference."""
-    if isinstance(expected, Mapping) and isinstance(found, Mapping):
-        for key in [*expected, *(k for k in found if k not in expected)]:
-            yield from _differences(expected.get(key), found.get(key), f"{path}.{key}" if path else str(key))
-    elif expected != found:
-        yield path, expected, found
-
-
 @dataclass(frozen=True)
 class Drift:
     """One field in which ``worker`` differs from ``reference``, the run's first worker."""
@@ -91,7 +82,7 @@ class Drift:
 def drift(reference: Mapping[str, Any], info: Mapping[str, Any]) -> list[Drift]:
     """Every fingerprint field in which ``info`` differs from ``reference``, in field order."""
     worker, first = str(info.get("worker")), str(reference.get("worker"))
-    return [Drift(worker, first, *d) for d in _differences(fingerprint(reference), fingerprint(info), "")]
+    return [Drift(worker, first, *d) for d in differences(fingerprint(reference), fingerprint(info))]
 
 
 def worker_record(info: Mapping[str, Any]) -> dict[str, Any]:

@@ -41,7 +41,7 @@ from evalrun.pipeline.progress import RunProgress
 from evalrun.pipeline.provenance import Drift, DriftStopped, WorkerWatch
 from evalrun.pipeline.runlogs import write_logs
 from evalrun.pipeline.worker import WorkerSpec
-from evalrun.records.canonical import file_sha256
+from evalrun.records.canonical import differences, file_sha256
 from evalrun.records.formats import EpisodeCounts, Record, seal_of
 from evalrun.records.heads import Heads
 from evalrun.rundir import layout, reader, writer
@@ -297,9 +297,11 @@ def resume(run_path: Path, overrides: list[str] | None = None, dispatcher: Dispa
         recorded = prepared.kind.recorded_identity(reader.read_manifest(run).get("identity", {}), prepared.config)
         current = run_identity(prepared.kind, prepared.config, prepared.task, prepared.model, prepared.digest,
                                len(prepared.episodes), prepared.judge_model)  # fmt: skip
-        changed = sorted(k for k in set(recorded) | set(current) if recorded.get(k) != current.get(k))
+        # what changed named by its own field first (task.dataset_sha256), the digests that follow from it last
+        changed = sorted((path for path, _, _ in differences(recorded, current)), key=lambda p: p.startswith("digest"))
         if changed:
-            raise BadInput(str(run.manifest), f"the run would now be made differently: {', '.join(changed)} changed")
+            more = f" (and {len(changed) - 1} more)" if len(changed) > 1 else ""
+            raise BadInput(str(run.manifest), f"the run would now be made differently: {changed[0]} changed{more}")
         clock = PhaseClock()
         dispatcher, own = _checked_dispatcher(prepared, dispatcher)
         try:

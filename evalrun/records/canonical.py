@@ -12,7 +12,7 @@ escapes are exactly JCS's (the two-character escapes, other control characters a
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Mapping
 from json.encoder import encode_basestring  # type: ignore[attr-defined]
 from pathlib import Path
 from typing import Any
@@ -208,3 +208,17 @@ def file_sha256(path: str | Path) -> str:
 def combine(parts: Iterable[str]) -> str:
     """Digest of several hex hashes: sha256 of their concatenation, in the order given."""
     return sha256_hex("".join(parts))
+
+
+def differences(expected: Any, found: Any, path: str = "") -> Iterator[tuple[str, Any, Any]]:
+    """(dotted path, expected, found) for every leaf in which two records differ: mappings key by key (the
+    expected's keys first), lists of one length item by item (``filter_list.0.regex_pattern``); a mapping against
+    a non-mapping, or lists of two lengths, are one difference."""
+    if isinstance(expected, Mapping) and isinstance(found, Mapping):
+        for key in [*expected, *(k for k in found if k not in expected)]:
+            yield from differences(expected.get(key), found.get(key), f"{path}.{key}" if path else str(key))
+    elif isinstance(expected, list) and isinstance(found, list) and len(expected) == len(found):
+        for i, (a, b) in enumerate(zip(expected, found, strict=True)):
+            yield from differences(a, b, f"{path}.{i}" if path else str(i))
+    elif expected != found:
+        yield path, expected, found

@@ -323,10 +323,19 @@ class LmEvalTask:
                 "splits": {name: s.as_record() for name, s in sorted(self.splits.items())}}  # fmt: skip
 
     def prompt_record(self) -> dict[str, Any]:
-        """The digest's prompt-pack part: :meth:`as_record` without the filters and metrics (the scoring part)."""
+        """The digest's prompt-pack part: the resolved settings without the filters and metrics (the scoring part),
+        each function by its source's hash, and the split the few-shot examples come from (its files and rows by
+        their hashes; None without examples), as a prompt pack's few-shot pool is. The evaluated split is the run's
+        dataset (:meth:`splits_record`), as a dataset task's file is: in its identity, not in the digest."""
         record = self.as_record()
+        del record["splits"]
         record["settings"] = {k: v for k, v in record["settings"].items() if k not in SCORING_KEYS}
+        record["fewshot"] = self.fewshot_split().as_record() if self.num_fewshot > 0 else None
         return record
+
+    def splits_record(self) -> dict[str, Any]:
+        """Each split's files and rows by their hashes (the manifest's ``task.dataset.splits``)."""
+        return {name: split.as_record() for name, split in sorted(self.splits.items())}
 
     def scoring_record(self) -> dict[str, Any]:
         """The digest's scoring part of the task: its output type, filter pipelines and metrics as read."""
@@ -375,6 +384,7 @@ class LmEvalPack(PromptPack):
 
     prompts: Mapping[str, str] = field(default_factory=dict)
     record: Mapping[str, Any] = field(default_factory=dict)
+    splits: Mapping[str, Any] = field(default_factory=dict)  # LmEvalTask.splits_record(): the data, not the pack
 
     def prompt_of(self, item_id: str) -> str | None:
         return self.prompts[item_id]
@@ -412,7 +422,7 @@ def as_task(task: LmEvalTask, limit: int | None = None, seed: int = FEWSHOT_SEED
     metadata = task.settings.get("metadata")
     version = metadata.get("version") if isinstance(metadata, dict) else None
     pack = LmEvalPack(task.name, None if version is None else str(version), task.path, "", "", None, task.decoding(),
-                      prompts=prompts, record=task.prompt_record())  # fmt: skip
+                      prompts=prompts, record=task.prompt_record(), splits=task.splits_record())  # fmt: skip
     split = task.eval_split
     choices = ChoicesConfig(field="doc_to_choice", shuffle=False, scoring="loglikelihood") if multiple_choice else (
         ChoicesConfig())  # fmt: skip

@@ -1,0 +1,130 @@
+"""lm-eval task YAMLs on the real engine (``task=lm_eval task.path=...``): each shipped suite runs with the
+prompts lm-eval builds, verifies, replays and rescores exactly; an edited filter rescores without a model call,
+changes the scores and names what changed; an edited dataset is refused at resume and shown by compare; what
+evalrun does not implement is refused, exit 2, one line, before any model loads."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from evalrun import cli
+from evalrun.analysis.compare import compare_paths
+from evalrun.audit.replay import replay_run
+from evalrun.audit.rescore import rescore_run
+from evalrun.audit.verify import verify_run
+from evalrun.errors import BadInput
+from evalrun.pipeline.runner import resume
+from evalrun.tasks.lm_eval import load_task
+
+ROOT = Path(__file__).resolve().parents[1]
+SHIPPED = ROOT / "evalrun" / "tasks" / "builtin" / "lm_eval"
+GOLDEN = ROOT / "tests" / "golden" / "lm_eval"
+YAMLS = ("addition_gen/addition_gen.yaml", "addition_gen/addition_gen_3shot.yaml", "addition_mc/addition_mc.yaml",
+         "addition_fn/addition_fn.yaml")  # fmt: skip
+LIMIT = 10
+
+
+def _run(run_eval: Callable[..., Path], path: Path, *overrides: str) -> Path:
+    return run_eval("task=lm_eval", f"task.path={path}", f"limit={LIMIT}", *overrides)
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("yaml_path", YAMLS)
+def test_a_shipped_suite_runs_with_lm_evals_prompts_and_verifies_replays_and_rescores(
+    run_eval: Callable[..., Path], yaml_path: str
+) -> None:
+    task = load_task(SHIPPED / yaml_path)
+    run = _run(run_eval, SHIPPED / yaml_path)
+    rows = sorted(pq.read_table(run / "outputs").to_pylist(), key=lambda r: int(r["item_id"]))
+    golden = [json.loads(line) for line in (GOLDEN / f"{task.name}.jsonl").read_text().splitlines()][:LIMIT]
+    assert [r["item_id"] for r in rows] == [str(g["doc_id"]) for g in golden]
+    assert [r["prompt"] for r in rows] == [g["requests"][0][0] for g in golden]  # lm-eval's own prompts
+    scores = pq.read_table(run / "scores.parquet").to_pylist()
+    metrics = {s["metric"] for s in scores}
+    if task.output_type == "multiple_choice":
+        assert metrics == {"acc", "acc_norm"} and all(len(r["option_logprobs"]) == 4 for r in rows)
+        assert all(r["finish_reason"] == "not_generated" for r in rows)  # scored by loglikelihood only
+    else:
+        assert metrics == {f"exact_match/{task.filters[0].name}"}
+        assert all(r["finish_reason"] in ("stop", "length") for r in rows)
+    manifest = json.loads((run / "manifest.json").read_text())
+    assert manifest["task"]["kind"] == "lm_eval" and manifest["task"]["name"] == task.name
+    assert manifest["task"]["lm_eval"] == task.scoring_record()
+    assert manifest["task"]["dataset"]["splits"]["test"]["docs"] == 40
+    assert verify_run(run).scores == "recomputed"
+    replayed = replay_run(run, [])
+    assert replayed.reproduced == LIMIT and not replayed.divergences and replayed.scores_identical
+    assert rescore_run(run, []).bytes_identical
+
+
+@pytest.mark.e2e
+def test_an_edited_filter_rescores_without_a_model_call_and_says_what_changed(
+    run_eval: Callable[..., Path], tmp_path: Path
+) -> None:
+    copy = Path(shutil.copytree(SHIPPED / "addition_gen", tmp_path / "task"))
+    run = _run(run_eval, copy / "addition_gen.yaml")
+    yaml = copy / "addition_gen.yaml"
+    yaml.write_text(yaml.read_text().replace('regex_pattern: "(-?\\\\d+)"', 'regex_pattern: "(\\\\d)"'))
+    report = rescore_run(run, [f"task.path={yaml}"])
+    assert report.scorer_changed and not report.identical
+    assert report.changed == ("filter_list.0.filter.0.regex_pattern",)
+    (diff,) = report.diffs
+    assert diff.metric == "exact_match/get-answer" and diff.changed_episodes > 0 and diff.new_mean < diff.old_mean
+    assert rescore_run(run, []).bytes_identical  # the run itself is as it was
+    yaml.write_text(yaml.read_text().replace("Q: {{question}}", "Question: {{question}}"))
+    with pytest.raises(BadInput, match=r"what the model was shown .* changed \(prompt_pack\.settings\.doc_to_text\)"):
+        rescore_run(run, [f"task.path={yaml}"])
+
+
+@pytest.mark.e2e
+def test_an_edited_dataset_is_refused_at_resume_and_shown_by_compare(
+    run_eval: Callable[..., Path], tmp_path: Path
+) -> None:
+    copy = Path(shutil.copytree(SHIPPED / "addition_mc", tmp_path / "task"))
+    before = _run(run_eval, copy / "addition_mc.yaml", f"run.root={tmp_path / 'before'}")
+    data = copy / "test.jsonl"
+    data.write_text(data.read_text().replace('"3+83"', '"3+84"', 1))
+    after = _run(run_eval, copy / "addition_mc.yaml", f"run.root={tmp_path / 'after'}")
+    report = compare_paths(before, after)
+    assert report.changed == ("dataset",)
+    assert [d.field for d in report.diffs] == ["task.dataset.sha256"]  # the evaluated split's rows, canonical
+    (before / "record.json").unlink()  # as if it had stopped before its end
+    with pytest.raises(BadInput, match=r"task\.dataset_sha256 changed"):
+        resume(before, [])
+
+
+BASE = """\
+task: tiny
+dataset_path: json
+dataset_kwargs: {data_files: {test: test.jsonl}}
+test_split: test
+doc_to_text: "Q: {{q}}\\nA:"
+doc_to_target: a
+"""
+
+
+@pytest.mark.parametrize(
+    ("text", "named"),
+    [
+        (BASE + "process_results: !function utils.score\n", ": process_results: an lm-eval key evalrun does not"),
+        (BASE.replace("test_split: test", "test_split: validation"), ": test_split: the dataset has no split"),
+        (BASE.replace('"Q: {{q}}\\nA:"', "!function nope.text"), ": !function nope.text: no file"),
+        (BASE.replace("dataset_path: json", "dataset_path: gsm8k"), ": dataset_path: one of json, csv, parquet"),
+    ],
+)
+def test_bad_yamls_exit_2_with_one_line_before_any_model_loads(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                               text: str, named: str) -> None:  # fmt: skip
+    (tmp_path / "test.jsonl").write_text('{"q": "1+1", "a": "2"}\n', encoding="utf-8")
+    (tmp_path / "utils.py").write_text("def score(doc, results):\n    return {}\n", encoding="utf-8")
+    path = tmp_path / "task.yaml"
+    path.write_text(text, encoding="utf-8")
+    code = cli.main(["run", "task=lm_eval", f"task.path={path}", "cluster=inline", f"run.root={tmp_path / 'runs'}"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and str(path) in err[0] and named in err[0], err
+    assert not (tmp_path / "runs").exists()
