@@ -55,7 +55,7 @@ class LmEvalKind(DatasetKind):
         return dict(task.pack_record(config.decoding.as_record()))
 
     def identity(self, config: EvalConfig, task: Task) -> dict[str, Any]:
-        return {**super().identity(config, task), "lm_eval": self._scoring_of(task)}
+        return {"kind": self.name, **super().identity(config, task), "lm_eval": self._scoring_of(task)}
 
     def section(self, config: EvalConfig, task: Task) -> dict[str, Any]:
         recorded = super().section(config, task)
