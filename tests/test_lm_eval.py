@@ -128,11 +128,51 @@ def test_a_function_is_read_from_the_file_beside_its_yaml_and_hashed(tmp_path: P
         load_task(absent)
 
 
-def test_a_hub_dataset_is_refused_until_it_can_be_pinned(tmp_path: Path) -> None:
-    path = _write(tmp_path, BASE.replace("dataset_path: json", "dataset_path: openai/gsm8k"))
-    with pytest.raises(BadInput) as caught:
-        load_task(path)
-    assert caught.value.where == f"{path}: dataset_path" and "hub dataset is not supported yet" in caught.value.message
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+
+
+def _hub_cache(root: Path) -> Path:
+    """A Hugging Face hub cache holding one dataset, evalrun/adds at COMMIT (main), as huggingface_hub lays it out:
+    its card's configs name a ``main`` config whose test split is a Parquet file; an ``other`` config is a
+    directory with ``test-*`` files."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    repo = root / "datasets--evalrun--adds"
+    snapshot = repo / "snapshots" / COMMIT
+    (snapshot / "main").mkdir(parents=True)
+    (snapshot / "other").mkdir()
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(COMMIT)
+    (snapshot / "README.md").write_text("---\nconfigs:\n- config_name: main\n  data_files:\n  - split: test\n"
+                                        "    path: main/test-*\n---\n# adds\n")  # fmt: skip
+    rows = pa.table({"q": ["1+1", "2+2", "3+3"], "a": ["2", "4", "6"]})
+    pq.write_table(rows, snapshot / "main" / "test-00000-of-00001.parquet")
+    pq.write_table(rows.slice(0, 1), snapshot / "other" / "test-00000-of-00001.parquet")
+    return root
+
+
+def test_a_hub_dataset_is_read_from_the_local_cache_at_its_pinned_commit(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("HF_HUB_CACHE", str(_hub_cache(tmp_path / "hub")))
+    hub = BASE.replace("dataset_path: json", "dataset_path: evalrun/adds\ndataset_name: main")
+    pinned = _write(tmp_path, hub.replace("{data_files: {test: test.jsonl}}", f"{{revision: {COMMIT}}}"))
+    task = load_task(pinned)
+    assert [r.context for r in task.requests()] == ["Q: 1+1\nA:", "Q: 2+2\nA:", "Q: 3+3\nA:"]
+    record = task.splits["test"].as_record()
+    assert record["hub"] == {"id": "evalrun/adds", "config": "main", "revision": COMMIT, "pinned": True}
+    assert record["files"][0]["file"] == "test-00000-of-00001.parquet" and record["docs"] == 3
+    other = _write(tmp_path, pinned.read_text().replace("dataset_name: main", "dataset_name: other"), "other.yaml")
+    assert len(load_task(other).eval_split.docs) == 1  # no card config: the files named after the split
+    branch = _write(tmp_path, hub.replace("{data_files: {test: test.jsonl}}", "{revision: main}"), "branch.yaml")
+    with pytest.raises(BadInput, match="the commit") as caught:
+        load_task(branch)
+    assert caught.value.where == f"{branch}: dataset_kwargs.revision"
+    unpinned = load_task(branch, allow_unpinned=True).splits["test"].as_record()["hub"]
+    assert unpinned["revision"] == COMMIT and unpinned["pinned"] is False  # the commit the cache had, recorded
+    absent = _write(tmp_path, pinned.read_text().replace(COMMIT, "f" * 40), "absent.yaml")
+    with pytest.raises(BadInput, match="is not in the local Hugging Face cache") as caught:
+        load_task(absent)
+    assert caught.value.where == f"{absent}: dataset_path"
 
 
 def test_the_fewshot_sampler_is_lm_evals_one_generator_for_the_task_in_document_order(tmp_path: Path) -> None:

@@ -115,7 +115,13 @@ doc_to_target: a
         (BASE + "process_results: !function utils.score\n", ": process_results: an lm-eval key evalrun does not"),
         (BASE.replace("test_split: test", "test_split: validation"), ": test_split: the dataset has no split"),
         (BASE.replace('"Q: {{q}}\\nA:"', "!function nope.text"), ": !function nope.text: no file"),
-        (BASE.replace("dataset_path: json", "dataset_path: gsm8k"), ": dataset_path: one of json, csv, parquet"),
+        (
+            BASE.replace(
+                "dataset_path: json\ndataset_kwargs: {data_files: {test: test.jsonl}}",
+                "dataset_path: openai/gsm8k\ndataset_name: main",
+            ),
+            ": dataset_kwargs.revision: the commit",
+        ),
     ],
 )
 def test_bad_yamls_exit_2_with_one_line_before_any_model_loads(tmp_path: Path, capsys: pytest.CaptureFixture[str],

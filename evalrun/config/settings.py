@@ -450,6 +450,9 @@ class TaskConfig(Section):
     # An lm-evaluation-harness task YAML (task.kind=lm_eval, conf/task/lm_eval.yaml), or a directory of them with
     # the task named by task.name; it defines the dataset, prompts, filters and metrics itself
     path: str | None = field(default=None, metadata=LEFT_OUT_WHEN_NULL)
+    # an lm-eval task's hub dataset at a branch or no revision (not a commit): read as the local cache has it,
+    # recorded as unpinned; null: refused
+    allow_unpinned_dataset: bool | None = field(default=None, metadata=LEFT_OUT_WHEN_NULL)
 
     @property
     def episode_kind(self) -> str:
@@ -462,6 +465,9 @@ class TaskConfig(Section):
         if self.path is not None or self.kind == "lm_eval":
             self._check_lm_eval()
             return
+        if self.allow_unpinned_dataset is not None:
+            raise BadInput("task.allow_unpinned_dataset", "a setting of an lm-eval task's hub dataset (task=lm_eval): "
+                                                          "expected null")  # fmt: skip
         if self.world is not None:
             self.world.check()
             given = [k for k in ("dataset", "template", "prompt_pack", "rubric", "references")

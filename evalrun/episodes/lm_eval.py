@@ -37,7 +37,7 @@ class LmEvalKind(DatasetKind):
 
     def load(self, config: EvalConfig, model: ModelFiles) -> tuple[EvalConfig, Task]:
         wanted = None if config.task.name == DEFAULT_NAME else config.task.name
-        source = find_task(Path(config.prompt_path), wanted)
+        source = find_task(Path(config.prompt_path), wanted, bool(config.task.allow_unpinned_dataset))
         # lm-eval's few-shot seed is 1234 (simple_evaluate's fewshot_random_seed); seeds.fewshot replaces it
         task = as_task(source, config.limit, FEWSHOT_SEED if config.seeds.fewshot is None else config.seeds.fewshot)
         named = replace(config, task=replace(config.task, name=source.name))

@@ -18,6 +18,7 @@ from __future__ import annotations
 import ast
 import importlib.util
 import json
+import os
 import random
 import re
 import sys
@@ -85,6 +86,8 @@ class DataSplit:
     name: str
     files: tuple[tuple[Path, str], ...]
     docs: tuple[Mapping[str, Any], ...]
+    # a hub dataset's: its id, config, the commit read (from the local cache) and whether the YAML pinned it
+    source: Mapping[str, Any] | None = None
 
     @property
     def columns(self) -> tuple[str, ...]:
@@ -95,8 +98,9 @@ class DataSplit:
         return tuple(seen)
 
     def as_record(self) -> dict[str, Any]:
-        return {"name": self.name, "files": [{"file": p.name, "sha256": s} for p, s in self.files],
-                "docs": len(self.docs), "rows_sha256": canonical_hash([dict(d) for d in self.docs])}  # fmt: skip
+        record = {"name": self.name, "files": [{"file": p.name, "sha256": s} for p, s in self.files],
+                  "docs": len(self.docs), "rows_sha256": canonical_hash([dict(d) for d in self.docs])}  # fmt: skip
+        return record if self.source is None else {**record, "hub": dict(self.source)}
 
 
 @dataclass(frozen=True)
@@ -431,11 +435,11 @@ def as_task(task: LmEvalTask, limit: int | None = None, seed: int = FEWSHOT_SEED
                 scoring=task.scoring_record())  # fmt: skip
 
 
-def find_task(path: Path, name: str | None) -> LmEvalTask:
+def find_task(path: Path, name: str | None, allow_unpinned: bool = False) -> LmEvalTask:
     """The task ``path`` defines (a YAML), or the task named ``name`` among the YAMLs under the directory ``path``
     (as lm-eval's ``--include_path``); a name that is not there is a BadInput listing the ones that are."""
     if path.is_file():
-        task = load_task(path)
+        task = load_task(path, allow_unpinned)
         if name is not None and name != task.name:
             raise BadInput("task.name", f"{path} defines task {task.name!r}, not {name!r}")
         return task
@@ -446,7 +450,7 @@ def find_task(path: Path, name: str | None) -> LmEvalTask:
             found.setdefault(settings["task"], candidate)
     if name not in found:
         raise BadInput("task.name", f"name the task to run from {path}: one of {', '.join(sorted(found)) or 'none'}")
-    return load_task(found[name])
+    return load_task(found[name], allow_unpinned)
 
 
 # --- filters and metrics, as the YAML names them (evalrun.scoring.lm_eval computes them) ---
@@ -556,7 +560,7 @@ def metrics(spec: Any, output_type: str, where: Path | None = None) -> tuple[Met
 # --- reading a task YAML ---
 
 
-def load_task(path: Path) -> LmEvalTask:
+def load_task(path: Path, allow_unpinned: bool = False) -> LmEvalTask:
     """The lm-eval task of the YAML at ``path``; a BadInput names the file and key at fault (a key evalrun does
     not implement, an include or function that is not there, a split the dataset does not have)."""
     settings, origins = read_yaml(path)
@@ -568,7 +572,9 @@ def load_task(path: Path) -> LmEvalTask:
     name = settings.get("task")
     if not isinstance(name, str) or not name:
         raise BadInput(f"{path}: task", "the task's name (a string) is missing")
-    splits = _splits(settings, origins)
+    local = settings.get("dataset_path") in FORMATS
+    splits = _splits(settings, origins) if local else _hub_splits(settings, origins, allow_unpinned)
+    _check_splits(settings, origins, splits)
     return LmEvalTask(name, path, settings, splits)
 
 
@@ -682,10 +688,6 @@ def _splits(settings: Mapping[str, Any], origins: Mapping[str, Path]) -> dict[st
     ``datasets.load_dataset`` reads it from); every split the settings name must be there."""
     kind = settings.get("dataset_path")
     where = origins.get("dataset_path")
-    if kind not in FORMATS:
-        raise BadInput(f"{where or origins['task']}: dataset_path", f"one of {', '.join(FORMATS)} with "
-                       "dataset_kwargs.data_files (local files); a Hugging Face hub dataset is not supported "
-                       f"yet, got {kind!r}")  # fmt: skip
     if settings.get("dataset_name") is not None:
         raise BadInput(f"{origins['dataset_name']}: dataset_name", "a local json/csv/parquet dataset has no config "
                                                                    "name: expected null")  # fmt: skip
@@ -707,6 +709,10 @@ def _splits(settings: Mapping[str, Any], origins: Mapping[str, Path]) -> dict[st
                  for n in ([names] if isinstance(names, str) else names)]  # fmt: skip
         docs = tuple(doc for p in paths for doc in _rows(p, str(kind)))
         splits[str(split)] = DataSplit(str(split), tuple((p, file_sha256(p)) for p in paths), docs)
+    return splits
+
+
+def _check_splits(settings: Mapping[str, Any], origins: Mapping[str, Path], splits: Mapping[str, DataSplit]) -> None:
     for key in ("test_split", "validation_split", "training_split", "fewshot_split"):
         split = settings.get(key)
         if split is not None and str(split) not in splits:
@@ -719,7 +725,97 @@ def _splits(settings: Mapping[str, Any], origins: Mapping[str, Path]) -> dict[st
         )
     if not (settings.get("test_split") or settings.get("validation_split")):
         raise BadInput(f"{origins['task']}: test_split", "the split to evaluate (test_split or validation_split)")
+
+
+COMMIT = re.compile(r"[0-9a-f]{40}")
+DATA_SUFFIXES = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".csv": "csv"}
+
+
+def _hub_splits(settings: Mapping[str, Any], origins: Mapping[str, Path],
+                allow_unpinned: bool) -> dict[str, DataSplit]:  # fmt: skip
+    """A Hugging Face hub dataset's splits, read from the local hub cache (``HF_HUB_CACHE``; nothing is downloaded)
+    at the commit ``dataset_kwargs.revision`` names: a branch or no revision is refused unless ``allow_unpinned``
+    (then the commit the cache holds for it is read, and recorded as unpinned). The files of each split the task
+    names are the ones the dataset card's ``configs`` give for ``dataset_name`` (else ``default``), or else
+    those named after the split (``test-00000-of-00001.parquet``, ``test/...``) under the config's directory."""
+    from huggingface_hub import constants, snapshot_download
+
+    repo = str(settings["dataset_path"])
+    where = f"{origins['dataset_path']}: dataset_path"
+    kwargs = settings.get("dataset_kwargs") or {}
+    kwargs_from = origins.get("dataset_kwargs", origins["dataset_path"])
+    unknown = sorted(set(kwargs) - {"revision"})
+    if unknown:
+        raise BadInput(f"{kwargs_from}: dataset_kwargs.{unknown[0]}", "not implemented by evalrun for a hub dataset "
+                                                                      "(it reads revision)")  # fmt: skip
+    revision = kwargs.get("revision")
+    pinned = isinstance(revision, str) and COMMIT.fullmatch(revision) is not None
+    if not pinned and not allow_unpinned:
+        raise BadInput(f"{kwargs_from}: dataset_kwargs.revision", f"the commit (40 hex digits) of {repo} to read, "
+                       f"got {revision!r}: a branch or no revision may change under the same name "
+                       "(task.allow_unpinned_dataset=true reads what the cache has, recorded as unpinned)")  # fmt: skip
+    cache = os.environ.get("HF_HUB_CACHE") or constants.HF_HUB_CACHE
+    try:
+        snapshot = Path(snapshot_download(repo, repo_type="dataset", revision=revision, local_files_only=True,
+                                          cache_dir=cache))  # fmt: skip
+    except Exception as exc:  # huggingface_hub's not-in-cache errors, and a repo id it refuses
+        raise BadInput(
+            where,
+            f"{repo}@{revision or 'main'} is not in the local Hugging Face cache ({cache}); "
+            "nothing is downloaded at run time: fetch it first (huggingface-cli download "
+            f"--repo-type dataset {repo} --revision COMMIT) ({type(exc).__name__})",
+        ) from exc
+    config = settings.get("dataset_name")
+    patterns = _card_configs(snapshot).get(str(config or "default"))
+    base = snapshot / str(config) if config and (snapshot / str(config)).is_dir() else snapshot
+    if config and patterns is None and base == snapshot:
+        raise BadInput(f"{origins['dataset_name']}: dataset_name", f"{repo} has no config {config!r} (its card's "
+                                                                   "configs, or a directory of that name)")  # fmt: skip
+    source = {"id": repo, "config": config, "revision": snapshot.name, "pinned": pinned}
+    splits = {}
+    for key in ("test_split", "validation_split", "training_split", "fewshot_split"):
+        split = settings.get(key)
+        if split is None or str(split) in splits:
+            continue
+        globs = (patterns or {}).get(str(split))
+        found = (sorted({f for g in globs for f in snapshot.glob(g) if f.is_file()}) if globs is not None
+                 else _split_files(base, str(split)))  # fmt: skip
+        if not found:
+            raise BadInput(f"{origins[key]}: {key}", f"{repo}@{snapshot.name} has no files for split {split!r}")
+        docs = tuple(doc for f in found for doc in _rows(f, _format_of(f, repo)))
+        splits[str(split)] = DataSplit(str(split), tuple((f, file_sha256(f)) for f in found), docs, source)
     return splits
+
+
+def _card_configs(snapshot: Path) -> dict[str, dict[str, list[str]]]:
+    """The dataset card's ``configs``: each config's split file patterns (the YAML front matter of README.md)."""
+    card = snapshot / "README.md"
+    text = card.read_text(encoding="utf-8") if card.is_file() else ""
+    if not text.startswith("---"):
+        return {}
+    header = yaml.safe_load(text.split("---", 2)[1]) or {}
+    configs: dict[str, dict[str, list[str]]] = {}
+    for entry in header.get("configs") or []:
+        files = entry.get("data_files") or []
+        if isinstance(files, str | dict):
+            files = [{"split": "train", "path": files}] if isinstance(files, str) else [files]
+        configs[str(entry.get("config_name", "default"))] = {
+            str(f["split"]): [f["path"]] if isinstance(f["path"], str) else list(f["path"]) for f in files
+        }
+    return configs
+
+
+def _split_files(base: Path, split: str) -> list[Path]:
+    """The data files named after ``split`` under ``base``: ``SPLIT-*``, ``SPLIT.*``, ``SPLIT_*`` or in ``SPLIT/``."""
+    named = re.compile(rf"{re.escape(split)}([-._ 0-9].*)?")
+    return sorted(f for f in base.rglob("*") if f.is_file() and f.suffix in DATA_SUFFIXES
+                  and (named.fullmatch(f.stem) or named.fullmatch(f.name) or f.parent.name == split))  # fmt: skip
+
+
+def _format_of(path: Path, repo: str) -> str:
+    if path.suffix not in DATA_SUFFIXES:
+        raise BadInput(str(path), f"a data file of {repo} evalrun cannot read (parquet, json, jsonl, csv)")
+    return DATA_SUFFIXES[path.suffix]
 
 
 def _data_file(base: Path, name: str, where: str) -> Path:
