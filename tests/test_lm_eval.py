@@ -7,10 +7,10 @@ lm-eval's definitions."""
 from __future__ import annotations
 
 import json
-import textwrap
 from pathlib import Path
 
 import pytest
+from helpers.lm_eval import TINY_TASK, write_tiny_data
 
 from evalrun.errors import BadInput
 from evalrun.scoring.lm_eval import FILTERS, apply_filters, choice_metrics, exact_match
@@ -55,20 +55,13 @@ def test_a_golden_file_exists_for_every_shipped_task() -> None:
 
 
 def _write(tmp_path: Path, text: str, name: str = "task.yaml") -> Path:
-    (tmp_path / "test.jsonl").write_text('{"q": "1+1", "a": "2"}\n{"q": "2+2", "a": "4"}\n', encoding="utf-8")
+    write_tiny_data(tmp_path)
     path = tmp_path / name
     path.write_text(text, encoding="utf-8")
     return path
 
 
-BASE = textwrap.dedent("""\
-    task: tiny
-    dataset_path: json
-    dataset_kwargs: {data_files: {test: test.jsonl}}
-    test_split: test
-    doc_to_text: "Q: {{q}}\\nA:"
-    doc_to_target: a
-    """)
+BASE = TINY_TASK
 
 
 @pytest.mark.parametrize(

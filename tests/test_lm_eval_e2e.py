@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+from helpers.lm_eval import TINY_TASK, write_tiny_data
 
 from evalrun import cli
 from evalrun.analysis.compare import compare_paths
@@ -99,14 +100,7 @@ def test_an_edited_dataset_is_refused_at_resume_and_shown_by_compare(
         resume(before, [])
 
 
-BASE = """\
-task: tiny
-dataset_path: json
-dataset_kwargs: {data_files: {test: test.jsonl}}
-test_split: test
-doc_to_text: "Q: {{q}}\\nA:"
-doc_to_target: a
-"""
+BASE = TINY_TASK
 
 
 @pytest.mark.parametrize(
@@ -126,7 +120,7 @@ doc_to_target: a
 )
 def test_bad_yamls_exit_2_with_one_line_before_any_model_loads(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                                text: str, named: str) -> None:  # fmt: skip
-    (tmp_path / "test.jsonl").write_text('{"q": "1+1", "a": "2"}\n', encoding="utf-8")
+    write_tiny_data(tmp_path)
     (tmp_path / "utils.py").write_text("def score(doc, results):\n    return {}\n", encoding="utf-8")
     path = tmp_path / "task.yaml"
     path.write_text(text, encoding="utf-8")

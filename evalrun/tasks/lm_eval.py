@@ -662,22 +662,20 @@ def _check(settings: Mapping[str, Any], origins: Mapping[str, Path]) -> None:
     shots = settings.get("num_fewshot")
     if shots is not None and (not isinstance(shots, int) or isinstance(shots, bool) or shots < 0):
         raise fail("num_fewshot", f"an integer >= 0, got {shots!r}")
-    fewshot = settings.get("fewshot_config") or {}
-    if not isinstance(fewshot, dict):
-        raise fail("fewshot_config", f"a mapping, got {fewshot!r}")
-    for key in fewshot:
-        if key not in FEWSHOT_KEYS:
-            raise fail(f"fewshot_config.{key}", f"not implemented by evalrun (it reads {', '.join(FEWSHOT_KEYS)})")
+
+    def mapping(key: str, keys: tuple[str, ...]) -> dict[str, Any]:
+        value = settings.get(key) or {}
+        if not isinstance(value, dict):
+            raise fail(key, f"a mapping, got {value!r}")
+        for name in value:
+            if name not in keys:
+                raise fail(f"{key}.{name}", f"not implemented by evalrun (it reads {', '.join(keys)})")
+        return value
+
+    fewshot = mapping("fewshot_config", FEWSHOT_KEYS)
     if fewshot.get("sampler", "default") not in ("default", "first_n"):
         raise fail("fewshot_config.sampler", f"default or first_n, got {fewshot.get('sampler')!r}")
-    generation = settings.get("generation_kwargs") or {}
-    if not isinstance(generation, dict):
-        raise fail("generation_kwargs", f"a mapping, got {generation!r}")
-    for key in generation:
-        if key not in GENERATION_KEYS:
-            raise fail(
-                f"generation_kwargs.{key}", f"not implemented by evalrun (it reads {', '.join(GENERATION_KEYS)})"
-            )
+    mapping("generation_kwargs", GENERATION_KEYS)
     filters(settings.get("filter_list"), origins.get("filter_list"))
     metrics(settings.get("metric_list"), output_type, origins.get("metric_list"))
 
