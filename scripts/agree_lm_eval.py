@@ -1,0 +1,537 @@
+"""Agreement of evalrun with lm-evaluation-harness 0.4.13 itself, item by item, on lm-eval task YAMLs.
+
+What it measures. For one model directory and each shipped lm-eval task YAML
+(evalrun/tasks/builtin/lm_eval/*/*.yaml, or --tasks NAME,...) it runs
+
+  * lm-eval, through its Python API: ``lm_eval.simple_evaluate(model="hf", model_args={pretrained: DIR,
+    dtype: float32}, device="cpu", batch_size=1, log_samples=True, [limit=N])``, default seeds (0, 1234,
+    1234, 1234), no chat template; each task built from its YAML by lm-eval's own loader with
+    ``dataset_kwargs.data_files`` made absolute (scripts/lm_eval_contexts.py's ``load_config``, imported,
+    not copied) and handed to ``TaskManager(include_defaults=False)`` as an inline config;
+  * evalrun, as a subprocess of its CLI: ``evalrun run task=lm_eval task.path=YAML engine=hf cluster=inline
+    run.progress=false run.root=DIR model=M [limit=N]``;
+
+and compares them per item (lm-eval ``doc_id`` against evalrun ``item_id``):
+
+  * every item: the prompt (lm-eval's request context, every request of the doc, against evalrun's
+    ``prompt``);
+  * generate_until: the raw output (lm-eval ``resps`` against evalrun ``output``), the filtered answer per
+    filter (lm-eval ``filtered_resps`` against the ``extracted`` of evalrun's ``METRIC/FILTER`` score) and
+    the metric value;
+  * multiple_choice: each choice's loglikelihood (lm-eval ``resps`` against evalrun ``option_logprobs``;
+    the largest absolute difference is reported, it is not a pass/fail check) and acc / acc_norm.
+    That difference is floating-point only: evalrun's inline worker runs torch on 1 thread
+    (cluster.cpus_per_worker) and scores options in left-padded batches (engine.max_num_seqs) summing
+    token logprobs in float64, lm-eval on torch's default threads, one request at a time, summing in
+    float32. ``--lm-eval-threads 1 --evalrun-override engine.max_num_seqs=1`` leaves only the last part.
+
+It prints a table per task and an overall one, the first differing items with both values, and exits 1
+when any prompt differs, or (generation) any output, answer or metric value differs, or (multiple choice)
+any acc / acc_norm differs, or the two sides scored different item sets; 2 when something could not run.
+
+How it sets up lm-eval. lm-eval is no dependency of evalrun and never enters the project's .venv: the
+set-up is scripts/compare_lm_eval.py's (``setup_lm_eval``, imported, not copied): ``pip install --target
+--no-deps`` of lm_eval==0.4.13 and exactly the distributions the .venv lacks into
+``${EVALRUN_CACHE:-~/.cache/evalrun}/lm-eval/0.4.13/site``, once (``ready.json``). lm-eval then runs in a child
+process of the project's python with that directory on PYTHONPATH (``lm_eval_env``: offline, its own datasets
+cache), so it uses the .venv's torch, transformers and accelerate, the same ones evalrun uses; the child checks
+that lm_eval and datasets come from the side directory and torch/transformers from the .venv. The .venv's
+site-packages (its entries and distributions with their versions) is fingerprinted before and after the
+set-up, and the script fails if it changed.
+
+    .venv/bin/python scripts/agree_lm_eval.py                              # tiny-adder, all shipped tasks
+    .venv/bin/python scripts/agree_lm_eval.py --model smollm2 --tasks addition_gen,addition_mc --limit 20
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import importlib.util
+import json
+import os
+import shlex
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+from pathlib import Path
+from types import ModuleType
+
+REPO = Path(__file__).resolve().parents[1]
+YAMLS = REPO / "evalrun" / "tasks" / "builtin" / "lm_eval"
+CONTEXTS_SCRIPT = REPO / "scripts" / "lm_eval_contexts.py"
+CACHE = Path(os.environ.get("EVALRUN_CACHE") or Path.home() / ".cache" / "evalrun")
+
+MODELS = {
+    # --model NAME: (model directory, evalrun model config)
+    "tiny": (REPO / "models" / "tiny-adder", "tiny_adder"),
+    "smollm2": (CACHE / "models" / "smollm2-135m-instruct", "smollm2_135m_instruct"),
+}
+OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+
+
+def fail(message: str) -> None:
+    """Something could not run (as opposed to a disagreement): exit 2."""
+    print(f"agree_lm_eval: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def show_cmd(cmd: list[str], env: dict[str, str] | None = None) -> str:
+    prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in (env or {}).items())
+    return (prefix + " " if prefix else "") + " ".join(shlex.quote(str(c)) for c in cmd)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Side installation of lm-eval
+
+
+def venv_fingerprint() -> dict:
+    """What the project's environment holds: site-packages' top-level entries and distributions."""
+    purelib = Path(sysconfig.get_paths()["purelib"])
+    dists = sorted(f"{d.metadata['Name']}=={d.version}" for d in importlib.metadata.distributions(path=[str(purelib)]))
+    return {"purelib": str(purelib), "entries": sorted(os.listdir(purelib)), "dists": dists}
+
+
+def compare_lm_eval() -> ModuleType:
+    """scripts/compare_lm_eval.py, whose lm-eval set-up this script shares."""
+    spec = importlib.util.spec_from_file_location("compare_lm_eval", REPO / "scripts" / "compare_lm_eval.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# ---------------------------------------------------------------------------------------------------------
+# lm-eval (child process: the project's python with PYTHONPATH=SIDE_DIR)
+
+
+def worker(args: argparse.Namespace) -> int:
+    import importlib.util
+
+    import datasets
+    import lm_eval
+    import torch
+    import transformers
+
+    if args.lm_eval_threads is not None:
+        torch.set_num_threads(args.lm_eval_threads)
+    side = Path(args.side_dir).resolve()
+    for mod in (lm_eval, datasets):
+        assert Path(mod.__file__).resolve().is_relative_to(side), f"{mod.__name__} not from {side}: {mod.__file__}"
+    for mod in (torch, transformers):
+        assert not Path(mod.__file__).resolve().is_relative_to(side), f"{mod.__name__} from {side}"
+    print(
+        f"lm-eval worker: lm_eval {importlib.metadata.version('lm_eval')} ({lm_eval.__file__}), "
+        f"datasets {datasets.__version__}, torch {torch.__version__} ({torch.__file__}), "
+        f"transformers {transformers.__version__}, threads {torch.get_num_threads()}",
+        file=sys.stderr,
+        flush=True,
+    )
+    spec = importlib.util.spec_from_file_location("lm_eval_contexts", CONTEXTS_SCRIPT)
+    contexts = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(contexts)  # its load_config: lm-eval's loader, data_files made absolute
+
+    from lm_eval import simple_evaluate
+    from lm_eval.tasks import TaskManager
+
+    cfgs = [contexts.load_config(Path(y)) for y in args.yaml]
+    yaml_of = {cfg["task"]: y for cfg, y in zip(cfgs, args.yaml, strict=True)}
+    started = time.monotonic()
+    results = simple_evaluate(
+        model="hf",
+        model_args={"pretrained": args.model_dir, "dtype": "float32"},
+        tasks=cfgs,
+        device="cpu",
+        batch_size=1,
+        limit=args.limit,
+        log_samples=True,
+        task_manager=TaskManager(include_defaults=False),
+    )
+    wall = time.monotonic() - started
+    out = {"wall_s": wall, "lm_eval_version": importlib.metadata.version("lm_eval"), "tasks": {}}
+    for cfg in cfgs:
+        name = cfg["task"]
+        out["tasks"][name] = {
+            "yaml": yaml_of[name],
+            "output_type": cfg.get("output_type", "generate_until"),
+            "results": results["results"].get(name, {}),
+            "samples": results["samples"].get(name, []),
+        }
+    Path(args.out).write_text(json.dumps(out, default=str, ensure_ascii=False))
+    print(f"lm-eval worker: simple_evaluate took {wall:.1f} s", file=sys.stderr)
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Comparison
+
+
+def fmt(v, width: int = 60) -> str:
+    s = repr(v)
+    return s if len(s) <= width else s[: width - 3] + "..."
+
+
+def num(v):
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return v
+
+
+class Check:
+    def __init__(self, name: str, gating: bool = True):
+        self.name, self.gating = name, gating
+        self.n = self.equal = 0
+        self.diffs: list[tuple[str, object, object]] = []
+
+    def add(self, item: str, ours, theirs, equal: bool | None = None) -> None:
+        self.n += 1
+        if equal is None:
+            equal = ours == theirs
+        if equal:
+            self.equal += 1
+        else:
+            self.diffs.append((item, ours, theirs))
+
+    @property
+    def ok(self) -> bool:
+        return self.equal == self.n
+
+
+def load_evalrun(run_dir: Path):
+    import pandas as pd
+
+    outs = pd.concat([pd.read_parquet(p) for p in sorted((run_dir / "outputs").glob("*.parquet"))])
+    scores = pd.read_parquet(run_dir / "scores.parquet")
+    first = outs.sort_values(["item_id", "seed", "repeat"]).groupby("item_id", sort=False).head(1)
+    first_scores = scores.merge(first[["item_id", "seed", "repeat"]], on=["item_id", "seed", "repeat"])
+    trials = outs.groupby("item_id").size().max() if len(outs) else 0
+    return first.set_index("item_id"), first_scores, scores, int(trials)
+
+
+def compare_task(name: str, lm: dict, run_dir: Path) -> dict:
+    out_type = lm["output_type"]
+    items, scores1, scores_all, trials = load_evalrun(run_dir)
+    by_doc: dict[str, dict[str, dict]] = {}  # doc_id -> filter -> sample
+    for s in lm["samples"]:
+        by_doc.setdefault(str(s["doc_id"]), {})[s["filter"]] = s
+    filters = sorted({s["filter"] for s in lm["samples"]})
+    ev_scores: dict[tuple[str, str, str], tuple[float, object]] = {}
+    for r in scores1.itertuples():
+        metric, _, filt = r.metric.partition("/")
+        ev_scores[(r.item_id, metric, filt or "none")] = (r.value, r.extracted)
+    lm_ids, ev_ids = set(by_doc), set(items.index)
+    common = sorted(lm_ids & ev_ids, key=lambda x: (len(x), x))
+
+    checks: dict[str, Check] = {"prompt": Check("prompt")}
+    metric_names: list[tuple[str, str]] = []  # (metric, filter)
+    max_dlp, dlp_item = 0.0, None
+    for doc_id in common:
+        samples = by_doc[doc_id]
+        row = items.loc[doc_id]
+        s0 = samples[filters[0]]
+        ctxs = [a[0] for a in s0["arguments"]]
+        ctx = ctxs[0] if all(c == ctxs[0] for c in ctxs) else ctxs
+        checks["prompt"].add(doc_id, ctx, row["prompt"])
+        if out_type == "multiple_choice":
+            lls = [float(r[0][0]) for r in s0["resps"]]
+            ours = [float(x) for x in row["option_logprobs"]]
+            if len(ours) == len(lls):
+                d = max((abs(a - b) for a, b in zip(lls, ours, strict=True)), default=0.0)
+                if d > max_dlp or dlp_item is None:
+                    max_dlp, dlp_item = d, (doc_id, lls, ours)
+            checks.setdefault("choices", Check("number of choices")).add(doc_id, len(lls), len(ours))
+        else:
+            checks.setdefault("output", Check("output")).add(doc_id, s0["resps"][0][0], row["output"])
+        for filt in filters:
+            s = samples.get(filt)
+            if s is None:
+                continue
+            for metric in s["metrics"]:
+                if (metric, filt) not in metric_names:
+                    metric_names.append((metric, filt))
+                ev = ev_scores.get((doc_id, metric, filt))
+                label = metric if filt == "none" else f"{metric}/{filt}"
+                if out_type != "multiple_choice" and ev is not None:
+                    checks.setdefault(f"answer/{filt}", Check(f"answer [{filt}]")).add(
+                        doc_id, s["filtered_resps"][0], ev[1]
+                    )
+                lv, evv = num(s[metric]), (None if ev is None else num(ev[0]))
+                checks.setdefault(label, Check(label)).add(doc_id, lv, evv)
+    # aggregates: lm-eval's results vs the mean of evalrun's per-item values (all trials)
+    aggs = []
+    for metric, filt in metric_names:
+        lv = lm["results"].get(f"{metric},{filt}")
+        ev_metric = metric if filt == "none" else f"{metric}/{filt}"
+        vals = scores_all[scores_all.metric == ev_metric].value
+        aggs.append((ev_metric, lv, float(vals.mean()) if len(vals) else None, len(vals)))
+    return {
+        "name": name,
+        "type": out_type,
+        "n_lm": len(lm_ids),
+        "n_ev": len(ev_ids),
+        "n_common": len(common),
+        "only_lm": sorted(lm_ids - ev_ids),
+        "only_ev": sorted(ev_ids - lm_ids),
+        "trials": trials,
+        "checks": checks,
+        "max_dlp": max_dlp if out_type == "multiple_choice" else None,
+        "dlp_item": dlp_item,
+        "aggs": aggs,
+        "metric_names": metric_names,
+    }
+
+
+def print_task(r: dict, show: int) -> bool:
+    print(
+        f"\n=== {r['name']} ({r['type']}): items lm-eval {r['n_lm']}, evalrun {r['n_ev']}, common {r['n_common']}"
+        + (f"; evalrun trials per item {r['trials']} (compared: the first)" if r["trials"] > 1 else "")
+    )
+    ok = not r["only_lm"] and not r["only_ev"]
+    if r["only_lm"] or r["only_ev"]:
+        print(f"  items only in lm-eval: {r['only_lm'][:10]}; only in evalrun: {r['only_ev'][:10]}")
+    w = max(len(c.name) for c in r["checks"].values()) + 2
+    print(f"  {'check':<{w}}{'equal':>7}{'of':>6}")
+    for c in r["checks"].values():
+        print(f"  {c.name:<{w}}{c.equal:>7}{c.n:>6}" + ("" if c.ok else "   <-- differs"))
+        ok = ok and (c.ok or not c.gating)
+    if r["max_dlp"] is not None:
+        print(
+            f"  max |dlogprob| over all choices: {r['max_dlp']:.3e}"
+            + (f" (item {r['dlp_item'][0]})" if r["dlp_item"] else "")
+        )
+    print(f"  {'aggregate':<{w + 4}}{'lm-eval':>10}{'evalrun':>10}")
+    for m, lv, ev, _n in r["aggs"]:
+        lvs = f"{lv:.4f}" if isinstance(lv, (int, float)) else str(lv)
+        evs = f"{ev:.4f}" if ev is not None else "-"
+        print(f"  {m:<{w + 4}}{lvs:>10}{evs:>10}")
+    for c in r["checks"].values():
+        for item, a, b in c.diffs[:show]:
+            print(f"  differs: {c.name} item {item}: lm-eval {fmt(a)} | evalrun {fmt(b)}")
+        if len(c.diffs) > show:
+            print(f"  ... {len(c.diffs) - show} more {c.name} differences")
+    if r["dlp_item"] and r["max_dlp"] and r["max_dlp"] > 0:
+        doc_id, lls, ours = r["dlp_item"]
+        print(f"  largest |dlogprob| item {doc_id}: lm-eval {[f'{x:.6f}' for x in lls]}")
+        print(f"  {'':>{len('largest |dlogprob| item ' + doc_id)}}  evalrun {[f'{x:.6f}' for x in ours]}")
+    return ok
+
+
+def print_overall(results: list[dict]) -> None:
+    print("\n=== overall")
+    head = ["task", "items", "prompts=", "outputs=", "answers=", "metric=", "max|dlogprob|", "lm-eval", "evalrun"]
+    rows = []
+    for r in results:
+        ch = r["checks"]
+
+        def frac(keys, ch=ch):
+            cs = [c for k, c in ch.items() if k in keys]
+            return f"{sum(c.equal for c in cs)}/{sum(c.n for c in cs)}" if cs else "-"
+
+        metric_keys = [m if f == "none" else f"{m}/{f}" for m, f in r["metric_names"]]
+        aggs = r["aggs"]
+        lmv = " ".join(f"{lv:.4f}" if isinstance(lv, (int, float)) else str(lv) for _, lv, _, _ in aggs)
+        evv = " ".join(f"{ev:.4f}" if ev is not None else "-" for _, _, ev, _ in aggs)
+        same = r["n_lm"] == r["n_ev"] == r["n_common"]
+        rows.append(
+            [
+                r["name"],
+                f"{r['n_common']}" + ("" if same else f" ({r['n_lm']}/{r['n_ev']})"),
+                frac(["prompt"]),
+                frac(["output"]),
+                frac([k for k in ch if k.startswith("answer/")]),
+                frac(metric_keys),
+                f"{r['max_dlp']:.2e}" if r["max_dlp"] is not None else "-",
+                lmv + f" ({'/'.join(m for m, *_ in aggs)})",
+                evv,
+            ]
+        )
+    widths = [max(len(str(x)) for x in col) for col in zip(head, *rows, strict=True)]
+    for line in [head, *rows]:
+        print("  " + "  ".join(str(x).ljust(wd) for x, wd in zip(line, widths, strict=True)))
+
+
+# ---------------------------------------------------------------------------------------------------------
+
+
+def task_yamls(names: str | None) -> list[Path]:
+    found = {p.stem: p for p in sorted(YAMLS.rglob("*.yaml"))}
+    if not names:
+        return list(found.values())
+    out = []
+    for n in names.split(","):
+        n = n.strip().removeprefix("lm_eval_")
+        if n not in found:
+            fail(f"no shipped task {n!r}; have: {', '.join(found)}")
+        out.append(found[n])
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    venv = REPO / ".venv"
+    if venv.is_dir() and Path(sys.prefix).resolve() != venv.resolve():
+        # the project's python: its pip installs the side directory, its torch/transformers run lm-eval
+        py = venv / "bin" / "python"
+        os.execv(str(py), [str(py), str(Path(__file__).resolve()), *(sys.argv[1:] if argv is None else argv)])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument(
+        "--model",
+        default="tiny",
+        help="tiny (models/tiny-adder, evalrun model=tiny_adder; default), smollm2 "
+        "(~/.cache/evalrun/models/smollm2-135m-instruct, model=smollm2_135m_instruct), "
+        "or a model directory (then give --evalrun-model)",
+    )
+    parser.add_argument("--evalrun-model", help="evalrun's model config name for a --model directory")
+    parser.add_argument(
+        "--tasks",
+        help="comma-separated shipped task names (YAML stems, e.g. addition_gen,"
+        "addition_mc); default: all under evalrun/tasks/builtin/lm_eval",
+    )
+    parser.add_argument("--limit", type=int, help="first N items of each task, on both sides")
+    parser.add_argument("--work-dir", type=Path, help="where runs and lm-eval's samples go (default: a new /tmp dir)")
+    parser.add_argument("--show", type=int, default=5, help="differing items listed per check (default 5)")
+    parser.add_argument(
+        "--evalrun-override",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra override for evalrun run (repeatable), e.g. engine.max_num_seqs=1",
+    )
+    parser.add_argument(
+        "--lm-eval-threads",
+        type=int,
+        help="torch intra-op threads for lm-eval (default: torch's own, as lm-eval runs; evalrun's "
+        "inline worker uses cluster.cpus_per_worker, 1 by default)",
+    )
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--side-dir", help=argparse.SUPPRESS)  # the worker's: where lm_eval must come from
+    parser.add_argument("--model-dir", help=argparse.SUPPRESS)
+    parser.add_argument("--yaml", action="append", help=argparse.SUPPRESS)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.worker:
+        return worker(args)
+
+    if args.model in MODELS:
+        model_dir, ev_model = MODELS[args.model]
+    else:
+        model_dir, ev_model = Path(args.model), args.evalrun_model
+        if not ev_model:
+            parser.error("--model DIR needs --evalrun-model NAME (a conf/model config for the same weights)")
+    model_dir = model_dir.resolve()
+    if not (model_dir / "config.json").exists():
+        fail(f"no model at {model_dir}")
+    yamls = task_yamls(args.tasks)
+    work = (args.work_dir or Path(tempfile.mkdtemp(prefix="agree-lm-eval-"))).resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    commands: list[str] = []
+    walls: list[tuple[str, float]] = []
+
+    before = venv_fingerprint()
+    setup = compare_lm_eval()
+    home = setup.lm_eval_home()
+    setup.setup_lm_eval(home)
+    if venv_fingerprint() != before:
+        fail(f"the project's environment changed while setting up lm-eval ({before['purelib']})")
+    side = home / "site"
+
+    # lm-eval: one simple_evaluate over all chosen tasks, in a child with PYTHONPATH=SIDE_DIR
+    lm_json = work / "lm_eval_samples.json"
+    env_shown = {**setup.lm_eval_env(home), **OFFLINE_ENV, "HF_DATASETS_CACHE": str(work / "hf_datasets_cache")}
+    cmd = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--worker",
+        "--side-dir",
+        str(side),
+        "--model-dir",
+        str(model_dir),
+        "--out",
+        str(lm_json),
+    ]
+    for y in yamls:
+        cmd += ["--yaml", str(y)]
+    if args.limit is not None:
+        cmd += ["--limit", str(args.limit)]
+    if args.lm_eval_threads is not None:
+        cmd += ["--lm-eval-threads", str(args.lm_eval_threads)]
+    commands.append(show_cmd(cmd, env_shown))
+    print("$ " + commands[-1], flush=True)
+    started = time.monotonic()
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | env_shown
+    with open(work / "lm_eval.log", "w") as log:
+        proc = subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+    walls.append(("lm-eval (all tasks, one process)", time.monotonic() - started))
+    if proc.returncode != 0:
+        print((work / "lm_eval.log").read_text()[-6000:], file=sys.stderr)
+        fail(f"lm-eval failed (exit {proc.returncode}); log: {work / 'lm_eval.log'}")
+    lm = json.loads(lm_json.read_text())
+    if venv_fingerprint() != before:
+        fail("the project's environment changed while running lm-eval")
+
+    # evalrun: one CLI run per task
+    evalrun = Path(sys.executable).parent / "evalrun"
+    if not evalrun.exists():
+        evalrun = REPO / ".venv" / "bin" / "evalrun"
+    reports, ok = [], True
+    for y in yamls:
+        name, lm_task = next((n, t) for n, t in lm["tasks"].items() if t["yaml"] == str(y))
+        cmd = [
+            str(evalrun),
+            "run",
+            "task=lm_eval",
+            f"task.path={y}",
+            "engine=hf",
+            "cluster=inline",
+            "run.progress=false",
+            f"run.root={work / 'evalrun'}",
+            f"model={ev_model}",
+        ]
+        if args.limit is not None:
+            cmd.append(f"limit={args.limit}")
+        cmd += args.evalrun_override
+        commands.append(show_cmd(cmd, OFFLINE_ENV))
+        print("$ " + commands[-1], flush=True)
+        started = time.monotonic()
+        log_path = work / f"evalrun_{name}.log"
+        proc = subprocess.run(
+            cmd, env=os.environ | OFFLINE_ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        walls.append((f"evalrun {name}", time.monotonic() - started))
+        log_path.write_text(proc.stdout)
+        lines = [ln for ln in proc.stdout.strip().splitlines() if ln.strip()]
+        if proc.returncode != 0 or not lines or not Path(lines[-1].strip()).is_dir():
+            print(proc.stdout[-6000:], file=sys.stderr)
+            fail(f"evalrun failed on {name} (exit {proc.returncode}); log: {log_path}")
+        run_dir = Path(lines[-1].strip())
+        print(f"  run directory: {run_dir}")
+        reports.append(compare_task(name, lm_task, run_dir))
+
+    print(
+        f"\nmodel: {model_dir} (evalrun model={ev_model}); limit: {args.limit}; "
+        f"lm-eval {lm['lm_eval_version']} from {side}; work dir: {work}"
+    )
+    for r in reports:
+        ok = print_task(r, args.show) and ok
+    print_overall(reports)
+    print("\ncommands run:")
+    for c in commands:
+        print("  $ " + c)
+    print("wall times:")
+    for what, s in walls:
+        print(f"  {what}: {s:.1f} s")
+    print(f"  lm-eval simple_evaluate alone: {lm['wall_s']:.1f} s")
+    after = venv_fingerprint()
+    print(
+        f"project environment unchanged: {after == before} ({len(after['dists'])} distributions in {after['purelib']})"
+    )
+    if after != before:
+        return 2
+    print("AGREE" if ok else "DIFFER: see the differing items above")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
