@@ -57,11 +57,9 @@ import sysconfig
 import tempfile
 import time
 from pathlib import Path
-from types import ModuleType
 
 REPO = Path(__file__).resolve().parents[1]
 YAMLS = REPO / "evalrun" / "tasks" / "builtin" / "lm_eval"
-CONTEXTS_SCRIPT = REPO / "scripts" / "lm_eval_contexts.py"
 CACHE = Path(os.environ.get("EVALRUN_CACHE") or Path.home() / ".cache" / "evalrun")
 
 MODELS = {
@@ -94,15 +92,6 @@ def venv_fingerprint() -> dict:
     return {"purelib": str(purelib), "entries": sorted(os.listdir(purelib)), "dists": dists}
 
 
-def compare_lm_eval() -> ModuleType:
-    """scripts/compare_lm_eval.py, whose lm-eval set-up this script shares."""
-    spec = importlib.util.spec_from_file_location("compare_lm_eval", REPO / "scripts" / "compare_lm_eval.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 # ---------------------------------------------------------------------------------------------------------
 # lm-eval (child process: the project's python with PYTHONPATH=SIDE_DIR)
 
@@ -129,10 +118,7 @@ def worker(args: argparse.Namespace) -> int:
         file=sys.stderr,
         flush=True,
     )
-    spec = importlib.util.spec_from_file_location("lm_eval_contexts", CONTEXTS_SCRIPT)
-    contexts = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(contexts)  # its load_config: lm-eval's loader, data_files made absolute
-
+    import lm_eval_contexts as contexts  # scripts/ is on sys.path: its load_config, data_files made absolute
     from lm_eval import simple_evaluate
     from lm_eval.tasks import TaskManager
 
@@ -430,7 +416,8 @@ def main(argv: list[str] | None = None) -> int:
     walls: list[tuple[str, float]] = []
 
     before = venv_fingerprint()
-    setup = compare_lm_eval()
+    import compare_lm_eval as setup  # scripts/ is on sys.path: the shared lm-eval set-up
+
     home = setup.lm_eval_home()
     setup.setup_lm_eval(home)
     if venv_fingerprint() != before:
