@@ -178,7 +178,7 @@ def test_the_fewshot_sampler_is_lm_evals_one_generator_for_the_task_in_document_
     task = load_task(path)
     pool = list(task.splits["train"].docs)
     rnd = random.Random(1234)
-    assert list(task.fewshot()) == [rnd.sample(pool, 2), rnd.sample(pool, 2)]
+    assert [[pool[i] for i in chosen] for chosen in task.fewshot()] == [rnd.sample(pool, 2), rnd.sample(pool, 2)]
     first = next(task.requests()).context
     a, b = rnd_examples = random.Random(1234).sample(pool, 2)
     assert first == f"Q: {a['q']}\nA: {a['a']}\n\nQ: {b['q']}\nA: {b['a']}\n\nQ: 1+1\nA:" and rnd_examples

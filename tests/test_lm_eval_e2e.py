@@ -46,6 +46,11 @@ def test_a_shipped_suite_runs_with_lm_evals_prompts_and_verifies_replays_and_res
     golden = [json.loads(line) for line in (GOLDEN / f"{task.name}.jsonl").read_text().splitlines()][:LIMIT]
     assert [r["item_id"] for r in rows] == [str(g["doc_id"]) for g in golden]
     assert [r["prompt"] for r in rows] == [g["requests"][0][0] for g in golden]  # lm-eval's own prompts
+    for row in rows:  # the examples shown are recorded by their place in the few-shot split
+        assert len(row["fewshot_ids"]) == task.num_fewshot
+        for example in row["fewshot_ids"]:
+            split, index = example.split(":")
+            assert f"Q: {task.splits[split].docs[int(index)]['question']}\n" in row["prompt"]
     scores = pq.read_table(run / "scores.parquet").to_pylist()
     metrics = {s["metric"] for s in scores}
     if task.output_type == "multiple_choice":

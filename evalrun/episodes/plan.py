@@ -260,7 +260,8 @@ def build_plan(task: Task, decoding: DecodingConfig, seeds: SeedsConfig) -> Plan
         shown = tuple(options[i] for i in order)
         examples = [pool.examples[i] for i in fewshot] if pool is not None else []
         prompt, conversation = render_prompt(task.pack, item.id, prompt_variables(item, examples, shown), task.chat)
-        ids = tuple(pool.ids[i] for i in fewshot) if pool is not None else ()
+        made = task.pack.examples_of(item.id)  # a pack that made the prompt says which examples it shows
+        ids = made if made is not None else tuple(pool.ids[i] for i in fewshot) if pool is not None else ()
         judge_orders = tuple(
             (c.id, judge, shuffle_order(len(c.labels), master, task.name, item.id, c.id, judge))
             for c in criteria

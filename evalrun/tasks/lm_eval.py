@@ -109,6 +109,7 @@ class Requests:
 
     context: str
     continuations: tuple[str, ...] = ()
+    examples: tuple[str, ...] = ()  # the few-shot examples shown, SPLIT:INDEX in the few-shot split
 
 
 @dataclass(frozen=True)
@@ -261,9 +262,10 @@ class LmEvalTask:
                 return self.splits[str(candidate)]
         raise BadInput(f"{self.path}: fewshot_split", "num_fewshot > 0 needs a split to draw examples from")
 
-    def fewshot(self, seed: int = FEWSHOT_SEED) -> Iterator[list[Mapping[str, Any]]]:
-        """Each evaluated document's examples, in document order, as lm-eval's sampler draws them: one
-        ``random.Random(seed)`` for the task, so a document's examples depend on the documents before it."""
+    def fewshot(self, seed: int = FEWSHOT_SEED) -> Iterator[list[int]]:
+        """Each evaluated document's examples (their indices in the few-shot split), in document order, as
+        lm-eval's sampler draws them: one ``random.Random(seed)`` for the task, so a document's examples depend on
+        the documents before it (``random.sample`` draws positions alike whatever the population holds)."""
         n = self.num_fewshot
         docs = self.eval_split.docs
         if n == 0:
@@ -271,30 +273,34 @@ class LmEvalTask:
             return
         config = self.settings.get("fewshot_config") or {}
         sampler = config.get("sampler", "default")
-        pool = list(self.fewshot_split().docs)
+        pool = self.fewshot_split().docs
         same_split = (config.get("split") or self.settings.get("fewshot_split")) == self.settings.get("test_split")
         rnd = random.Random(seed)
+        everything = range(len(pool))
         for doc in docs:
-            excluded = doc if same_split else None
+            others = [i for i in everything if pool[i] != doc] if same_split else list(everything)
             if sampler == "first_n":
-                yield [x for x in pool if x != excluded][:n]
-            elif excluded is None:
-                yield rnd.sample(pool, n)
+                yield others[:n]
+            elif not same_split:
+                yield rnd.sample(everything, n)
             else:
-                chosen = [x for x in rnd.sample(pool, n + 1) if x != excluded][:n]
+                chosen = [i for i in rnd.sample(everything, n + 1) if pool[i] != doc][:n]
                 if len(chosen) < n:  # the document is in the pool more than once
-                    chosen = rnd.sample([x for x in pool if x != excluded], n)
+                    chosen = rnd.sample(others, n)
                 yield chosen
 
     def requests(self, seed: int = FEWSHOT_SEED) -> Iterator[Requests]:
         """Every evaluated document's requests, in document order."""
-        for doc, examples in zip(self.eval_split.docs, self.fewshot(seed), strict=True):
+        split = self.fewshot_split() if self.num_fewshot else None
+        for doc, chosen in zip(self.eval_split.docs, self.fewshot(seed), strict=True):
+            examples = [split.docs[i] for i in chosen] if split is not None else []
             context = self._context(doc, examples)
+            ids = tuple(f"{split.name}:{i}" for i in chosen) if split is not None else ()
             if self.output_type == "multiple_choice":
                 continuations = tuple(f"{self.target_delimiter}{c}" for c in self.choices(doc) or [])
-                yield Requests(context, continuations)
+                yield Requests(context, continuations, ids)
             else:
-                yield Requests(context)
+                yield Requests(context, examples=ids)
 
     def _context(self, doc: Mapping[str, Any], examples: Sequence[Mapping[str, Any]]) -> str:
         parts = [self._description(doc)]
@@ -387,11 +393,15 @@ class LmEvalPack(PromptPack):
     is the task's (:meth:`LmEvalTask.prompt_record`) with the effective decoding settings."""
 
     prompts: Mapping[str, str] = field(default_factory=dict)
+    examples: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # by item id: its few-shot examples
     record: Mapping[str, Any] = field(default_factory=dict)
     splits: Mapping[str, Any] = field(default_factory=dict)  # LmEvalTask.splits_record(): the data, not the pack
 
     def prompt_of(self, item_id: str) -> str | None:
         return self.prompts[item_id]
+
+    def examples_of(self, item_id: str) -> tuple[str, ...] | None:
+        return self.examples[item_id]
 
     def as_record(self, decoding: Mapping[str, Any]) -> dict[str, Any]:
         return {**self.record, "decoding": {k: v for k, v in decoding.items() if k != "name"}}
@@ -411,7 +421,7 @@ def as_task(task: LmEvalTask, limit: int | None = None, seed: int = FEWSHOT_SEED
             "' ' for multiple_choice (evalrun scores a space and the "
             f"choice, as lm-eval's default), got {task.target_delimiter!r}",
         )
-    items, prompts = [], {}
+    items, prompts, examples = [], {}, {}
     for index, (doc, requests) in enumerate(zip(task.eval_split.docs, task.requests(seed), strict=True)):
         if limit is not None and index >= limit:
             break
@@ -422,11 +432,12 @@ def as_task(task: LmEvalTask, limit: int | None = None, seed: int = FEWSHOT_SEED
             items.append(Item(item_id, doc, target, tuple(choices)))
         else:
             items.append(Item(item_id, doc, task.reference(doc)))
-        prompts[item_id] = requests.context
+        prompts[item_id], examples[item_id] = requests.context, requests.examples
     metadata = task.settings.get("metadata")
     version = metadata.get("version") if isinstance(metadata, dict) else None
     pack = LmEvalPack(task.name, None if version is None else str(version), task.path, "", "", None, task.decoding(),
-                      prompts=prompts, record=task.prompt_record(), splits=task.splits_record())  # fmt: skip
+                      prompts=prompts, examples=examples, record=task.prompt_record(),
+                      splits=task.splits_record())  # fmt: skip
     split = task.eval_split
     choices = ChoicesConfig(field="doc_to_choice", shuffle=False, scoring="loglikelihood") if multiple_choice else (
         ChoicesConfig())  # fmt: skip

@@ -139,6 +139,10 @@ class PromptPack:
         """An item's prompt when the pack holds it made (None: rendered from the templates)."""
         return None
 
+    def examples_of(self, item_id: str) -> tuple[str, ...] | None:
+        """The ids of the few-shot examples in an item's prompt when the pack made it (None: drawn from the pool)."""
+        return None
+
     def render(self, variables: Mapping[str, Any]) -> str:
         """The plain prompt: the system template's text, then the user template's."""
         return _compiled(self.system).render(**variables) + _compiled(self.user).render(**variables)
