@@ -18,7 +18,7 @@ from typing import Any
 
 from evalrun.config import EvalConfig
 from evalrun.engines.pins import ResolvedModel
-from evalrun.episodes import ModelFiles, episode_kind
+from evalrun.episodes import FreezeOptions, Frozen, ModelFiles, episode_kind
 from evalrun.episodes.dataset import DatasetKind
 from evalrun.episodes.plan import Episode
 from evalrun.episodes.recorded import as_dict, section, without
@@ -74,6 +74,10 @@ class LmEvalKind(DatasetKind):
 
     def recorded_prompt_record(self, manifest: Mapping[str, Any]) -> dict[str, Any]:
         return without(section(manifest, "task.prompt_pack"), "path")
+
+    def freeze(self, config: EvalConfig, root: Path | None, options: FreezeOptions) -> Frozen:
+        raise BadInput("task", "an lm-eval task is scored against its YAML's doc_to_target, hashed with its data "
+                               "(task.dataset.splits): there is no answer set to freeze")  # fmt: skip
 
     @staticmethod
     def _scoring_of(task: Task) -> dict[str, Any]:
