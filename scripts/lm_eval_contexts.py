@@ -19,7 +19,7 @@ Runs with a Python that has lm-eval, never the project's .venv (lm-eval is not a
 
     python3 -m venv DIR && DIR/bin/pip install --no-deps lm_eval==0.4.13 \
         && DIR/bin/pip install datasets jinja2 requests sacrebleu
-    DIR/bin/python scripts/lm_eval_contexts.py [--out tests/golden/lm_eval]
+    DIR/bin/python scripts/lm_eval_contexts.py [--out tests/lm_eval_requests]
 
 (The smallest set that imports: lm-eval's modules import requests and sacrebleu at top level, and recent
 datasets releases no longer bring requests. pyyaml comes with datasets; more_itertools is not needed here.)
@@ -98,7 +98,7 @@ def golden_lines(task) -> list[str]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=REPO / "tests" / "golden" / "lm_eval")
+    parser.add_argument("--out", type=Path, default=REPO / "tests" / "lm_eval_requests")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     manager = TaskManager(include_defaults=False)

@@ -1,5 +1,5 @@
 """lm-eval task YAMLs read as lm-eval 0.4.13 reads them: the shipped suites' prompts and continuations equal, item
-for item, what lm-eval's own code builds from them (tests/golden/lm_eval, made by scripts/lm_eval_contexts.py in
+for item, what lm-eval's own code builds from them (tests/lm_eval_requests, made by scripts/lm_eval_contexts.py in
 a side environment with lm-eval installed); every key evalrun does not implement, a split that is not there, a
 !function that does not exist and a hub dataset are refused naming the file and key; filters and metrics follow
 lm-eval's definitions."""
@@ -18,7 +18,7 @@ from evalrun.tasks.lm_eval import FILTER_FUNCTIONS, METRICS, FilterPipeline, loa
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = ROOT / "evalrun" / "tasks" / "builtin" / "lm_eval"
-GOLDEN = ROOT / "tests" / "golden" / "lm_eval"
+GOLDEN = ROOT / "tests" / "lm_eval_requests"
 
 
 def _goldens() -> list[Path]:

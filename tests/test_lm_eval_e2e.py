@@ -25,7 +25,7 @@ from evalrun.tasks.lm_eval import load_task
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = ROOT / "evalrun" / "tasks" / "builtin" / "lm_eval"
-GOLDEN = ROOT / "tests" / "golden" / "lm_eval"
+GOLDEN = ROOT / "tests" / "lm_eval_requests"
 YAMLS = ("addition_gen/addition_gen.yaml", "addition_gen/addition_gen_3shot.yaml", "addition_mc/addition_mc.yaml",
          "addition_fn/addition_fn.yaml")  # fmt: skip
 LIMIT = 10
