@@ -179,6 +179,9 @@ def test_the_fewshot_sampler_is_lm_evals_one_generator_for_the_task_in_document_
     pool = list(task.splits["train"].docs)
     rnd = random.Random(1234)
     assert [[pool[i] for i in chosen] for chosen in task.fewshot()] == [rnd.sample(pool, 2), rnd.sample(pool, 2)]
+    too_many = _write(tmp_path, path.read_text().replace("num_fewshot: 2", "num_fewshot: 13"), "many.yaml")
+    with pytest.raises(BadInput, match="13 examples from split 'train', which has 12 documents"):
+        list(load_task(too_many).requests())
     first = next(task.requests()).context
     a, b = rnd_examples = random.Random(1234).sample(pool, 2)
     assert first == f"Q: {a['q']}\nA: {a['a']}\n\nQ: {b['q']}\nA: {b['a']}\n\nQ: 1+1\nA:" and rnd_examples

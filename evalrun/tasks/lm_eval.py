@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import itertools
 import json
 import os
 import random
@@ -24,11 +25,12 @@ import re
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property, lru_cache
 from pathlib import Path
 from typing import Any
 
 import yaml
-from jinja2 import BaseLoader, Environment, StrictUndefined
+from jinja2 import BaseLoader, Environment, StrictUndefined, Template
 from jinja2.exceptions import TemplateError
 
 from evalrun.config import ChoicesConfig
@@ -62,6 +64,11 @@ _JINJA = Environment(loader=BaseLoader(), undefined=StrictUndefined, keep_traili
 _JINJA.filters["regex_replace"] = _regex_replace
 
 
+@lru_cache(maxsize=256)
+def _template(text: str) -> Template:
+    return _JINJA.from_string(text)
+
+
 @dataclass(frozen=True)
 class LmEvalFunction:
     """A ``!function module.name`` reference: the Python file it is read from (relative to the YAML declaring it,
@@ -89,7 +96,7 @@ class DataSplit:
     # a hub dataset's: its id, config, the commit read (from the local cache) and whether the YAML pinned it
     source: Mapping[str, Any] | None = None
 
-    @property
+    @cached_property
     def columns(self) -> tuple[str, ...]:
         """The split's column names (lm-eval's ``features``), in first-seen order."""
         seen: dict[str, None] = {}
@@ -239,7 +246,7 @@ class LmEvalTask:
 
     def _render(self, template: str, doc: Mapping[str, Any], key: str) -> str:
         try:
-            return _JINJA.from_string(template).render(**doc)
+            return _template(template).render(**doc)
         except TemplateError as exc:
             raise BadInput(f"{self.path}: {key}", f"template {template!r}: {exc}") from exc
 
@@ -273,20 +280,23 @@ class LmEvalTask:
             return
         config = self.settings.get("fewshot_config") or {}
         sampler = config.get("sampler", "default")
-        pool = self.fewshot_split().docs
+        split = self.fewshot_split()
+        pool = split.docs
         same_split = (config.get("split") or self.settings.get("fewshot_split")) == self.settings.get("test_split")
+        if len(pool) - (1 if same_split else 0) < n:
+            raise BadInput(f"{self.path}: num_fewshot", f"{n} examples from split {split.name!r}, which has "
+                                                        f"{len(pool)} documents")  # fmt: skip
         rnd = random.Random(seed)
         everything = range(len(pool))
         for doc in docs:
-            others = [i for i in everything if pool[i] != doc] if same_split else list(everything)
             if sampler == "first_n":
-                yield others[:n]
+                yield list(itertools.islice((i for i in everything if not same_split or pool[i] != doc), n))
             elif not same_split:
                 yield rnd.sample(everything, n)
             else:
                 chosen = [i for i in rnd.sample(everything, n + 1) if pool[i] != doc][:n]
                 if len(chosen) < n:  # the document is in the pool more than once
-                    chosen = rnd.sample(others, n)
+                    chosen = rnd.sample([i for i in everything if pool[i] != doc], n)
                 yield chosen
 
     def requests(self, seed: int = FEWSHOT_SEED) -> Iterator[Requests]:
