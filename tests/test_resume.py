@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from evalrun.cli import main
 from evalrun.errors import BadInput
 from evalrun.pipeline.runner import load_run_config
 from evalrun.rundir.layout import RunDir
@@ -74,3 +75,15 @@ def test_second_driver_and_changed_config_are_refused(run_eval, tmp_path: Path) 
     with pytest.raises(BadInput, match="the rest is the run's own") as caught:  # what a served model computes
         load_run_config(RunDir(run), ["engine.served_model=other"])
     assert caught.value.where == "engine.served_model=other"
+
+
+def test_a_complete_run_is_left_as_it_is_and_says_so(run_eval, capsys: pytest.CaptureFixture[str]) -> None:
+    """Nothing runs for a run whose record and attestation are written: no results table reprinted as if it had
+    run, no engine, not a byte changed."""
+    run = run_eval("limit=3")
+    before = {p: p.read_bytes() for p in sorted(run.rglob("*")) if p.is_file()}
+    capsys.readouterr()
+    assert main(["resume", str(run)]) == 0
+    out, err = capsys.readouterr()
+    assert out.strip().splitlines() == [str(run)] and "is complete already" in err
+    assert {p: p.read_bytes() for p in sorted(run.rglob("*")) if p.is_file()} == before

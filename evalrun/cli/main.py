@@ -262,13 +262,21 @@ def _load_job(job: list[str], multirun: bool) -> config.EvalConfig:
 def resume(run_dir: Path, overrides: tuple[str, ...]) -> None:
     """Finish the interrupted run in RUN_DIR, keeping its complete parts.
 
-    OVERRIDES may change only how it runs: cluster=NAME, cluster.KEY=VALUE and run.progress=BOOL. Prints the results
-    table and the report's path (as `evalrun run` does), then the run directory as the last line of stdout.
+    OVERRIDES may change only how it runs: cluster=NAME, cluster.KEY=VALUE, run.progress=BOOL, run.on_drift and a
+    served engine's transport (engine.base_url=URL for a server that moved, engine.max_concurrency, ...). Prints
+    the results table and the report's path (as `evalrun run` does), then the run directory as the last line of
+    stdout. A run that is complete already (its record and attestation written) is left as it is: nothing runs,
+    and stderr says so.
     """
     if "=" in str(run_dir):
         raise BadInput("RUN_DIR", "usage: evalrun resume RUN_DIR [cluster.KEY=VALUE ...]")
     if not run_dir.is_dir():
         raise BadInput(str(run_dir), "no such run directory")
+    if (run_dir / layout.RECORD).is_file() and (run_dir / layout.ATTESTATION).is_file():
+        click.echo(f"evalrun resume: {run_dir} is complete already (record.json and its attestation are written): "
+                   "nothing to resume; `evalrun verify` checks it", err=True)  # fmt: skip
+        click.echo(str(run_dir))
+        return
     finished = runner.resume(run_dir, list(overrides))
     _print_results(render.stdout_console(), finished)
     if _report_wanted(finished):
