@@ -19,13 +19,14 @@ from helpers.runs import output_columns, run_alone
 from evalrun.audit.replay import replay_run
 from evalrun.audit.rescore import rescore_run
 from evalrun.audit.verify import verify_run
-from evalrun.config import load
+from evalrun.config import BUILTIN_TASKS, load
 from evalrun.engines.server import free_port
 from evalrun.errors import BadInput, CheckFailed
 from evalrun.pipeline.dispatch import Dispatcher
 from evalrun.pipeline.runner import execute, open_for, prepare, resume
 
 pytestmark = pytest.mark.e2e
+LM_EVAL_MC = BUILTIN_TASKS / "lm_eval" / "addition_mc" / "addition_mc.yaml"
 
 
 def _base_url(served: Dispatcher) -> str:
@@ -95,8 +96,9 @@ def test_a_server_that_gives_no_token_ids_runs_on_evalruns_tokenization_of_its_r
     try:
         with pytest.raises(BadInput, match=r"gives no token ids .*engine\.token_ids=local"):
             open_for(prepare(load([*url])))
-        with pytest.raises(BadInput, match=r"gives no prompt logprobs .*scores by loglikelihood"):
-            open_for(prepare(load([*url, "engine.token_ids=local", "task=addition_mc"])))
+        for task in (["task=addition_mc"], ["task=lm_eval", f"task.path={LM_EVAL_MC}"]):
+            with pytest.raises(BadInput, match=r"gives no prompt logprobs .*scores by loglikelihood"):
+                open_for(prepare(load([*url, "engine.token_ids=local", *task])))
         with pytest.raises(BadInput, match=r"does not say how its chat endpoint rendered") as caught:
             open_for(prepare(load([*url, "engine.token_ids=local", "engine.api=chat"])))
         assert caught.value.where == "engine.api"

@@ -196,11 +196,11 @@ def open_for(prepared: Prepared) -> Dispatcher:
 
 def _engine_needs(prepared: Prepared) -> tuple[frozenset[str], frozenset[str]]:
     """What the run's calls need of an engine beyond generation, for the policy's calls and the judges':
-    ``loglikelihood`` where multiple-choice options (``task.choices.scoring``) or a rubric's verdicts are scored
-    by it (engines.CheckedEngine)."""
-    choices = prepared.config.task.choices
-    rubric = prepared.kind.rubric(prepared.task)
-    policy = {"loglikelihood"} if choices.field is not None and choices.scoring != "letter" else set()
+    ``loglikelihood`` where multiple-choice options or a rubric's verdicts are scored by it, as the kind's scoring
+    context says (engines.CheckedEngine)."""
+    context = prepared.kind.scoring_context(prepared.config, prepared.task, prepared.model, prepared.judge_model)
+    rubric = context.rubric
+    policy = {"loglikelihood"} if context.choice_scoring in ("loglikelihood", "both") else set()
     judges = {"loglikelihood"} if rubric is not None and rubric.scoring == "loglikelihood" else set()
     return frozenset(policy), frozenset(judges)
 
