@@ -118,7 +118,8 @@ def edited_lm_eval_context(run: layout.RunDir, path: Path) -> tuple[ScoringConte
     task = manifest.get("task") or {}
     if task.get("kind") != "lm_eval":
         raise BadInput("task.path", "this run is not an lm-eval task's: task.path edits an lm-eval task's YAML")
-    edited = find_task(path, str(task.get("name")))
+    allow_unpinned = bool((read_config(run).get("task") or {}).get("allow_unpinned_dataset"))  # as the run read it
+    edited = find_task(path, str(task.get("name")), allow_unpinned)
     recorded_prompts = {k: v for k, v in (task.get("prompt_pack") or {}).items() if k not in ("path", "decoding")}
     recorded = {"prompt_pack": recorded_prompts, "dataset": (task.get("dataset") or {}).get("splits")}
     now = {"prompt_pack": edited.prompt_record(), "dataset": edited.splits_record()}

@@ -13,6 +13,7 @@ from typing import Any
 
 from evalrun.config import ScorerConfig
 from evalrun.errors import BadInput
+from evalrun.scoring.choice import argmax  # ties to the first index, as numpy's argmax
 from evalrun.scoring.context import ScoringContext
 from evalrun.scoring.registry import Row, RowScorer, Score, scorer
 from evalrun.tasks.lm_eval import REGEX_DEFAULT, FilterPipeline, MetricSpec, filters, metrics
@@ -74,15 +75,11 @@ def exact_match(prediction: str, reference: str, regexes_to_ignore: Sequence[str
     return float(pair[0].rstrip("\x00") == pair[1].rstrip("\x00"))  # numpy's strings drop trailing NULs
 
 
-def _argmax(values: Sequence[float]) -> int:
-    return max(range(len(values)), key=lambda i: (values[i], -i))  # numpy's argmax: ties to the first
-
-
 def choice_metrics(logprobs: Sequence[float], choices: Sequence[str], gold: int) -> dict[str, float]:
     """``acc``: the likeliest choice is the gold one; ``acc_norm``: the likeliest per character of the choice
     (its text without the target delimiter, lm-eval's ``len(choice)``)."""
     normalized = [lp / float(len(c)) for lp, c in zip(logprobs, choices, strict=True)]
-    return {"acc": float(_argmax(logprobs) == gold), "acc_norm": float(_argmax(normalized) == gold)}
+    return {"acc": float(argmax(logprobs) == gold), "acc_norm": float(argmax(normalized) == gold)}
 
 
 def score_generation(metric: MetricSpec, filtered: Any, reference: str) -> float:
@@ -123,7 +120,7 @@ def lm_eval(spec: ScorerConfig, context: ScoringContext) -> RowScorer:
         if logprobs is None:
             return [Score(m.metric, 0.0, None) for m in chosen]
         values = choice_metrics(logprobs, target["choices"], int(target["gold"]))
-        picked = str(_argmax(logprobs))
+        picked = str(argmax(logprobs))
         return [Score(m.metric, values[m.metric], picked) for m in chosen]
 
     return choice if output_type == "multiple_choice" else generation
