@@ -35,7 +35,7 @@ set-up is scripts/compare_lm_eval.py's (``setup_lm_eval``, imported, not copied)
 ``${EVALRUN_CACHE:-~/.cache/evalrun}/lm-eval/0.4.13/site``, once (``ready.json``). lm-eval then runs in a child
 process of the project's python with that directory on PYTHONPATH (``lm_eval_env``: offline, its own datasets
 cache), so it uses the .venv's torch, transformers and accelerate, the same ones evalrun uses; the child checks
-that lm_eval and datasets come from the side directory and torch/transformers from the .venv. The .venv's
+that lm_eval comes from the side directory and torch, transformers and datasets from the .venv. The .venv's
 site-packages (its entries and distributions with their versions) is fingerprinted before and after the
 set-up, and the script fails if it changed.
 
@@ -107,9 +107,8 @@ def worker(args: argparse.Namespace) -> int:
     if args.lm_eval_threads is not None:
         torch.set_num_threads(args.lm_eval_threads)
     side = Path(args.side_dir).resolve()
-    for mod in (lm_eval, datasets):
-        assert Path(mod.__file__).resolve().is_relative_to(side), f"{mod.__name__} not from {side}: {mod.__file__}"
-    for mod in (torch, transformers):
+    assert Path(lm_eval.__file__).resolve().is_relative_to(side), f"lm_eval not from {side}: {lm_eval.__file__}"
+    for mod in (torch, transformers, datasets):  # datasets is an evalrun dependency (process_docs): the .venv's
         assert not Path(mod.__file__).resolve().is_relative_to(side), f"{mod.__name__} from {side}"
     print(
         f"lm-eval worker: lm_eval {importlib.metadata.version('lm_eval')} ({lm_eval.__file__}), "

@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import fcntl
+import hashlib
 import importlib.metadata
 import json
 import os
@@ -87,11 +88,19 @@ def vllm_record_version() -> str | None:
     return version if "+" in version else f"{version}+cpu"
 
 
+def venv_distributions() -> str:
+    """A hash of the distributions installed beside this python: the side directory holds what lm-eval needs
+    and this environment lacks, so it is made again when this environment changes (a lock that gains one)."""
+    installed = sorted(f"{d.metadata['Name']}=={d.version}" for d in importlib.metadata.distributions())
+    return hashlib.sha256("\n".join(installed).encode()).hexdigest()
+
+
 def setup_lm_eval(home: Path) -> dict[str, Any]:
     """Install lm-eval into ``home`` (idempotent; ``ready.json`` says it is done) and return that record."""
     home.mkdir(parents=True, exist_ok=True)
     ready = home / "ready.json"
-    wanted = {"lm_eval": LM_EVAL, "python": sys.executable, "vllm_record": vllm_record_version()}
+    wanted = {"lm_eval": LM_EVAL, "python": sys.executable, "vllm_record": vllm_record_version(),
+              "venv_distributions": venv_distributions()}  # fmt: skip
     with (home / ".lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if ready.is_file() and (home / "site" / "lm_eval").is_dir():

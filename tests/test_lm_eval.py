@@ -7,6 +7,7 @@ lm-eval's definitions."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -119,6 +120,34 @@ def test_a_function_is_read_from_the_file_beside_its_yaml_and_hashed(tmp_path: P
     absent = _write(tmp_path, BASE.replace('doc_to_text: "Q: {{q}}\\nA:"', "doc_to_text: !function utils.absent"))
     with pytest.raises(BadInput, match="has no function 'absent'"):
         load_task(absent)
+
+
+def test_process_docs_goes_over_every_split_and_is_recorded_apart_from_the_rows_read(tmp_path: Path) -> None:
+    (tmp_path / "utils.py").write_text(
+        "def upper(dataset):\n    return dataset.map(lambda d: {'q': d['q'].replace('+', ' plus ')})\n"
+        "def boom(dataset):\n    raise KeyError('nope')\n"
+        "def count(dataset):\n    return len(dataset)\n",
+        encoding="utf-8",
+    )
+    (tmp_path / "train.jsonl").write_text('{"q": "5+5", "a": "10"}\n', encoding="utf-8")
+    two_splits = BASE.replace("{test: test.jsonl}", "{test: test.jsonl, train: train.jsonl}")
+    plain = load_task(_write(tmp_path, two_splits + "fewshot_split: train\nnum_fewshot: 1\n", "plain.yaml"))
+    path = _write(tmp_path, plain.path.read_text() + "process_docs: !function utils.upper\n")
+    task = load_task(path)
+    assert [r.context for r in task.requests()] == ["Q: 5 plus 5\nA: 10\n\nQ: 1 plus 1\nA:",
+                                                    "Q: 5 plus 5\nA: 10\n\nQ: 2 plus 2\nA:"]  # fmt: skip
+    record, before = task.eval_split.as_record(), plain.eval_split.as_record()
+    assert record["rows_sha256"] == before["rows_sha256"] and "process_docs" not in before  # the rows as read
+    assert record["process_docs"]["function"] == "utils.upper"
+    assert record["process_docs"]["docs_sha256"] != record["rows_sha256"]
+    assert task.as_record()["settings"]["process_docs"]["sha256"] != plain.as_record()["settings"].get("process_docs")
+    for reference, message in [("!function utils.boom", "failed on split 'test' (KeyError"),
+                               ("!function utils.count", "returned int for split 'test'"),
+                               ("utils.upper", "a !function reference")]:  # fmt: skip
+        bad = _write(tmp_path, two_splits + f"process_docs: {reference}\n", "bad.yaml")
+        with pytest.raises(BadInput, match=re.escape(message)) as caught:
+            load_task(bad)
+        assert caught.value.where == f"{bad}: process_docs", caught.value
 
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"

@@ -24,7 +24,7 @@ import random
 import re
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property, lru_cache
 from pathlib import Path
 from typing import Any
@@ -51,7 +51,7 @@ SUPPORTED = frozenset({
     "task", "task_alias", "tag", "dataset_path", "dataset_name", "dataset_kwargs", "training_split",
     "validation_split", "test_split", "fewshot_split", "output_type", "doc_to_text", "doc_to_target",
     "doc_to_choice", "description", "target_delimiter", "fewshot_delimiter", "num_fewshot", "fewshot_config",
-    "generation_kwargs", "filter_list", "metric_list", "metadata", "repeats", "include",
+    "generation_kwargs", "filter_list", "metric_list", "metadata", "repeats", "include", "process_docs",
 })  # fmt: skip
 
 
@@ -88,13 +88,20 @@ class LmEvalFunction:
 
 @dataclass(frozen=True)
 class DataSplit:
-    """One split of the task's dataset: its files (each with its sha256) and its documents, in file order."""
+    """One split of the task's dataset: its files (each with its sha256) and its documents, in file order (after
+    the task's ``process_docs``, when it has one: ``rows_sha256`` stays the hash of the rows as read)."""
 
     name: str
     files: tuple[tuple[Path, str], ...]
     docs: tuple[Mapping[str, Any], ...]
     # a hub dataset's: its id, config, the commit read (from the local cache) and whether the YAML pinned it
     source: Mapping[str, Any] | None = None
+    rows_sha256: str = ""  # the canonical hash of the rows as read; computed from ``docs`` when not given
+    processed_by: str | None = None  # the process_docs function the documents went through
+
+    def __post_init__(self) -> None:
+        if not self.rows_sha256:
+            object.__setattr__(self, "rows_sha256", canonical_hash([dict(d) for d in self.docs]))
 
     @cached_property
     def columns(self) -> tuple[str, ...]:
@@ -105,9 +112,33 @@ class DataSplit:
         return tuple(seen)
 
     def as_record(self) -> dict[str, Any]:
-        record = {"name": self.name, "files": [{"file": p.name, "sha256": s} for p, s in self.files],
-                  "docs": len(self.docs), "rows_sha256": canonical_hash([dict(d) for d in self.docs])}  # fmt: skip
+        record: dict[str, Any] = {"name": self.name, "files": [{"file": p.name, "sha256": s} for p, s in self.files],
+                                  "docs": len(self.docs), "rows_sha256": self.rows_sha256}  # fmt: skip
+        if self.processed_by is not None:  # what the prompts were made from: the documents process_docs returned
+            record["process_docs"] = {"function": self.processed_by,
+                                      "docs_sha256": canonical_hash([dict(d) for d in self.docs])}  # fmt: skip
         return record if self.source is None else {**record, "hub": dict(self.source)}
+
+    def processed(self, function: LmEvalFunction, where: str) -> DataSplit:
+        """The split's documents through ``process_docs``, as lm-eval passes them: the split as a
+        ``datasets.Dataset`` (built from the rows read), the function's result read back row by row."""
+        import datasets
+
+        datasets.disable_progress_bars()  # a per-split "Map" bar on stderr, over the run's own progress
+        try:
+            dataset = datasets.Dataset.from_list([dict(d) for d in self.docs])
+        except Exception as exc:  # pyarrow's type errors: rows whose fields do not make one table
+            raise BadInput(where, f"split {self.name!r} is not one table for process_docs "
+                                  f"({type(exc).__name__}: {exc})") from exc  # fmt: skip
+        try:
+            result = function(dataset)
+        except Exception as exc:
+            raise BadInput(where, f"failed on split {self.name!r} ({type(exc).__name__}: {exc})") from exc
+        rows = result.to_list() if isinstance(result, datasets.Dataset) else result
+        if not isinstance(rows, list | tuple) or not all(isinstance(r, Mapping) for r in rows):
+            raise BadInput(where, f"returned {type(result).__name__} for split {self.name!r}: expected a "
+                                  "datasets.Dataset (or a list of documents)")  # fmt: skip
+        return replace(self, docs=tuple(rows), processed_by=function.reference)
 
 
 @dataclass(frozen=True)
@@ -452,7 +483,7 @@ def as_task(task: LmEvalTask, limit: int | None = None, seed: int = FEWSHOT_SEED
     choices = ChoicesConfig(field="doc_to_choice", shuffle=False, scoring="loglikelihood") if multiple_choice else (
         ChoicesConfig())  # fmt: skip
     return Task(name=task.name, items=tuple(items), pack=pack, dataset_path=split.files[0][0],
-                dataset_sha256=split.as_record()["rows_sha256"], choices=choices,
+                dataset_sha256=split.rows_sha256, choices=choices,
                 scoring=task.scoring_record())  # fmt: skip
 
 
@@ -596,6 +627,12 @@ def load_task(path: Path, allow_unpinned: bool = False) -> LmEvalTask:
     local = settings.get("dataset_path") in FORMATS
     splits = _splits(settings, origins) if local else _hub_splits(settings, origins, allow_unpinned)
     _check_splits(settings, origins, splits)
+    process = settings.get("process_docs")
+    if process is not None:  # lm-eval applies it to every split it reads documents from, few-shot ones too
+        where = f"{origins['process_docs']}: process_docs"
+        if not isinstance(process, LmEvalFunction):
+            raise BadInput(where, f"a !function reference (module.function), got {process!r}")
+        splits = {name: split.processed(process, where) for name, split in splits.items()}
     return LmEvalTask(name, path, settings, splits)
 
 
