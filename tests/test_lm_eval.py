@@ -140,7 +140,13 @@ def test_process_docs_goes_over_every_split_and_is_recorded_apart_from_the_rows_
     assert record["rows_sha256"] == before["rows_sha256"] and "process_docs" not in before  # the rows as read
     assert record["process_docs"]["function"] == "utils.upper"
     assert record["process_docs"]["docs_sha256"] != record["rows_sha256"]
-    assert task.as_record()["settings"]["process_docs"]["sha256"] != plain.as_record()["settings"].get("process_docs")
+    (tmp_path / "utils.py").write_text(
+        (tmp_path / "utils.py").read_text(encoding="utf-8").replace("' plus '", "' and '"), encoding="utf-8"
+    )
+    edited = load_task(path)
+    assert next(edited.requests()).context.endswith("Q: 1 and 1\nA:")
+    assert edited.eval_split.as_record()["rows_sha256"] == record["rows_sha256"]  # the same data, read again
+    assert edited.prompt_record() != task.prompt_record()  # the function's source is in the digest
     for reference, message in [("!function utils.boom", "failed on split 'test' (KeyError"),
                                ("!function utils.count", "returned int for split 'test'"),
                                ("utils.upper", "a !function reference")]:  # fmt: skip

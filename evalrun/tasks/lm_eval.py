@@ -111,12 +111,16 @@ class DataSplit:
             seen.update(dict.fromkeys(doc))
         return tuple(seen)
 
+    @cached_property
+    def docs_sha256(self) -> str:
+        """The canonical hash of the documents (``rows_sha256`` until a ``process_docs`` changes them)."""
+        return self.rows_sha256 if self.processed_by is None else canonical_hash([dict(d) for d in self.docs])
+
     def as_record(self) -> dict[str, Any]:
         record: dict[str, Any] = {"name": self.name, "files": [{"file": p.name, "sha256": s} for p, s in self.files],
                                   "docs": len(self.docs), "rows_sha256": self.rows_sha256}  # fmt: skip
         if self.processed_by is not None:  # what the prompts were made from: the documents process_docs returned
-            record["process_docs"] = {"function": self.processed_by,
-                                      "docs_sha256": canonical_hash([dict(d) for d in self.docs])}  # fmt: skip
+            record["process_docs"] = {"function": self.processed_by, "docs_sha256": self.docs_sha256}
         return record if self.source is None else {**record, "hub": dict(self.source)}
 
     def processed(self, function: LmEvalFunction, where: str) -> DataSplit:
