@@ -105,6 +105,54 @@ def test_an_edited_dataset_is_refused_at_resume_and_shown_by_compare(
         resume(before, [])
 
 
+@pytest.mark.e2e
+def test_a_multiple_choice_target_delimiter_is_what_each_choice_is_scored_after(
+    run_eval: Callable[..., Path], tmp_path: Path
+) -> None:
+    copy = Path(shutil.copytree(SHIPPED / "addition_mc", tmp_path / "task"))
+    yaml = copy / "addition_mc.yaml"
+    yaml.write_text(yaml.read_text().replace("num_fewshot: 0", 'num_fewshot: 1\ntarget_delimiter: ""'))
+    task = load_task(yaml)
+    run = _run(run_eval, yaml)
+    expected = [r.continuations for r in task.requests()][:LIMIT]
+    assert expected[0][0] == str(task.choices(task.eval_split.docs[0])[0])  # no space before the choice
+    logs: dict[str, list[dict]] = {}
+    for part in sorted((run / "log").glob("part-*.jsonl")):
+        for line in part.read_text().splitlines():
+            logs.setdefault(json.loads(line)["episode"], []).append(json.loads(line))
+    rows = sorted(pq.read_table(run / "outputs").to_pylist(), key=lambda r: int(r["item_id"]))
+    for row, continuations in zip(rows, expected, strict=True):
+        chain = logs[row["episode_id"]]
+        scored = [e for e in chain if e["kind"] == "model" and e["request"].get("op") == "loglikelihood"]
+        assert tuple(e["request"]["continuation"] for e in scored) == continuations
+        assert [e["response"]["logprob"] for e in scored] == row["option_logprobs"]
+    manifest = json.loads((run / "manifest.json").read_text())
+    assert manifest["task"]["choices"]["delimiter"] == ""
+    assert verify_run(run).scores == "recomputed"
+    replayed = replay_run(run, [])
+    assert replayed.reproduced == LIMIT and not replayed.divergences
+    shipped = json.loads((_run(run_eval, SHIPPED / "addition_mc/addition_mc.yaml") / "manifest.json").read_text())
+    assert "delimiter" not in shipped["task"]["choices"]  # lm-eval's default space: recorded as before
+
+
+@pytest.mark.e2e
+def test_documents_process_docs_makes_differently_are_refused_at_resume_though_its_source_is_the_same(
+    run_eval: Callable[..., Path], tmp_path: Path
+) -> None:
+    copy = Path(shutil.copytree(SHIPPED / "addition_fn", tmp_path / "task"))
+    utils = copy / "utils.py"  # the label is read from a file beside it, which no hash covers but the documents'
+    label = "(__import__('pathlib').Path(__file__).with_name('label.txt').read_text())"
+    utils.write_text(utils.read_text().replace('f"Q: {', f'f"{{{label}}}: {{'))
+    (copy / "label.txt").write_text("Q")
+    run = _run(run_eval, copy / "addition_fn.yaml")
+    recorded = json.loads((run / "manifest.json").read_text())["task"]["dataset"]["splits"]["test"]["process_docs"]
+    (run / "record.json").unlink()  # as if it had stopped before its end
+    (copy / "label.txt").write_text("Question")
+    with pytest.raises(BadInput, match=r"task\.processed_docs_sha256\.test changed"):
+        resume(run, [])
+    assert load_task(copy / "addition_fn.yaml").eval_split.docs_sha256 != recorded["docs_sha256"]
+
+
 BASE = TINY_TASK
 
 

@@ -21,6 +21,7 @@ import re
 import types
 from collections.abc import Mapping
 from dataclasses import Field, dataclass, field, fields, replace
+from dataclasses import field as dataclass_field  # for a section with a setting named field
 from functools import cache
 from pathlib import Path
 from typing import Any, ClassVar, Literal, TypeVar, Union, get_args, get_origin, get_type_hints
@@ -368,6 +369,9 @@ class ChoicesConfig(Section):
     cannot_assess: str | None = None  # an option appended before shuffling ("Cannot assess", "N/A", ...)
     shuffle: bool = True
     scoring: ChoiceScoring = "letter"
+    # what a loglikelihood request puts between the prompt and an option's text; null: a space, as
+    # lm-evaluation-harness's default target_delimiter (an lm-eval YAML's own delimiter is set here)
+    delimiter: str | None = dataclass_field(default=None, metadata=LEFT_OUT_WHEN_NULL)
 
 
 @dataclass(frozen=True)

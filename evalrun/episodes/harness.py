@@ -373,7 +373,8 @@ def _run_staged(engine: Engine, episodes: list[Episode], generator: Canonical,
     for i, e in enumerate(episodes):
         if e.choice_scoring in ("loglikelihood", "both"):
             for option, label in enumerate(e.options):
-                ll_requests.append(LoglikelihoodRequest(e.prompt, option_continuation(label), e.episode_id,
+                continuation = option_continuation(label, e.option_delimiter)
+                ll_requests.append(LoglikelihoodRequest(e.prompt, continuation, e.episode_id,
                                                         len(calls[i].entries) + option,
                                                         e.add_special_tokens))  # fmt: skip
                 scored.append((i, option))

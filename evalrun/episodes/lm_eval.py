@@ -55,12 +55,16 @@ class LmEvalKind(DatasetKind):
         return dict(task.pack_record(config.decoding.as_record()))
 
     def identity(self, config: EvalConfig, task: Task) -> dict[str, Any]:
-        return {"kind": self.name, **super().identity(config, task), "lm_eval": self._scoring_of(task)}
+        # The documents a process_docs made, by split: a change to what it returns that its source's hash does
+        # not show (a module it imports, a library's version) is a different run, caught at resume.
+        processed = {name: split["process_docs"]["docs_sha256"] for name, split in self._splits_of(task).items()
+                     if "process_docs" in split}  # fmt: skip
+        return {"kind": self.name, **super().identity(config, task), "lm_eval": self._scoring_of(task),
+                **({"processed_docs_sha256": processed} if processed else {})}  # fmt: skip
 
     def section(self, config: EvalConfig, task: Task) -> dict[str, Any]:
         recorded = super().section(config, task)
-        splits = getattr(task.pack, "splits", {})  # an LmEvalPack's: each split's files and rows by their hashes
-        recorded["dataset"] = {**recorded["dataset"], "splits": dict(splits)}
+        recorded["dataset"] = {**recorded["dataset"], "splits": self._splits_of(task)}
         return {"kind": self.name, **recorded, "lm_eval": self._scoring_of(task)}
 
     def recorded_scoring_context(self, manifest: Mapping[str, Any], rubric: Rubric | None) -> ScoringContext:
@@ -78,6 +82,12 @@ class LmEvalKind(DatasetKind):
     def freeze(self, config: EvalConfig, root: Path | None, options: FreezeOptions) -> Frozen:
         raise BadInput("task", "an lm-eval task is scored against its YAML's doc_to_target, hashed with its data "
                                "(task.dataset.splits): there is no answer set to freeze")  # fmt: skip
+
+    @staticmethod
+    def _splits_of(task: Task) -> dict[str, Any]:
+        """An LmEvalPack's :meth:`~evalrun.tasks.lm_eval.LmEvalTask.splits_record`: each split's files and rows
+        by their hashes."""
+        return dict(getattr(task.pack, "splits", {}))
 
     @staticmethod
     def _scoring_of(task: Task) -> dict[str, Any]:

@@ -52,6 +52,7 @@ class Episode:
     options: tuple[str, ...] = ()  # multiple choice: options in original order (cannot-assess last)
     shuffle_order: tuple[int, ...] = ()  # multiple choice: shown position -> original index
     choice_scoring: str = ""  # multiple choice: letter | loglikelihood | both
+    option_delimiter: str = " "  # multiple choice: between the prompt and an option scored by loglikelihood
     judging: Rubric | None = None  # one object shared by a run's episodes (pickled once per batch)
     judge_calls: tuple[JudgeCall, ...] = ()
     fields: Mapping[str, Any] | None = None  # the item's fields, for judge prompts
@@ -130,6 +131,7 @@ class Plan(Sequence[Episode]):
         self._seeds = tuple(seeds.set)
         self._repeats = seeds.repeats
         self._scoring = task.choices.scoring if task.multiple_choice else ""
+        self._option_delimiter = " " if task.choices.delimiter is None else task.choices.delimiter
         self._rubric = task.rubric
         self._task = task
         self._reasoning = task.reasoning
@@ -201,6 +203,7 @@ class Plan(Sequence[Episode]):
             options=planned.options,
             shuffle_order=planned.shuffle_order,
             choice_scoring=self._scoring,
+            option_delimiter=self._option_delimiter,
             judging=rubric,
             judge_calls=judge_calls,
             fields=item.fields if rubric is not None else None,

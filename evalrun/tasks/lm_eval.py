@@ -460,12 +460,6 @@ def as_task(task: LmEvalTask, limit: int | None = None, seed: int = FEWSHOT_SEED
     shuffled, scored by loglikelihood as lm-eval does) and its target names the gold choice and every choice's
     text (what acc_norm divides by)."""
     multiple_choice = task.output_type == "multiple_choice"
-    if multiple_choice and task.target_delimiter != " ":
-        raise BadInput(
-            f"{task.path}: target_delimiter",
-            "' ' for multiple_choice (evalrun scores a space and the "
-            f"choice, as lm-eval's default), got {task.target_delimiter!r}",
-        )
     items, prompts, examples = [], {}, {}
     for index, (doc, requests) in enumerate(zip(task.eval_split.docs, task.requests(seed), strict=True)):
         if limit is not None and index >= limit:
@@ -484,8 +478,9 @@ def as_task(task: LmEvalTask, limit: int | None = None, seed: int = FEWSHOT_SEED
                       prompts=prompts, examples=examples, record=task.prompt_record(),
                       splits=task.splits_record())  # fmt: skip
     split = task.eval_split
-    choices = ChoicesConfig(field="doc_to_choice", shuffle=False, scoring="loglikelihood") if multiple_choice else (
-        ChoicesConfig())  # fmt: skip
+    delimiter = None if task.target_delimiter == " " else task.target_delimiter  # " ": as recorded before delimiters
+    choices = ChoicesConfig(field="doc_to_choice", shuffle=False, scoring="loglikelihood",
+                            delimiter=delimiter) if multiple_choice else ChoicesConfig()  # fmt: skip
     return Task(name=task.name, items=tuple(items), pack=pack, dataset_path=split.files[0][0],
                 dataset_sha256=split.rows_sha256, choices=choices,
                 scoring=task.scoring_record())  # fmt: skip

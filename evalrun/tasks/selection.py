@@ -50,6 +50,7 @@ def shuffle_order(
     return tuple(order)
 
 
-def option_continuation(label: str) -> str:
-    """What a loglikelihood request scores for an option: a space and its text, as lm-evaluation-harness does."""
-    return f" {label}"
+def option_continuation(label: str, delimiter: str = " ") -> str:
+    """What a loglikelihood request scores for an option: the delimiter (a space, lm-evaluation-harness's default
+    ``target_delimiter``) and its text."""
+    return f"{delimiter}{label}"
