@@ -11,7 +11,7 @@ from typing import Any, ClassVar
 import pytest
 
 from evalrun.config import REPO_ROOT, load
-from evalrun.engines import LoglikelihoodRequest, SamplingSpec, loglikelihood_tokens
+from evalrun.engines import LoglikelihoodRequest, SamplingSpec, loglikelihood_tokens, split_at_word_boundary
 
 pytestmark = pytest.mark.e2e
 
@@ -199,3 +199,17 @@ def test_tokenization_boundary() -> None:
     with pytest.raises(ValueError, match="no BOS"):
         loglikelihood_tokens(merging, LoglikelihoodRequest("", "a"))
     assert loglikelihood_tokens(WithBos(merging, 0), LoglikelihoodRequest("", "abc")) == ([0, 10, 3], 2)
+
+
+def test_a_contexts_trailing_whitespace_is_scored_with_the_continuation_as_lm_eval_scores_it() -> None:
+    """lm-eval's ``_encode_pair``: a chat prompt ends in its generation prompt's newline, and the choice after it
+    is scored as newline + choice after the context without it (its logprob then counts the newline's token)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(REPO_ROOT / "models" / "tiny-adder")
+    chat_like = loglikelihood_tokens(tokenizer, LoglikelihoodRequest("Q: 3+83\nA:\n", "86"))
+    moved = loglikelihood_tokens(tokenizer, LoglikelihoodRequest("Q: 3+83\nA:", "\n86"))
+    assert chat_like == moved and chat_like[1] == len(tokenizer.encode("\n86", add_special_tokens=False))
+    assert split_at_word_boundary("A: \n", "86") == ("A:", " \n86")
+    assert split_at_word_boundary("A:\n", "") == ("A:\n", "")  # an empty continuation is still 0
+    assert split_at_word_boundary("  ", "86") == ("  ", "86")  # nothing would be left to condition on

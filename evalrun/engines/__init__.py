@@ -105,7 +105,8 @@ def loglikelihood_tokens(tokenizer: Any, request: LoglikelihoodRequest) -> tuple
 
     Shared by every engine so that they score the same tokens. As lm-evaluation-harness does,
     ``context + continuation`` is tokenized as a whole and the continuation's tokens are those after
-    the tokens of ``context`` alone (both with the tokenizer's special tokens, e.g. a BOS, unless the request
+    the tokens of ``context`` alone, the context's trailing whitespace moved to the continuation
+    (:func:`split_at_word_boundary`) (both with the tokenizer's special tokens, e.g. a BOS, unless the request
     is chat-formatted: ``add_special_tokens``); where
     that split fails (the whole does not start with the context's tokens, or nothing follows them)
     the continuation is tokenized on its own and appended to the context's tokens. An empty
@@ -113,17 +114,29 @@ def loglikelihood_tokens(tokenizer: Any, request: LoglikelihoodRequest) -> tuple
     before it: an empty context is allowed only when the tokenizer adds one (a BOS).
     """
     special = request.add_special_tokens
-    ctx_ids = [int(t) for t in tokenizer.encode(request.context, add_special_tokens=special)]
+    context, continuation = split_at_word_boundary(request.context, request.continuation)
+    ctx_ids = [int(t) for t in tokenizer.encode(context, add_special_tokens=special)]
     if not ctx_ids:
         raise RequestRejected(
             f"loglikelihood request with context {request.context!r}: the context has no tokens and the "
             "tokenizer adds no BOS token, so there is nothing to condition the continuation's first token on"
         )
-    whole_ids = [int(t) for t in tokenizer.encode(request.context + request.continuation, add_special_tokens=special)]
+    whole_ids = [int(t) for t in tokenizer.encode(context + continuation, add_special_tokens=special)]
     if len(whole_ids) > len(ctx_ids) and whole_ids[: len(ctx_ids)] == ctx_ids:
         return whole_ids, len(whole_ids) - len(ctx_ids)
-    cont_ids = [int(t) for t in tokenizer.encode(request.continuation, add_special_tokens=False)]
+    cont_ids = [int(t) for t in tokenizer.encode(continuation, add_special_tokens=False)]
     return ctx_ids + cont_ids, len(cont_ids)
+
+
+def split_at_word_boundary(context: str, continuation: str) -> tuple[str, str]:
+    """The context's trailing whitespace moved to the front of a non-empty continuation, as lm-evaluation-harness
+    does before tokenizing (``_encode_pair``): a context ending in ``"\\n"`` (a chat template's generation prompt)
+    and the continuation ``"86"`` are scored as ``"\\n86"`` after the context without it, so the whitespace joins the
+    token it would form with the continuation's first characters. A context that is only whitespace stays."""
+    kept = context.rstrip()
+    if not continuation or not kept or kept == context:
+        return context, continuation
+    return kept, context[len(kept) :] + continuation
 
 
 def continuation_logprob(request: LoglikelihoodRequest, steps: Iterable[tuple[float, float]]) -> tuple[float, bool]:
