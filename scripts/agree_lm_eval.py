@@ -5,7 +5,8 @@ What it measures. For one model directory and each shipped lm-eval task YAML
 
   * lm-eval, through its Python API: ``lm_eval.simple_evaluate(model="hf", model_args={pretrained: DIR,
     dtype: float32}, device="cpu", batch_size=1, log_samples=True, [limit=N])``, default seeds (0, 1234,
-    1234, 1234), no chat template; each task built from its YAML by lm-eval's own loader with
+    1234, 1234), no chat template (``--apply-chat-template``: lm-eval's ``apply_chat_template=True`` against
+    evalrun's ``task.chat_format=chat``); each task built from its YAML by lm-eval's own loader with
     ``dataset_kwargs.data_files`` made absolute (scripts/lm_eval_contexts.py's ``load_config``, imported,
     not copied) and handed to ``TaskManager(include_defaults=False)`` as an inline config;
   * evalrun, as a subprocess of its CLI: ``evalrun run task=lm_eval task.path=YAML engine=hf cluster=inline
@@ -41,6 +42,7 @@ set-up, and the script fails if it changed.
 
     .venv/bin/python scripts/agree_lm_eval.py                              # tiny-adder, all shipped tasks
     .venv/bin/python scripts/agree_lm_eval.py --model smollm2 --tasks addition_gen,addition_mc --limit 20
+    .venv/bin/python scripts/agree_lm_eval.py --model smollm2 --limit 20 --apply-chat-template
 """
 
 from __future__ import annotations
@@ -133,6 +135,7 @@ def worker(args: argparse.Namespace) -> int:
         limit=args.limit,
         log_samples=True,
         task_manager=TaskManager(include_defaults=False),
+        apply_chat_template=args.apply_chat_template,  # fewshot_as_multiturn: simple_evaluate's default, True
     )
     wall = time.monotonic() - started
     out = {"wall_s": wall, "lm_eval_version": importlib.metadata.version("lm_eval"), "tasks": {}}
@@ -390,6 +393,12 @@ def main(argv: list[str] | None = None) -> int:
         help="torch intra-op threads for lm-eval (default: torch's own, as lm-eval runs; evalrun's "
         "inline worker uses cluster.cpus_per_worker, 1 by default)",
     )
+    parser.add_argument(
+        "--apply-chat-template",
+        action="store_true",
+        help="lm-eval's --apply_chat_template (few-shot examples as turns, its default then) against evalrun's "
+        "task.chat_format=chat, both through the model's own chat template",
+    )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--side-dir", help=argparse.SUPPRESS)  # the worker's: where lm_eval must come from
     parser.add_argument("--model-dir", help=argparse.SUPPRESS)
@@ -443,6 +452,8 @@ def main(argv: list[str] | None = None) -> int:
         cmd += ["--limit", str(args.limit)]
     if args.lm_eval_threads is not None:
         cmd += ["--lm-eval-threads", str(args.lm_eval_threads)]
+    if args.apply_chat_template:
+        cmd.append("--apply-chat-template")
     commands.append(show_cmd(cmd, env_shown))
     print("$ " + commands[-1], flush=True)
     started = time.monotonic()
@@ -477,6 +488,8 @@ def main(argv: list[str] | None = None) -> int:
         ]
         if args.limit is not None:
             cmd.append(f"limit={args.limit}")
+        if args.apply_chat_template:
+            cmd.append("task.chat_format=chat")
         cmd += args.evalrun_override
         commands.append(show_cmd(cmd, OFFLINE_ENV))
         print("$ " + commands[-1], flush=True)

@@ -10,6 +10,11 @@ writes ``<out>/<task name>.jsonl``: one line per eval doc in lm-eval's order,
 (generate_until: one [context, generation kwargs] pair; multiple_choice: one [context, " " + choice] pair
 per choice, in choice order). Keys sorted, ensure_ascii=False.
 
+``--chat-template MODEL_DIR`` builds them as ``--apply_chat_template`` does (``fewshot_as_multiturn``, its
+default then), the chat template that of MODEL_DIR's tokenizer applied as lm-eval's HF model applies it
+(``tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)``), and writes
+``<out>/<task name>.chat.jsonl``.
+
 The YAMLs give ``dataset_kwargs.data_files`` relative to the YAML file's directory. lm-eval 0.4.13 passes
 them to ``datasets.load_dataset`` unchanged, which resolves them against the current directory, so this
 script makes them absolute first (against the directory of the file that sets ``dataset_kwargs``, following
@@ -74,11 +79,28 @@ def load_config(path: Path) -> dict:
     return cfg
 
 
-def golden_lines(task) -> list[str]:
+def chat_template(model_dir: Path):
+    """What lm-eval's HF model passes as ``chat_template`` (``HFLM.apply_chat_template``), on MODEL_DIR's tokenizer."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+
+    def apply(messages: list[dict], add_generation_prompt: bool = True) -> str:
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt,
+                                             continue_final_message=not add_generation_prompt)  # fmt: skip
+
+    return apply
+
+
+def golden_lines(task, chat=None) -> list[str]:
     if task.get_config("num_fewshot") is None:
         task.set_config(key="num_fewshot", value=0)
     task.set_fewshot_seed(seed=SEED)
-    task.build_all_requests(limit=None, rank=0, world_size=1)
+    if chat is None:
+        task.build_all_requests(limit=None, rank=0, world_size=1)
+    else:
+        task.build_all_requests(limit=None, rank=0, world_size=1, apply_chat_template=True,
+                                fewshot_as_multiturn=True, chat_template=chat)  # fmt: skip
     by_doc: dict[int, list] = {}
     for inst in task.instances:
         by_doc.setdefault(inst.doc_id, []).append(inst)
@@ -99,16 +121,20 @@ def golden_lines(task) -> list[str]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=REPO / "tests" / "lm_eval_requests")
+    parser.add_argument("--chat-template", type=Path, metavar="MODEL_DIR", help="as --apply_chat_template, with "
+                        "MODEL_DIR's tokenizer's chat template: writes NAME.chat.jsonl")  # fmt: skip
     args = parser.parse_args()
+    chat = None if args.chat_template is None else chat_template(args.chat_template)
+    suffix = ".jsonl" if chat is None else ".chat.jsonl"
     args.out.mkdir(parents=True, exist_ok=True)
     manager = TaskManager(include_defaults=False)
     for path in sorted(YAMLS.rglob("*.yaml")):
         cfg = load_config(path)
         name = cfg["task"]
         task = manager.load(cfg)["tasks"][name]
-        lines = golden_lines(task)
-        (args.out / f"{name}.jsonl").write_text("".join(line + "\n" for line in lines), encoding="utf-8")
-        print(f"{path.relative_to(REPO)} -> {args.out / (name + '.jsonl')} ({len(lines)} docs)", file=sys.stderr)
+        lines = golden_lines(task, chat)
+        (args.out / f"{name}{suffix}").write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+        print(f"{path.relative_to(REPO)} -> {args.out / (name + suffix)} ({len(lines)} docs)", file=sys.stderr)
     return 0
 
 

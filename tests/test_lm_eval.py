@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from helpers.lm_eval import TINY_TASK, write_tiny_data
 
+from evalrun.chat import ModelChat, chat_format
 from evalrun.errors import BadInput
 from evalrun.scoring.lm_eval import FILTERS, apply_filters, choice_metrics, exact_match
 from evalrun.tasks.lm_eval import FILTER_FUNCTIONS, METRICS, FilterPipeline, load_task
@@ -22,8 +23,15 @@ SHIPPED = ROOT / "evalrun" / "tasks" / "builtin" / "lm_eval"
 GOLDEN = ROOT / "tests" / "lm_eval_requests"
 
 
+CHAT_MODEL = ROOT / "models" / "tiny-invoice-agent"  # the chat goldens' template (it writes the BOS token itself)
+
+
 def _goldens() -> list[Path]:
-    return sorted(GOLDEN.glob("*.jsonl"))
+    return sorted(p for p in GOLDEN.glob("*.jsonl") if not p.name.endswith(".chat.jsonl"))
+
+
+def _chat_goldens() -> list[Path]:
+    return sorted(GOLDEN.glob("*.chat.jsonl"))
 
 
 def _yaml_of(task_name: str) -> Path:
@@ -33,11 +41,15 @@ def _yaml_of(task_name: str) -> Path:
     raise AssertionError(f"no shipped YAML declares task {task_name}")
 
 
-@pytest.mark.parametrize("golden", _goldens(), ids=lambda p: p.stem)
+@pytest.mark.parametrize("golden", _goldens() + _chat_goldens(), ids=lambda p: p.name)
 def test_the_prompts_are_lm_evals_item_for_item(golden: Path) -> None:
-    task = load_task(_yaml_of(golden.stem))
+    """Plain, and (NAME.chat.jsonl) as lm-eval's --apply_chat_template makes them: the description a system
+    message, each example a user and an assistant turn, a choice scored with no target delimiter."""
+    chat = golden.name.endswith(".chat.jsonl")
+    task = load_task(_yaml_of(golden.name.split(".")[0]))
     expected = [json.loads(line) for line in golden.read_text(encoding="utf-8").splitlines()]
-    got = list(task.requests())
+    template = ModelChat.of_directory(CHAT_MODEL)
+    got = list(task.requests(chat=chat_format("chat", template, None, None, "here") if chat else None))
     assert len(got) == len(expected) == len(task.eval_split.docs)
     for doc, requests, line in zip(task.eval_split.docs, got, expected, strict=True):
         assert dict(doc) == line["doc"]
@@ -52,7 +64,7 @@ def test_the_prompts_are_lm_evals_item_for_item(golden: Path) -> None:
 
 def test_a_golden_file_exists_for_every_shipped_task() -> None:
     names = {load_task(p).name for p in SHIPPED.rglob("*.yaml")}
-    assert names and names == {p.stem for p in _goldens()}
+    assert names and names == {p.stem for p in _goldens()} == {p.name.split(".")[0] for p in _chat_goldens()}
 
 
 def _write(tmp_path: Path, text: str, name: str = "task.yaml") -> Path:

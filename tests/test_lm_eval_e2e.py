@@ -153,6 +153,38 @@ def test_documents_process_docs_makes_differently_are_refused_at_resume_though_i
     assert load_task(copy / "addition_fn.yaml").eval_split.docs_sha256 != recorded["docs_sha256"]
 
 
+CHATML = (
+    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + "
+    "'<|im_end|>\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+
+@pytest.mark.e2e
+def test_apply_chat_template_is_task_chat_format_chat_and_in_the_digest(
+    run_eval: Callable[..., Path], tmp_path: Path
+) -> None:
+    """lm-eval's --apply_chat_template: the prompts are the turns through the chat template (here a file's, the
+    default model has none), a choice is scored with no target delimiter, the template is in the digest, and
+    the run verifies and replays."""
+    template = tmp_path / "chatml.jinja"
+    template.write_text(CHATML, encoding="utf-8")
+    yaml = SHIPPED / "addition_mc/addition_mc.yaml"
+    run = _run(run_eval, yaml, "task.chat_format=chat", f"task.chat_template={template}")
+    rows = sorted(pq.read_table(run / "outputs").to_pylist(), key=lambda r: int(r["item_id"]))
+    task = load_task(yaml)
+    for row, doc in zip(rows, task.eval_split.docs, strict=False):
+        assert row["prompt"] == f"<|im_start|>user\n{task.text(doc)}<|im_end|>\n<|im_start|>assistant\n"
+    manifest = json.loads((run / "manifest.json").read_text())
+    assert manifest["task"]["choices"]["delimiter"] == ""
+    assert manifest["task"]["prompt_pack"]["chat"]["origin"] == "file"
+    first = next((run / "log").glob("part-*.jsonl")).read_text().splitlines()
+    continuations = [json.loads(line).get("request", {}).get("continuation") for line in first]
+    assert str(task.choices(task.eval_split.docs[int(rows[0]["item_id"])])[0]) in continuations
+    assert verify_run(run).scores == "recomputed"
+    replayed = replay_run(run, [])
+    assert replayed.reproduced == LIMIT and not replayed.divergences
+
+
 BASE = TINY_TASK
 
 

@@ -509,9 +509,6 @@ class TaskConfig(Section):
         if self.scorer.name != "lm_eval":
             raise BadInput("task.scorer.name", "an lm-eval task is scored by its YAML's filters and metrics: expected "
                                                "lm_eval")  # fmt: skip
-        if self.chat_format == "chat":
-            raise BadInput("task.chat_format", "lm-eval's chat templates (--apply_chat_template) are not "
-                                               "supported yet: expected plain or null (lm-eval's default)")  # fmt: skip
 
 
 TRUNCATE_LEFT = "truncate_left"

@@ -16,6 +16,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from evalrun.chat import chat_format
 from evalrun.config import EvalConfig
 from evalrun.engines.pins import ResolvedModel
 from evalrun.episodes import FreezeOptions, Frozen, ModelFiles, episode_kind
@@ -39,7 +40,12 @@ class LmEvalKind(DatasetKind):
         wanted = None if config.task.name == DEFAULT_NAME else config.task.name
         source = find_task(Path(config.prompt_path), wanted, bool(config.task.allow_unpinned_dataset))
         # lm-eval's few-shot seed is 1234 (simple_evaluate's fewshot_random_seed); seeds.fewshot replaces it
-        task = as_task(source, config.limit, FEWSHOT_SEED if config.seeds.fewshot is None else config.seeds.fewshot)
+        # lm-eval's prompts are plain unless --apply_chat_template: task.chat_format null is plain, chat is that flag
+        spec = config.task
+        chat = chat_format(spec.chat_format or "plain", model.chat, config.chat_template_path,
+                           spec.chat_template_kwargs, model.where)  # fmt: skip
+        seed = FEWSHOT_SEED if config.seeds.fewshot is None else config.seeds.fewshot
+        task = as_task(source, config.limit, seed, chat)
         named = replace(config, task=replace(config.task, name=source.name))
         return named.with_decoding(task.pack.decoding), task
 

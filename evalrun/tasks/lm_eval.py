@@ -33,6 +33,7 @@ import yaml
 from jinja2 import BaseLoader, Environment, StrictUndefined, Template
 from jinja2.exceptions import TemplateError
 
+from evalrun.chat import ChatFormat
 from evalrun.config import ChoicesConfig
 from evalrun.errors import BadInput
 from evalrun.records.canonical import canonical_hash, file_sha256
@@ -152,6 +153,16 @@ class Requests:
     context: str
     continuations: tuple[str, ...] = ()
     examples: tuple[str, ...] = ()  # the few-shot examples shown, SPLIT:INDEX in the few-shot split
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One turn of a prompt (lm-eval's ``Message``): as plain text its content and then its delimiter, as a chat
+    message its role and content."""
+
+    role: str  # system, user or assistant
+    content: str
+    delimiter: str = ""
 
 
 @dataclass(frozen=True)
@@ -334,26 +345,38 @@ class LmEvalTask:
                     chosen = rnd.sample([i for i in everything if pool[i] != doc], n)
                 yield chosen
 
-    def requests(self, seed: int = FEWSHOT_SEED) -> Iterator[Requests]:
-        """Every evaluated document's requests, in document order."""
+    def requests(self, seed: int = FEWSHOT_SEED, chat: ChatFormat | None = None) -> Iterator[Requests]:
+        """Every evaluated document's requests, in document order: plain text, or (``chat``, lm-eval's
+        ``--apply_chat_template`` with its default ``fewshot_as_multiturn``) the turns as chat messages through the
+        template, each example a user turn and an assistant turn, with the generation prompt added; a
+        multiple-choice continuation then has no target delimiter (lm-eval's, without a ``gen_prefix``)."""
         split = self.fewshot_split() if self.num_fewshot else None
+        delimiter = "" if chat is not None else self.target_delimiter
         for doc, chosen in zip(self.eval_split.docs, self.fewshot(seed), strict=True):
             examples = [split.docs[i] for i in chosen] if split is not None else []
-            context = self._context(doc, examples)
+            turns = self.turns(doc, examples)
+            if chat is None:
+                context = "".join(t.content + t.delimiter for t in turns)
+            else:
+                context = chat.render([{"role": t.role, "content": t.content} for t in turns])
             ids = tuple(f"{split.name}:{i}" for i in chosen) if split is not None else ()
             if self.output_type == "multiple_choice":
-                continuations = tuple(f"{self.target_delimiter}{c}" for c in self.choices(doc) or [])
+                continuations = tuple(f"{delimiter}{c}" for c in self.choices(doc) or [])
                 yield Requests(context, continuations, ids)
             else:
                 yield Requests(context, examples=ids)
 
-    def _context(self, doc: Mapping[str, Any], examples: Sequence[Mapping[str, Any]]) -> str:
-        parts = [self._description(doc)]
+    def turns(self, doc: Mapping[str, Any], examples: Sequence[Mapping[str, Any]]) -> list[Turn]:
+        """A document's prompt as lm-eval's ``fewshot_context`` builds it: the description as a system turn, each
+        example a user turn (its text, then the target delimiter) and an assistant turn (its answer, then the
+        few-shot delimiter), then the document's text as a user turn."""
+        description = self._description(doc)
+        turns = [Turn("system", description)] if description else []
         for example in examples:
             question, answer = self.text(example), self.target(example)
             self._must_be_text(question, "doc_to_text", example)
             if answer is None or answer == "":
-                parts.append(question)
+                turns.append(Turn("user", question))
                 continue
             choices = self.choices(example)
             if choices and isinstance(answer, int) and not isinstance(answer, bool):
@@ -361,11 +384,10 @@ class LmEvalTask:
             elif isinstance(answer, list):
                 answer = answer[0]
             self._must_be_text(answer, "doc_to_target", example)
-            parts.append(f"{question}{self.target_delimiter}{answer}{self.fewshot_delimiter}")
+            turns += [Turn("user", question, self.target_delimiter), Turn("assistant", answer, self.fewshot_delimiter)]
         question = self.text(doc)
         self._must_be_text(question, "doc_to_text", doc)
-        parts.append(question)
-        return "".join(parts)
+        return [*turns, Turn("user", question)]
 
     def _must_be_text(self, value: Any, key: str, doc: Mapping[str, Any]) -> None:
         if not isinstance(value, str):
@@ -452,16 +474,18 @@ class LmEvalPack(PromptPack):
         return {**self.record, "decoding": {k: v for k, v in decoding.items() if k != "name"}}
 
 
-def as_task(task: LmEvalTask, limit: int | None = None, seed: int = FEWSHOT_SEED) -> Task:
+def as_task(task: LmEvalTask, limit: int | None = None, seed: int = FEWSHOT_SEED,
+            chat: ChatFormat | None = None) -> Task:  # fmt: skip
     """The lm-eval task as evalrun runs it: an item per evaluated document (its id the document's index, as
     lm-eval's ``doc_id``), the first ``limit`` of them, each prompt made with the few-shot examples lm-eval draws
     for it from ``seed`` (drawn over every document before it, so a limit keeps the prompts of the full run). A
     generation item's target is its gold text; a multiple-choice item's options are its choices (in order, not
     shuffled, scored by loglikelihood as lm-eval does) and its target names the gold choice and every choice's
-    text (what acc_norm divides by)."""
+    text (what acc_norm divides by). With ``chat``, the prompts are chat-formatted as lm-eval's
+    ``--apply_chat_template`` makes them (:meth:`LmEvalTask.requests`)."""
     multiple_choice = task.output_type == "multiple_choice"
     items, prompts, examples = [], {}, {}
-    for index, (doc, requests) in enumerate(zip(task.eval_split.docs, task.requests(seed), strict=True)):
+    for index, (doc, requests) in enumerate(zip(task.eval_split.docs, task.requests(seed, chat), strict=True)):
         if limit is not None and index >= limit:
             break
         item_id = str(index)
@@ -478,11 +502,12 @@ def as_task(task: LmEvalTask, limit: int | None = None, seed: int = FEWSHOT_SEED
                       prompts=prompts, examples=examples, record=task.prompt_record(),
                       splits=task.splits_record())  # fmt: skip
     split = task.eval_split
-    delimiter = None if task.target_delimiter == " " else task.target_delimiter  # " ": as recorded before delimiters
+    delimiter = "" if chat is not None else task.target_delimiter
+    delimiter = None if delimiter == " " else delimiter  # lm-eval's default: recorded as before delimiters were
     choices = ChoicesConfig(field="doc_to_choice", shuffle=False, scoring="loglikelihood",
                             delimiter=delimiter) if multiple_choice else ChoicesConfig()  # fmt: skip
     return Task(name=task.name, items=tuple(items), pack=pack, dataset_path=split.files[0][0],
-                dataset_sha256=split.rows_sha256, choices=choices,
+                dataset_sha256=split.rows_sha256, choices=choices, chat=chat,
                 scoring=task.scoring_record())  # fmt: skip
 
 
