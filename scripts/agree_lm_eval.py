@@ -43,6 +43,8 @@ set-up, and the script fails if it changed.
     .venv/bin/python scripts/agree_lm_eval.py                              # tiny-adder, all shipped tasks
     .venv/bin/python scripts/agree_lm_eval.py --model smollm2 --tasks addition_gen,addition_mc --limit 20
     .venv/bin/python scripts/agree_lm_eval.py --model smollm2 --limit 20 --apply-chat-template
+    .venv/bin/python scripts/agree_lm_eval.py --model smollm2 --limit 20 --apply-chat-template --single-turn \
+        --system-instruction "You are a careful calculator."
 """
 
 from __future__ import annotations
@@ -135,7 +137,9 @@ def worker(args: argparse.Namespace) -> int:
         limit=args.limit,
         log_samples=True,
         task_manager=TaskManager(include_defaults=False),
-        apply_chat_template=args.apply_chat_template,  # fewshot_as_multiturn: simple_evaluate's default, True
+        apply_chat_template=args.apply_chat_template,
+        fewshot_as_multiturn=not args.single_turn,  # simple_evaluate's default, True (used under a chat template)
+        system_instruction=args.system_instruction,
     )
     wall = time.monotonic() - started
     out = {"wall_s": wall, "lm_eval_version": importlib.metadata.version("lm_eval"), "tasks": {}}
@@ -399,6 +403,15 @@ def main(argv: list[str] | None = None) -> int:
         help="lm-eval's --apply_chat_template (few-shot examples as turns, its default then) against evalrun's "
         "task.chat_format=chat, both through the model's own chat template",
     )
+    parser.add_argument(
+        "--single-turn",
+        action="store_true",
+        help="with --apply-chat-template: lm-eval's --fewshot_as_multiturn false against evalrun's "
+        "task.fewshot_as_multiturn=false",
+    )
+    parser.add_argument(
+        "--system-instruction", help="lm-eval's --system_instruction against evalrun's task.system_instruction"
+    )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--side-dir", help=argparse.SUPPRESS)  # the worker's: where lm_eval must come from
     parser.add_argument("--model-dir", help=argparse.SUPPRESS)
@@ -452,8 +465,13 @@ def main(argv: list[str] | None = None) -> int:
         cmd += ["--limit", str(args.limit)]
     if args.lm_eval_threads is not None:
         cmd += ["--lm-eval-threads", str(args.lm_eval_threads)]
-    if args.apply_chat_template:
-        cmd.append("--apply-chat-template")
+    if args.single_turn and not args.apply_chat_template:
+        parser.error("--single-turn needs --apply-chat-template (as lm-eval's --fewshot_as_multiturn)")
+    lm_eval_options = ["--apply-chat-template"] if args.apply_chat_template else []
+    lm_eval_options += ["--single-turn"] if args.single_turn else []
+    if args.system_instruction is not None:
+        lm_eval_options += ["--system-instruction", args.system_instruction]
+    cmd += lm_eval_options
     commands.append(show_cmd(cmd, env_shown))
     print("$ " + commands[-1], flush=True)
     started = time.monotonic()
@@ -490,6 +508,10 @@ def main(argv: list[str] | None = None) -> int:
             cmd.append(f"limit={args.limit}")
         if args.apply_chat_template:
             cmd.append("task.chat_format=chat")
+        if args.single_turn:
+            cmd.append("task.fewshot_as_multiturn=false")
+        if args.system_instruction is not None:
+            cmd.append(f"task.system_instruction={args.system_instruction}")
         cmd += args.evalrun_override
         commands.append(show_cmd(cmd, OFFLINE_ENV))
         print("$ " + commands[-1], flush=True)

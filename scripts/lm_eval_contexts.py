@@ -13,7 +13,9 @@ per choice, in choice order). Keys sorted, ensure_ascii=False.
 ``--chat-template MODEL_DIR`` builds them as ``--apply_chat_template`` does (``fewshot_as_multiturn``, its
 default then), the chat template that of MODEL_DIR's tokenizer applied as lm-eval's HF model applies it
 (``tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)``), and writes
-``<out>/<task name>.chat.jsonl``.
+``<out>/<task name>.chat.jsonl``. ``--single-turn`` is ``--fewshot_as_multiturn false`` (``.singleturn``
+in the name), ``--system-instruction TEXT`` lm-eval's own (``.system`` in the name), with or without a chat
+template.
 
 The YAMLs give ``dataset_kwargs.data_files`` relative to the YAML file's directory. lm-eval 0.4.13 passes
 them to ``datasets.load_dataset`` unchanged, which resolves them against the current directory, so this
@@ -92,15 +94,16 @@ def chat_template(model_dir: Path):
     return apply
 
 
-def golden_lines(task, chat=None) -> list[str]:
+def golden_lines(task, chat=None, multiturn: bool = True, system_instruction: str | None = None) -> list[str]:
     if task.get_config("num_fewshot") is None:
         task.set_config(key="num_fewshot", value=0)
     task.set_fewshot_seed(seed=SEED)
     if chat is None:
-        task.build_all_requests(limit=None, rank=0, world_size=1)
+        task.build_all_requests(limit=None, rank=0, world_size=1, system_instruction=system_instruction)
     else:
         task.build_all_requests(limit=None, rank=0, world_size=1, apply_chat_template=True,
-                                fewshot_as_multiturn=True, chat_template=chat)  # fmt: skip
+                                fewshot_as_multiturn=multiturn, chat_template=chat,
+                                system_instruction=system_instruction)  # fmt: skip
     by_doc: dict[int, list] = {}
     for inst in task.instances:
         by_doc.setdefault(inst.doc_id, []).append(inst)
@@ -123,16 +126,24 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=REPO / "tests" / "lm_eval_requests")
     parser.add_argument("--chat-template", type=Path, metavar="MODEL_DIR", help="as --apply_chat_template, with "
                         "MODEL_DIR's tokenizer's chat template: writes NAME.chat.jsonl")  # fmt: skip
+    parser.add_argument("--single-turn", action="store_true", help="with --chat-template: --fewshot_as_multiturn "
+                        "false (NAME.chat.singleturn.jsonl)")  # fmt: skip
+    parser.add_argument("--system-instruction", help="lm-eval's --system_instruction (.system in the name)")
     args = parser.parse_args()
+    if args.single_turn and args.chat_template is None:
+        parser.error("--single-turn needs --chat-template (as lm-eval's --fewshot_as_multiturn)")
     chat = None if args.chat_template is None else chat_template(args.chat_template)
-    suffix = ".jsonl" if chat is None else ".chat.jsonl"
+    parts = [".chat"] if chat is not None else []
+    parts += [".singleturn"] if args.single_turn else []
+    parts += [".system"] if args.system_instruction is not None else []
+    suffix = "".join(parts) + ".jsonl"
     args.out.mkdir(parents=True, exist_ok=True)
     manager = TaskManager(include_defaults=False)
     for path in sorted(YAMLS.rglob("*.yaml")):
         cfg = load_config(path)
         name = cfg["task"]
         task = manager.load(cfg)["tasks"][name]
-        lines = golden_lines(task, chat)
+        lines = golden_lines(task, chat, not args.single_turn, args.system_instruction)
         (args.out / f"{name}{suffix}").write_text("".join(line + "\n" for line in lines), encoding="utf-8")
         print(f"{path.relative_to(REPO)} -> {args.out / (name + suffix)} ({len(lines)} docs)", file=sys.stderr)
     return 0

@@ -26,12 +26,17 @@ GOLDEN = ROOT / "tests" / "lm_eval_requests"
 CHAT_MODEL = ROOT / "models" / "tiny-invoice-agent"  # the chat goldens' template (it writes the BOS token itself)
 
 
+SYSTEM = "You are a careful calculator."  # the --system_instruction of the NAME[.chat][.singleturn].system goldens
+
+
 def _goldens() -> list[Path]:
-    return sorted(p for p in GOLDEN.glob("*.jsonl") if not p.name.endswith(".chat.jsonl"))
+    return sorted(p for p in GOLDEN.glob("*.jsonl") if p.name.count(".") == 1)
 
 
-def _chat_goldens() -> list[Path]:
-    return sorted(GOLDEN.glob("*.chat.jsonl"))
+def _variant_goldens() -> list[Path]:
+    """lm-eval's requests under its prompt options: NAME.chat (--apply_chat_template), .singleturn
+    (--fewshot_as_multiturn false), .system (--system_instruction)."""
+    return sorted(p for p in GOLDEN.glob("*.jsonl") if p.name.count(".") > 1)
 
 
 def _yaml_of(task_name: str) -> Path:
@@ -41,15 +46,17 @@ def _yaml_of(task_name: str) -> Path:
     raise AssertionError(f"no shipped YAML declares task {task_name}")
 
 
-@pytest.mark.parametrize("golden", _goldens() + _chat_goldens(), ids=lambda p: p.name)
+@pytest.mark.parametrize("golden", _goldens() + _variant_goldens(), ids=lambda p: p.name)
 def test_the_prompts_are_lm_evals_item_for_item(golden: Path) -> None:
-    """Plain, and (NAME.chat.jsonl) as lm-eval's --apply_chat_template makes them: the description a system
-    message, each example a user and an assistant turn, a choice scored with no target delimiter."""
-    chat = golden.name.endswith(".chat.jsonl")
-    task = load_task(_yaml_of(golden.name.split(".")[0]))
+    """Plain, and as lm-eval makes them with its prompt options: under --apply_chat_template the description a
+    system message, each example a user and an assistant turn (or all in one user turn), a choice scored with no
+    target delimiter; with --system_instruction before the description."""
+    name, *options = golden.name.removesuffix(".jsonl").split(".")
+    task = load_task(_yaml_of(name))
     expected = [json.loads(line) for line in golden.read_text(encoding="utf-8").splitlines()]
-    template = ModelChat.of_directory(CHAT_MODEL)
-    got = list(task.requests(chat=chat_format("chat", template, None, None, "here") if chat else None))
+    chat = chat_format("chat", ModelChat.of_directory(CHAT_MODEL), None, None, "here") if "chat" in options else None
+    system = SYSTEM if "system" in options else None
+    got = list(task.requests(chat=chat, system_instruction=system, multiturn="singleturn" not in options))
     assert len(got) == len(expected) == len(task.eval_split.docs)
     for doc, requests, line in zip(task.eval_split.docs, got, expected, strict=True):
         assert dict(doc) == line["doc"]
@@ -64,7 +71,12 @@ def test_the_prompts_are_lm_evals_item_for_item(golden: Path) -> None:
 
 def test_a_golden_file_exists_for_every_shipped_task() -> None:
     names = {load_task(p).name for p in SHIPPED.rglob("*.yaml")}
-    assert names and names == {p.stem for p in _goldens()} == {p.name.split(".")[0] for p in _chat_goldens()}
+    assert names and names == {p.stem for p in _goldens()}
+    variants: dict[str, set[str]] = {}
+    for path in _variant_goldens():
+        name, variant = path.name.removesuffix(".jsonl").split(".", 1)
+        variants.setdefault(variant, set()).add(name)
+    assert variants == dict.fromkeys(("chat", "system", "chat.singleturn.system"), names)
 
 
 def _write(tmp_path: Path, text: str, name: str = "task.yaml") -> Path:
@@ -251,3 +263,25 @@ def test_the_filters_and_metrics_are_lm_evals() -> None:
     # acc picks the likeliest choice, acc_norm the likeliest per character (ties to the first)
     assert choice_metrics([-4.0, -6.0], ["no", "yes!!"], 1) == {"acc": 0.0, "acc_norm": 1.0}
     assert choice_metrics([-2.0, -2.0], ["a", "b"], 0) == {"acc": 1.0, "acc_norm": 1.0}
+
+
+def test_lm_evals_prompt_options_are_in_the_digest_and_refused_where_they_mean_nothing() -> None:
+    """--system_instruction and --fewshot_as_multiturn: a system instruction is the prompts' start and in the
+    prompt-pack part of the digest; either on a task that is not an lm-eval YAML, or fewshot_as_multiturn without
+    a chat template (lm-eval refuses it too), is a BadInput naming the setting, before any model loads."""
+    from evalrun.config import load
+    from evalrun.pipeline.runner import prepare
+
+    base = ["task=lm_eval", f"task.path={SHIPPED / 'addition_gen/addition_gen_3shot.yaml'}", "limit=2"]
+    plain = prepare(load(base))
+    instructed = prepare(load([*base, f"task.system_instruction={SYSTEM}"]))
+    assert instructed.episodes[0].prompt == f"{SYSTEM}\n\n{plain.episodes[0].prompt}"
+    assert instructed.digest.inputs["prompt_pack"]["system_instruction"] == SYSTEM
+    assert "system_instruction" not in plain.digest.inputs["prompt_pack"]
+    assert instructed.digest.prompt_pack != plain.digest.prompt_pack
+    with pytest.raises(BadInput, match=r"null unless task\.chat_format=chat") as caught:
+        load([*base, "task.fewshot_as_multiturn=false"])
+    assert caught.value.where == "task.fewshot_as_multiturn"
+    with pytest.raises(BadInput, match="an lm-eval task's setting") as caught:
+        load(["task=addition", f"task.system_instruction={SYSTEM}"])
+    assert caught.value.where == "task.system_instruction"

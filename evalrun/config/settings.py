@@ -457,6 +457,11 @@ class TaskConfig(Section):
     # an lm-eval task's hub dataset at a branch or no revision (not a commit): read as the local cache has it,
     # recorded as unpinned; null: refused
     allow_unpinned_dataset: bool | None = field(default=None, metadata=LEFT_OUT_WHEN_NULL)
+    # an lm-eval task's --system_instruction: the system turn, before the YAML's description
+    system_instruction: str | None = field(default=None, metadata=LEFT_OUT_WHEN_NULL)
+    # an lm-eval task's --fewshot_as_multiturn under a chat template: false puts the examples and the document in
+    # one user turn; null: true, lm-eval's default with --apply_chat_template
+    fewshot_as_multiturn: bool | None = field(default=None, metadata=LEFT_OUT_WHEN_NULL)
 
     @property
     def episode_kind(self) -> str:
@@ -469,6 +474,11 @@ class TaskConfig(Section):
         if self.path is not None or self.kind == "lm_eval":
             self._check_lm_eval()
             return
+        for key in ("system_instruction", "fewshot_as_multiturn"):
+            if getattr(self, key) is not None:
+                raise _fail(f"task.{key}", "null: it is an lm-eval task's setting (task=lm_eval; a prompt pack has "
+                                           "its own system template and fewshot.as_multiturn)",
+                            getattr(self, key))  # fmt: skip
         if self.allow_unpinned_dataset is not None:
             raise BadInput("task.allow_unpinned_dataset", "a setting of an lm-eval task's hub dataset (task=lm_eval): "
                                                           "expected null")  # fmt: skip
@@ -509,6 +519,10 @@ class TaskConfig(Section):
         if self.scorer.name != "lm_eval":
             raise BadInput("task.scorer.name", "an lm-eval task is scored by its YAML's filters and metrics: expected "
                                                "lm_eval")  # fmt: skip
+        if self.fewshot_as_multiturn is not None and self.chat_format != "chat":
+            raise _fail("task.fewshot_as_multiturn", "null unless task.chat_format=chat (as lm-eval, which takes "
+                                                     "--fewshot_as_multiturn only with --apply_chat_template)",
+                        self.fewshot_as_multiturn)  # fmt: skip
 
 
 TRUNCATE_LEFT = "truncate_left"

@@ -45,7 +45,8 @@ class LmEvalKind(DatasetKind):
         chat = chat_format(spec.chat_format or "plain", model.chat, config.chat_template_path,
                            spec.chat_template_kwargs, model.where)  # fmt: skip
         seed = FEWSHOT_SEED if config.seeds.fewshot is None else config.seeds.fewshot
-        task = as_task(source, config.limit, seed, chat)
+        multiturn = spec.fewshot_as_multiturn is not False
+        task = as_task(source, config.limit, seed, chat, spec.system_instruction, multiturn)
         named = replace(config, task=replace(config.task, name=source.name))
         return named.with_decoding(task.pack.decoding), task
 

@@ -345,19 +345,25 @@ class LmEvalTask:
                     chosen = rnd.sample([i for i in everything if pool[i] != doc], n)
                 yield chosen
 
-    def requests(self, seed: int = FEWSHOT_SEED, chat: ChatFormat | None = None) -> Iterator[Requests]:
+    def requests(self, seed: int = FEWSHOT_SEED, chat: ChatFormat | None = None, system_instruction: str | None = None,
+                 multiturn: bool = True) -> Iterator[Requests]:  # fmt: skip
         """Every evaluated document's requests, in document order: plain text, or (``chat``, lm-eval's
-        ``--apply_chat_template`` with its default ``fewshot_as_multiturn``) the turns as chat messages through the
-        template, each example a user turn and an assistant turn, with the generation prompt added; a
-        multiple-choice continuation then has no target delimiter (lm-eval's, without a ``gen_prefix``)."""
+        ``--apply_chat_template``) the turns as chat messages through the template with the generation prompt
+        added, each example a user turn and an assistant turn (``multiturn``, lm-eval's ``fewshot_as_multiturn``,
+        its default then) or all but the system turn joined as one user turn; a multiple-choice continuation then
+        has no target delimiter (lm-eval's, without a ``gen_prefix``). ``system_instruction`` is lm-eval's
+        ``--system_instruction``."""
         split = self.fewshot_split() if self.num_fewshot else None
         delimiter = "" if chat is not None else self.target_delimiter
         for doc, chosen in zip(self.eval_split.docs, self.fewshot(seed), strict=True):
             examples = [split.docs[i] for i in chosen] if split is not None else []
-            turns = self.turns(doc, examples)
+            turns = self.turns(doc, examples, system_instruction)
             if chat is None:
-                context = "".join(t.content + t.delimiter for t in turns)
+                context = _text(turns)
             else:
+                if not multiturn:  # lm-eval's multiturn_to_singleturn
+                    system = [t for t in turns[:1] if t.role == "system"]
+                    turns = [*system, Turn("user", _text(turns[len(system) :]))]
                 context = chat.render([{"role": t.role, "content": t.content} for t in turns])
             ids = tuple(f"{split.name}:{i}" for i in chosen) if split is not None else ()
             if self.output_type == "multiple_choice":
@@ -366,12 +372,14 @@ class LmEvalTask:
             else:
                 yield Requests(context, examples=ids)
 
-    def turns(self, doc: Mapping[str, Any], examples: Sequence[Mapping[str, Any]]) -> list[Turn]:
-        """A document's prompt as lm-eval's ``fewshot_context`` builds it: the description as a system turn, each
+    def turns(self, doc: Mapping[str, Any], examples: Sequence[Mapping[str, Any]],
+              system_instruction: str | None = None) -> list[Turn]:  # fmt: skip
+        """A document's prompt as lm-eval's ``fewshot_context`` builds it: the system instruction and the
+        description as a system turn (joined by the few-shot delimiter unless whitespace meets there), each
         example a user turn (its text, then the target delimiter) and an assistant turn (its answer, then the
         few-shot delimiter), then the document's text as a user turn."""
-        description = self._description(doc)
-        turns = [Turn("system", description)] if description else []
+        system = _joined(system_instruction or "", self._description(doc), self.fewshot_delimiter)
+        turns = [Turn("system", system)] if system else []
         for example in examples:
             question, answer = self.text(example), self.target(example)
             self._must_be_text(question, "doc_to_text", example)
@@ -441,6 +449,19 @@ class LmEvalTask:
         return decoding
 
 
+def _text(turns: Sequence[Turn]) -> str:
+    """Turns as plain text: each one's content, then its delimiter (lm-eval's ``Message.to_text``)."""
+    return "".join(t.content + t.delimiter for t in turns)
+
+
+def _joined(prefix: str, suffix: str, delimiter: str) -> str:
+    """``prefix`` and ``suffix`` with ``delimiter`` between them unless whitespace meets there (lm-eval's
+    ``maybe_delimit``)."""
+    if not prefix or not suffix:
+        return prefix or suffix
+    return prefix + suffix if prefix[-1].isspace() or suffix[0].isspace() else prefix + delimiter + suffix
+
+
 def _record(value: Any) -> Any:
     if isinstance(value, LmEvalFunction):
         return value.as_record()
@@ -474,18 +495,21 @@ class LmEvalPack(PromptPack):
         return {**self.record, "decoding": {k: v for k, v in decoding.items() if k != "name"}}
 
 
-def as_task(task: LmEvalTask, limit: int | None = None, seed: int = FEWSHOT_SEED,
-            chat: ChatFormat | None = None) -> Task:  # fmt: skip
+def as_task(task: LmEvalTask, limit: int | None = None, seed: int = FEWSHOT_SEED, chat: ChatFormat | None = None,
+            system_instruction: str | None = None, multiturn: bool = True) -> Task:  # fmt: skip
     """The lm-eval task as evalrun runs it: an item per evaluated document (its id the document's index, as
     lm-eval's ``doc_id``), the first ``limit`` of them, each prompt made with the few-shot examples lm-eval draws
     for it from ``seed`` (drawn over every document before it, so a limit keeps the prompts of the full run). A
     generation item's target is its gold text; a multiple-choice item's options are its choices (in order, not
     shuffled, scored by loglikelihood as lm-eval does) and its target names the gold choice and every choice's
     text (what acc_norm divides by). With ``chat``, the prompts are chat-formatted as lm-eval's
-    ``--apply_chat_template`` makes them (:meth:`LmEvalTask.requests`)."""
+    ``--apply_chat_template`` makes them, and ``system_instruction`` and ``multiturn`` are its
+    ``--system_instruction`` and ``--fewshot_as_multiturn`` (:meth:`LmEvalTask.requests`; in the prompt-pack
+    record when given)."""
     multiple_choice = task.output_type == "multiple_choice"
     items, prompts, examples = [], {}, {}
-    for index, (doc, requests) in enumerate(zip(task.eval_split.docs, task.requests(seed, chat), strict=True)):
+    made = task.requests(seed, chat, system_instruction, multiturn)
+    for index, (doc, requests) in enumerate(zip(task.eval_split.docs, made, strict=True)):
         if limit is not None and index >= limit:
             break
         item_id = str(index)
@@ -499,7 +523,8 @@ def as_task(task: LmEvalTask, limit: int | None = None, seed: int = FEWSHOT_SEED
     metadata = task.settings.get("metadata")
     version = metadata.get("version") if isinstance(metadata, dict) else None
     pack = LmEvalPack(task.name, None if version is None else str(version), task.path, "", "", None, task.decoding(),
-                      prompts=prompts, examples=examples, record=task.prompt_record(),
+                      prompts=prompts, examples=examples, record=_with_options(task.prompt_record(),
+                                                                               system_instruction, multiturn),
                       splits=task.splits_record())  # fmt: skip
     split = task.eval_split
     delimiter = "" if chat is not None else task.target_delimiter
@@ -509,6 +534,13 @@ def as_task(task: LmEvalTask, limit: int | None = None, seed: int = FEWSHOT_SEED
     return Task(name=task.name, items=tuple(items), pack=pack, dataset_path=split.files[0][0],
                 dataset_sha256=split.rows_sha256, choices=choices, chat=chat,
                 scoring=task.scoring_record())  # fmt: skip
+
+
+def _with_options(record: dict[str, Any], system_instruction: str | None, multiturn: bool) -> dict[str, Any]:
+    """The prompt-pack record with lm-eval's prompt options that are not its defaults (records made before the
+    options existed stay as they were)."""
+    options = {"system_instruction": system_instruction} if system_instruction is not None else {}
+    return {**record, **options, **({"fewshot_as_multiturn": False} if not multiturn else {})}
 
 
 def find_task(path: Path, name: str | None, allow_unpinned: bool = False) -> LmEvalTask:
