@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -162,6 +163,52 @@ def test_inclusion_proof_for_every_episode(run_copy: Path, tmp_path: Path) -> No
     proof.write_text("{not json")
     assert cli.main(["verify-proof", str(proof), "--root", root]) == 2
     assert cli.main(["prove", str(run_copy), "no-such-episode"]) == 2
+
+
+def test_a_proof_from_a_step_discloses_the_rest_of_the_chain_and_names_what_was_tampered(
+    run_eval, tmp_path: Path
+) -> None:
+    """``prove --from SEQ``: an agent episode's entries from SEQ on, after the hash before SEQ, chain to its head
+    and the head to the root, while the header (its system prompt) and the earlier steps stay private; an edited,
+    moved or missing disclosed entry fails verify-proof naming the entry."""
+    from evalrun.records.chain import GENESIS, link
+
+    run = run_eval("task=invoice_desk", "limit=1")
+    root = root_of(run)
+    lines = next((run / "log").glob("part-*.jsonl")).read_text().splitlines()
+    episode = json.loads(lines[0])["episode"]
+    chain = [line for line in lines if json.loads(line)["episode"] == episode]
+    assert len(chain) > 6
+    proof_path = tmp_path / "proof.json"
+    assert cli.main(["prove", str(run), episode, "--from", "4", "-o", str(proof_path)]) == 0
+    proof = json.loads(proof_path.read_text())
+    before = GENESIS
+    for line in chain[:4]:
+        before = link(before, line)
+    assert proof["from_seq"] == 4 and proof["prev"] == before and proof["lines"] == chain[4:]
+    assert chain[0] not in proof_path.read_text()  # the header, with the task's prompt, is not disclosed
+    assert cli.main(["verify-proof", str(proof_path), "--root", root]) == 0
+
+    def fails(lines: list[str], named: str, **fields: object) -> None:
+        forged = tmp_path / "forged.json"
+        forged.write_text(json.dumps({**proof, "lines": lines, **fields}))
+        with pytest.raises(CheckFailed, match=named):
+            from evalrun.audit.proofs import check_proof, load_proof
+
+            check_proof(load_proof(forged), root)
+        assert cli.main(["verify-proof", str(forged), "--root", root]) == 1
+
+    disclosed = proof["lines"]
+    observation = json.loads(disclosed[1])  # what list_invoices returned: an auditor's figure edited
+    assert observation["kind"] == "observation" and '"total":' in disclosed[1]
+    edited = re.sub(r'"total":(\d+)', lambda m: f'"total":{int(m.group(1)) + 1}', disclosed[1], count=1)
+    fails([disclosed[0], edited, *disclosed[2:]], r"seq 6: disclosed chain entry does not link to entry 5 \(that one")
+    fails([disclosed[0], "not a line", *disclosed[2:]], r"seq 5: disclosed line is not a chain entry")
+    fails([disclosed[0], *disclosed[2:]], r"seq 5: the disclosed line is entry 6")  # one left out
+    fails([disclosed[1], disclosed[0], *disclosed[2:]], r"seq 4: the disclosed line is entry 5")  # reordered
+    fails(disclosed[:-1], rf"after entry {len(chain) - 2}, not at head")  # cut short
+    fails(disclosed, r"seq 4: disclosed chain entry does not link to the proof's prev", prev="1" * 64)
+    assert cli.main(["prove", str(run), episode, "--from", str(len(chain))]) == 2
 
 
 def test_attestation_written_by_the_run_and_signed_on_request(run_copy: Path, tmp_path: Path) -> None:

@@ -32,7 +32,8 @@ def episode_lines(run: layout.RunDir, episode_id: str) -> tuple[str, ...]:
     return ()
 
 
-def prove(path: Path, episode_id: str) -> Proof:
+def prove(path: Path, episode_id: str, from_seq: int = 0) -> Proof:
+    """The proof of ``episode_id`` under the run's root, its chain disclosed from entry ``from_seq`` on (0: whole)."""
     run = open_run(path)
     record = load_record(run)
     cols = read_outputs(run, ["episode_id", "head"]).to_pydict()
@@ -44,9 +45,13 @@ def prove(path: Path, episode_id: str) -> Proof:
     root = root_of_leaf_hashes(hashes)
     if root != record.merkle_root:
         raise CheckFailed(f"{layout.RECORD}: merkle_root differs from the root of the output heads; run verify")
+    lines = list(episode_lines(run, episode_id))
+    if not 0 <= from_seq < len(lines):
+        raise BadInput("--from", f"an entry of episode {episode_id}: 0 to {len(lines) - 1}, got {from_seq}")
+    disclosed = {} if from_seq == 0 else {"from_seq": from_seq, "prev": parse_line(lines[from_seq]).prev}
     return Proof(
         episode_id=episode_id, head=heads[index][1], leaf_index=index, tree_size=len(heads),
-        path=[h.hex() for h in audit_path(index, hashes)], root=root, lines=list(episode_lines(run, episode_id)),
+        path=[h.hex() for h in audit_path(index, hashes)], root=root, lines=lines[from_seq:], **disclosed,
     )  # fmt: skip
 
 
@@ -66,23 +71,34 @@ def load_proof(path: Path) -> Proof:
 
 
 def check_proof(proof: Proof, root: str) -> None:
-    """Raise CheckFailed unless the disclosed chain ends at ``head`` and the path leads to ``root``."""
+    """Raise CheckFailed unless the disclosed chain (from its header, or from ``from_seq`` after ``prev``) ends at
+    ``head`` and the path leads to ``root``; a disclosed entry that was edited, moved or left out is named."""
+    if (proof.from_seq is None) != (proof.prev is None) or (proof.from_seq is not None and not proof.lines):
+        raise CheckFailed(f"episode {proof.episode_id}: a proof from a step gives from_seq, prev and the lines")
     if proof.lines:
-        head = GENESIS
-        for seq, line in enumerate(proof.lines):
+        first = proof.from_seq or 0
+        head = GENESIS if proof.prev is None else proof.prev
+        for seq, line in enumerate(proof.lines, start=first):
             try:
                 entry = parse_line(line)
             except EntryError as exc:
                 raise CheckFailed(f"episode {proof.episode_id} seq {seq}: disclosed line is not a chain entry "
                                   f"(field {exc.field}: {exc.message})") from None  # fmt: skip
-            if entry.episode != proof.episode_id or entry.seq != seq or entry.prev != head:
-                raise CheckFailed(f"episode {proof.episode_id} seq {seq}: disclosed chain entry does not link")
+            if entry.episode != proof.episode_id or entry.seq != seq:
+                raise CheckFailed(f"episode {proof.episode_id} seq {seq}: the disclosed line is entry {entry.seq} "
+                                  f"of episode {entry.episode} (moved, or one left out before it)")  # fmt: skip
+            if entry.prev != head:
+                before = "the proof's prev" if seq == first else f"entry {seq - 1}"
+                raise CheckFailed(f"episode {proof.episode_id} seq {seq}: disclosed chain entry does not link to "
+                                  f"{before} (that one or this one was edited)")  # fmt: skip
             try:
                 head = link(head, line)
             except UnicodeEncodeError:  # a lone surrogate: no chain line (UTF-8 text) holds one
                 raise CheckFailed(f"episode {proof.episode_id} seq {seq}: disclosed line is not UTF-8 text") from None
         if head != proof.head:
-            raise CheckFailed(f"episode {proof.episode_id}: disclosed chain ends at {head}, not at head {proof.head}")
+            last = (proof.from_seq or 0) + len(proof.lines) - 1
+            raise CheckFailed(f"episode {proof.episode_id}: disclosed chain ends at {head} after entry {last}, not at "
+                              f"head {proof.head} (entry {last} was edited, or entries after it left out)")  # fmt: skip
     got = root_from_path(leaf(proof.episode_id, proof.head), proof.leaf_index, proof.tree_size,
                          [bytes.fromhex(h) for h in proof.path])  # fmt: skip
     if got is None or got.hex() != root.lower():

@@ -431,9 +431,13 @@ def check(run_dir: Path, overrides: tuple[str, ...], repeat_items: int, keep: Pa
 @click.argument("run_dir", type=RUN_PATH)
 @click.argument("episode_id")
 @click.option("-o", "--output", type=RUN_PATH, metavar="PROOF.json", help="Write the proof to this file, not stdout.")
-def prove_command(run_dir: Path, episode_id: str, output: Path | None) -> None:
-    """The audit path from episode EPISODE_ID of RUN_DIR to the run's Merkle root, as canonical JSON."""
-    text = canonical_json(prove(run_dir, episode_id).as_record())
+@click.option("--from", "from_seq", type=click.IntRange(min=0), default=0, metavar="SEQ",
+              help="Disclose the chain from entry SEQ on (after the hash before it); the earlier entries stay "
+                   "private.")  # fmt: skip
+def prove_command(run_dir: Path, episode_id: str, output: Path | None, from_seq: int) -> None:
+    """The audit path from episode EPISODE_ID of RUN_DIR to the run's Merkle root, and its chain's entries (all, or
+    from --from SEQ on), as canonical JSON."""
+    text = canonical_json(prove(run_dir, episode_id, from_seq).as_record())
     if output:
         output.write_text(text + "\n", encoding="utf-8")
     else:
@@ -448,8 +452,13 @@ def verify_proof(proof_path: Path, root: str) -> None:
     _hex64("--root", root)
     proof = load_proof(proof_path)
     check_proof(proof, root)
+    disclosed = (
+        ""
+        if proof.from_seq is None
+        else (f"; entries {proof.from_seq} to {proof.from_seq + len(proof.lines) - 1} chain to its head")
+    )
     click.echo(f"ok: episode {proof.episode_id} (head {proof.head}) is leaf {proof.leaf_index} of {proof.tree_size} "
-               f"under root {root}")  # fmt: skip
+               f"under root {root}{disclosed}")  # fmt: skip
 
 
 @cli.command(short_help="(Re)write the run's in-toto attestation.")

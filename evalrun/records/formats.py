@@ -338,8 +338,9 @@ class Envelope(RecordModel):
 # --- evalrun prove -----------------------------------------------------------------------------
 
 
-class Proof(RecordModel):
-    """An inclusion proof: one episode against a run's Merkle root, its chain disclosed."""
+class Proof(OptionalFields):
+    """An inclusion proof: one episode against a run's Merkle root, its chain disclosed (from its header, or from
+    entry ``from_seq`` on, after the chain's hash ``prev`` before it: the earlier entries stay private)."""
 
     format: Literal["evalrun.proof/1"] = PROOF_FORMAT
     episode_id: str
@@ -348,7 +349,9 @@ class Proof(RecordModel):
     tree_size: Annotated[int, Field(ge=1, le=MAX_SAFE_INTEGER)]
     path: list[Hex64]  # RFC 6962 audit path, leaf to root
     root: Hex64
-    lines: list[str] = []  # the episode's chain lines
+    lines: list[str] = []  # the episode's chain lines, from entry from_seq (0 when absent) to its end
+    from_seq: Annotated[int, Field(ge=1, le=MAX_SAFE_INTEGER)] | None = None  # absent: from the header
+    prev: Hex64 | None = None  # the chain's hash before entry from_seq (with from_seq only)
 
 
 # --- anchor ledgers (evalrun anchor) -----------------------------------------------------------
