@@ -40,7 +40,7 @@ from transformers import AutoTokenizer, LlamaForCausalLM
 
 from evalrun.config import load
 from evalrun.episodes.agent import planned_world_tasks
-from evalrun.worlds import WorldTask, effects_for, make_world, network_guard
+from evalrun.worlds import WorldTask, effects_for, make_world, world_guard
 from evalrun.worlds.actions import (
     ParseError,
     Step,
@@ -83,7 +83,7 @@ def run_episode(
     world = make_world(task)
     counts: Counter[str] = Counter()
     steps: list[Step] = []
-    with network_guard():
+    with world_guard():
         text = world.reset(task, effects_for(task))
         while not world.done and len(steps) < max_steps:
             if native:

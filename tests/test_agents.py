@@ -193,6 +193,36 @@ def test_a_socket_opened_by_a_world_fails_the_episode_loudly(monkeypatch: pytest
     assert result.scores == {} and result.final_state is None
 
 
+BYPASSES = [  # a world's tool reading each thing that varies directly, and the call the failure names
+    (lambda: time.time(), "time.time()"),
+    (lambda: time.monotonic(), "time.monotonic()"),
+    (lambda: random.random(), "random.random()"),
+    (lambda: random.choice([1, 2]), "random.choice()"),
+    (lambda: __import__("uuid").uuid4(), "uuid.uuid4()"),
+    (lambda: __import__("os").urandom(8), "os.urandom()"),
+    (lambda: __import__("secrets").token_hex(8), "random.SystemRandom"),
+    (lambda: __import__("os").environ.get("HOME"), "os.environ"),
+    (lambda: __import__("os").getenv("PATH"), "os.environ"),
+]
+
+
+@pytest.mark.parametrize(("read", "named"), BYPASSES, ids=[named for _, named in BYPASSES])
+def test_a_world_that_reads_around_its_effects_fails_the_episode_naming_the_call(
+    monkeypatch: pytest.MonkeyPatch, read: Any, named: str
+) -> None:
+    """The recorder cannot be bypassed: a direct read of the clock, randomness, a fresh id or the environment in
+    world code fails the episode loudly, its end entry naming the call and the effect to read it through; the
+    same read outside world code (the test's own thread, after the episode) still works."""
+    handlers = InvoiceDesk.handlers
+    monkeypatch.setattr(InvoiceDesk, "handlers", lambda self: {**handlers(self), "today": lambda: {"x": read()}})
+    (result,) = run_agent_episodes(plan(suite(seeds=(1000, 1001)))[:1], ScriptedAgent(), GENERATOR)
+    end = parse_line(result.log_lines[-1])
+    assert isinstance(end, EndEntry) and end.status == "error" and end.error
+    assert "RecorderBypassed" in end.error and named in end.error and "effects." in end.error
+    assert result.scores == {} and result.final_state is None
+    read()  # outside world code: untouched
+
+
 @pytest.mark.parametrize(
     ("override", "where"),
     [

@@ -18,15 +18,16 @@ from evalrun.records.canonical import canonical_hash, canonical_json
 from evalrun.worlds import (
     WORLDS,
     NetworkUsed,
+    RecorderBypassed,
     SeededEffects,
     ToolResult,
     WorldTask,
     effects_for,
     make_world,
-    network_guard,
     score_final_state,
     tools_hash,
     world_class,
+    world_guard,
 )
 from evalrun.worlds.actions import (
     MAX_CALLS,
@@ -363,7 +364,7 @@ def test_tool_specs_check_arguments() -> None:
 
 def test_guard_blocks_sockets_inside_and_restores_outside() -> None:
     original_init = socket.socket.__init__
-    with network_guard():
+    with world_guard():
         with pytest.raises(NetworkUsed, match=r"socket\.socket\("):
             socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         with pytest.raises(NetworkUsed, match=r"socket\.create_connection\(\('example\.com', 80\)\)"):
@@ -381,7 +382,7 @@ def test_guard_blocks_a_socket_made_before_it() -> None:
     server.listen(1)
     client = socket.socket()
     try:
-        with network_guard(), pytest.raises(NetworkUsed, match=r"socket\.connect"):
+        with world_guard(), pytest.raises(NetworkUsed, match=r"socket\.connect"):
             client.connect(server.getsockname())
         client.connect(server.getsockname())  # outside: works
     finally:
@@ -399,18 +400,62 @@ def test_guard_is_per_thread_unless_all_threads() -> None:
         except NetworkUsed:
             outcome[key] = "blocked"
 
-    with network_guard():
+    with world_guard():
         runner = threading.Thread(target=other_thread, args=("thread-scope",))
         runner.start()
         runner.join()
-    with network_guard(all_threads=True):
+    with world_guard(all_threads=True):
         runner = threading.Thread(target=other_thread, args=("process-scope",))
         runner.start()
         runner.join()
     assert outcome == {"thread-scope": "ok", "process-scope": "blocked"}
-    with network_guard(), network_guard():  # nested: the patch stays until the last guard closes
+    with world_guard(), world_guard():  # nested: the patch stays until the last guard closes
         pass
     socket.socket().close()
+
+
+def test_the_guard_blocks_reads_around_the_effects_in_its_thread_only_and_restores_them() -> None:
+    import os
+    import random
+    import time
+
+    originals = (time.time, random.random, os.urandom, type(os.environ).__getitem__)
+    seen: dict[str, str] = {}
+
+    def other_thread() -> None:
+        try:
+            seen["read"] = f"{time.time() > 0} {'PATH' in os.environ}"
+        except RecorderBypassed:
+            seen["read"] = "blocked"
+
+    with world_guard():
+        with pytest.raises(RecorderBypassed, match=r"time\.time\(\) read .* \(effects\.clock\(\)\)"):
+            time.time()
+        with pytest.raises(RecorderBypassed, match=r"random\.shuffle\(\) .*effects\.random"):
+            random.shuffle([1, 2])
+        with pytest.raises(RecorderBypassed, match=r"os\.environ .*effects\.env\(name\)"):
+            dict(os.environ)
+        runner = threading.Thread(target=other_thread)  # the engine's threads keep their clock and environment
+        runner.start()
+        runner.join()
+        assert seen == {"read": "True True"}
+        assert random.Random(7).random() == random.Random(7).random()  # a seeded generator is the world's own
+    assert (time.time, random.random, os.urandom, type(os.environ).__getitem__) == originals
+    with world_guard(all_threads=True):
+        runner = threading.Thread(target=other_thread)
+        runner.start()
+        runner.join()
+    assert seen == {"read": "blocked"}
+    assert time.time() > 0 and "PATH" in os.environ  # restored when the last guard closed
+
+
+def test_the_verifier_runs_under_the_guard(monkeypatch: pytest.MonkeyPatch) -> None:
+    import time
+
+    final = reset_world(task(12)).final_state()
+    monkeypatch.setattr(InvoiceDesk, "verifier", staticmethod(lambda state: {"pass": float(time.time() > 0)}))
+    with pytest.raises(RecorderBypassed, match=r"time\.time\(\)"):
+        score_final_state(final)
 
 
 class LeakyDesk(InvoiceDesk):

@@ -75,8 +75,8 @@ from evalrun.worlds import (
     WorldTask,
     effects_for,
     make_world,
-    network_guard,
     world_class,
+    world_guard,
 )
 from evalrun.worlds.actions import ParseError, Step, ToolCall, format_calls, system_prompt
 from evalrun.worlds.base import score_final_state
@@ -463,7 +463,7 @@ def _start(episode: AgentEpisode, generator: Generator, source: EffectSource) ->
     effects = RecordingEffects(seeded, source, None)
     header = header_fields(episode, generator)
     try:
-        with network_guard():
+        with world_guard():
             state.task_text = world.reset(task, effects)
     except Exception as exc:  # a fault of the world's code fails the episode, loudly, in its chain
         recorder.append(HeaderEntry, **header)
@@ -528,7 +528,7 @@ def _run_calls(state: _Live, calls: list[ToolCall], text: str) -> Step:
 
     def run(i: int) -> tuple[ToolResult, list[Read]]:
         effects = RecordingEffects(state.seeded.fork(numbers[i]), state.source, numbers[i])
-        with network_guard():  # this thread's world code
+        with world_guard():  # this thread's world code
             return world.call(calls[i].name, dict(calls[i].arguments), effects), effects.reads
 
     if len(calls) > 1 and all(c.name in world.concurrent_tools for c in calls):

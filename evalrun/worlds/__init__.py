@@ -1,7 +1,7 @@
 """Agent worlds: seeded offline environments an agent acts in through tool calls (issue 12).
 
 - :mod:`evalrun.worlds.base`: the world interface, tool specs, effects, tasks, the world registry;
-- :mod:`evalrun.worlds.guard`: the network guard around world code;
+- :mod:`evalrun.worlds.guard`: the world guard around world code (no network, no read that bypasses the effects);
 - :mod:`evalrun.worlds.actions`: the tool-call text format and the rendering of results;
 - :mod:`evalrun.worlds.suite`: families, seed ranges and held-out split from config, as tasks;
 - :mod:`evalrun.worlds.invoice_desk`: the ``invoice-desk`` world, versions 1 and 2;
@@ -34,7 +34,7 @@ from evalrun.worlds.base import (
     world_class,
     world_key,
 )
-from evalrun.worlds.guard import NetworkUsed, network_guard
+from evalrun.worlds.guard import NetworkUsed, RecorderBypassed, world_guard
 
 for _version in ("1", "2"):
     WORLDS.declare(world_key("invoice-desk", _version), "evalrun.worlds.invoice_desk")
@@ -44,6 +44,7 @@ __all__ = [
     "WORLDS",
     "Effects",
     "NetworkUsed",
+    "RecorderBypassed",
     "SeededEffects",
     "ToolError",
     "ToolResult",
@@ -52,10 +53,10 @@ __all__ = [
     "WorldTask",
     "effects_for",
     "make_world",
-    "network_guard",
     "register_world",
     "score_final_state",
     "tools_hash",
     "world_class",
+    "world_guard",
     "world_key",
 ]

@@ -33,6 +33,7 @@ from evalrun.config.registry import Registry
 from evalrun.errors import BadInput
 from evalrun.records.canonical import canonical_hash
 from evalrun.records.seeds import derive_rng, derive_seed
+from evalrun.worlds.guard import world_guard
 
 JSON = Any  # a JSON value: None, bool, int, float, str, list, dict with str keys
 MAX_RANDOM_BITS = 53  # a draw is recorded as a JSON number: at most 2**53 - 1 (canonical JSON's safe range)
@@ -467,7 +468,9 @@ def score_final_state(final_state: Mapping[str, Any]) -> dict[str, float]:
     world = final_state.get("world")
     if not isinstance(world, Mapping) or not isinstance(world.get("name"), str):
         raise BadInput("final_state.world", "expected {name, version} of the world that made it")
-    return world_class(world["name"], str(world.get("version"))).verifier(final_state)
+    verifier = world_class(world["name"], str(world.get("version"))).verifier
+    with world_guard():  # the verifier is world code: it reads only the final state
+        return verifier(final_state)
 
 
 def set_scores(submitted: Iterable[Any] | None, truth: Iterable[Any]) -> dict[str, float]:

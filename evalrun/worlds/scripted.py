@@ -18,7 +18,7 @@ from typing import Any
 
 from evalrun.worlds.actions import MAX_CALLS, Step, ToolCall
 from evalrun.worlds.base import Effects, World, WorldTask
-from evalrun.worlds.guard import network_guard
+from evalrun.worlds.guard import world_guard
 from evalrun.worlds.invoice_desk import DUPLICATES, GOALS, PRICE_DIFFERENCES
 from evalrun.worlds.scripted_planner import PlanKind, is_planner_task, planner_policy
 
@@ -148,11 +148,11 @@ class Transcript:
 def run_scripted(
     world: World, task: WorldTask, effects: Effects, policy: Policy = scripted_policy, max_steps: int = MAX_STEPS
 ) -> Transcript:
-    """Run one episode of ``policy`` in ``world``, calls in order, under the network guard.
+    """Run one episode of ``policy`` in ``world``, calls in order, under the world guard.
 
     A simple driver for tests and transcripts; the harness records episodes its own way."""
     steps: list[Step] = []
-    with network_guard():
+    with world_guard():
         text = world.reset(task, effects)
         while not world.done and len(steps) < max_steps:
             calls = policy(text, steps)
