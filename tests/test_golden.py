@@ -1,10 +1,17 @@
-"""Yesterday's records stay readable: run directories written by the code before the package regroup
-(commit 73bc763, tests/golden/) verify, and replay with today's code reproduces every head, the root
-and the scores, reported as a replay with different code. Engine-free: replay answers every model call
-from the recorded log."""
+"""Yesterday's records stay readable: run directories written by earlier code (tests/golden/) verify, and replay
+with today's code reproduces every head, the root and the scores, reported as a replay with different code; rescore
+gives the same scores bit for bit. Engine-free: replay answers every model call from the recorded log.
+
+Two kinds: single-turn runs from before the package regroup (commit 73bc763), and agent runs (commit 5c5b69c: the
+scripted agent and the model agent, in invoice-desk versions 1 and 2 and shift-planner), whose schedules hold
+model, tool, clock, uuid, env, observation and join entries, so a change to an entry kind, the tool-call format or
+a world shows up here. The agent runs name a model directory of the checkout they were made in; elsewhere replay
+reads the tokenizer the run keeps (checked with the model directories moved away).
+"""
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -17,17 +24,20 @@ from evalrun.config import BUILTIN_TASKS
 from evalrun.rundir.reader import load_record, open_run
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
-RECORDED_COMMIT = "73bc763"
+AGENT_RUNS = ("invoice-desk-scripted-v1", "invoice-desk-v2-scripted-v1", "invoice-desk-model-v1",
+              "shift-planner-scripted-v1", "shift-planner-model-v1")  # fmt: skip
+RECORDED_COMMIT = {"addition-v1": "73bc763", "mc-v1": "73bc763", **dict.fromkeys(AGENT_RUNS, "5c5b69c")}
 
-# The runs recorded absolute paths of the checkout they were made in; point them at this checkout.
+# The dataset runs recorded absolute paths of the checkout they were made in; point them at this checkout.
 RELOCATE = {
     "addition-v1": [f"task.dataset={BUILTIN_TASKS}/addition/test.jsonl",
                     f"task.template={BUILTIN_TASKS}/addition/template.jinja"],
     "mc-v1": [f"task.dataset={BUILTIN_TASKS}/addition_mc/test.jsonl", f"task.prompt_pack={BUILTIN_TASKS}/addition_mc"],
+    **{name: [] for name in AGENT_RUNS},
 }  # fmt: skip
 
 
-@pytest.fixture(params=sorted(RELOCATE))
+@pytest.fixture(params=sorted(RECORDED_COMMIT))
 def golden(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[Path, list[str]]:
     """A copy (replay and rescore may write beside the run) and the overrides that relocate it."""
     run = Path(shutil.copytree(GOLDEN / request.param, tmp_path / request.param))
@@ -49,10 +59,20 @@ def test_golden_runs_replay_every_head_root_and_score_with_different_code(golden
     assert report.reproduced == report.episodes > 0
     assert report.root_matches and report.scores_identical
     assert not report.same_code
-    assert RECORDED_COMMIT in report.verdict and "not a reproduction" in report.verdict
+    assert RECORDED_COMMIT[run.name] in report.verdict and "not a reproduction" in report.verdict
 
 
 def test_golden_runs_rescore_bit_for_bit(golden: tuple[Path, list[str]]) -> None:
     run, _ = golden
     report = rescore_run(run, [])
     assert report.identical
+
+
+def test_the_agent_goldens_hold_every_kind_of_schedule_entry() -> None:
+    """What the agent goldens pin: between them, every entry kind an agent episode records but ``random`` (no
+    shipped policy asks invoice-desk's vendor contact, the one tool that draws)."""
+    kinds = set()
+    for name in AGENT_RUNS:
+        for part in sorted((GOLDEN / name / "log").glob("part-*.jsonl")):
+            kinds |= {json.loads(line)["kind"] for line in part.read_text(encoding="utf-8").splitlines()}
+    assert kinds >= {"header", "model", "tool", "clock", "uuid", "env", "observation", "join", "end"}
