@@ -5,9 +5,12 @@ a test isolates what the model agent records (the real engine runs in tests/test
 from __future__ import annotations
 
 import json
+import os
 import random
+import secrets
 import threading
 import time
+import uuid
 from collections import Counter
 from dataclasses import replace
 from typing import Any
@@ -194,15 +197,16 @@ def test_a_socket_opened_by_a_world_fails_the_episode_loudly(monkeypatch: pytest
 
 
 BYPASSES = [  # a world's tool reading each thing that varies directly, and the call the failure names
+    # each looked up when called, as world code does (a function bound before the guard opened escapes it)
     (lambda: time.time(), "time.time()"),
     (lambda: time.monotonic(), "time.monotonic()"),
     (lambda: random.random(), "random.random()"),
     (lambda: random.choice([1, 2]), "random.choice()"),
-    (lambda: __import__("uuid").uuid4(), "uuid.uuid4()"),
-    (lambda: __import__("os").urandom(8), "os.urandom()"),
-    (lambda: __import__("secrets").token_hex(8), "random.SystemRandom"),
-    (lambda: __import__("os").environ.get("HOME"), "os.environ"),
-    (lambda: __import__("os").getenv("PATH"), "os.environ"),
+    (lambda: uuid.uuid4(), "uuid.uuid4()"),
+    (lambda: os.urandom(8), "os.urandom()"),
+    (lambda: secrets.token_hex(8), "random.SystemRandom"),
+    (lambda: os.environ.get("HOME"), "os.environ"),
+    (lambda: os.getenv("PATH"), "os.environ"),
 ]
 
 

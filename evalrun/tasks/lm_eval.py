@@ -186,6 +186,11 @@ class LmEvalTask:
     def target_delimiter(self) -> str:
         return str(self.settings.get("target_delimiter", " "))
 
+    def choice_delimiter(self, chat: bool) -> str:
+        """What a multiple-choice continuation puts before the choice: the target delimiter, or under a chat template
+        nothing (lm-eval's, without a ``gen_prefix``: the choice follows the generation prompt)."""
+        return "" if chat else self.target_delimiter
+
     @property
     def fewshot_delimiter(self) -> str:
         return str(self.settings.get("fewshot_delimiter", "\n\n"))
@@ -354,7 +359,7 @@ class LmEvalTask:
         has no target delimiter (lm-eval's, without a ``gen_prefix``). ``system_instruction`` is lm-eval's
         ``--system_instruction``."""
         split = self.fewshot_split() if self.num_fewshot else None
-        delimiter = "" if chat is not None else self.target_delimiter
+        delimiter = self.choice_delimiter(chat is not None)
         for doc, chosen in zip(self.eval_split.docs, self.fewshot(seed), strict=True):
             examples = [split.docs[i] for i in chosen] if split is not None else []
             turns = self.turns(doc, examples, system_instruction)
@@ -527,7 +532,7 @@ def as_task(task: LmEvalTask, limit: int | None = None, seed: int = FEWSHOT_SEED
                                                                                system_instruction, multiturn),
                       splits=task.splits_record())  # fmt: skip
     split = task.eval_split
-    delimiter = "" if chat is not None else task.target_delimiter
+    delimiter: str | None = task.choice_delimiter(chat is not None)
     delimiter = None if delimiter == " " else delimiter  # lm-eval's default: recorded as before delimiters were
     choices = ChoicesConfig(field="doc_to_choice", shuffle=False, scoring="loglikelihood",
                             delimiter=delimiter) if multiple_choice else ChoicesConfig()  # fmt: skip
