@@ -20,7 +20,11 @@ and compares them per item (lm-eval ``doc_id`` against evalrun ``item_id``):
     filter (lm-eval ``filtered_resps`` against the ``extracted`` of evalrun's ``METRIC/FILTER`` score) and
     the metric value;
   * multiple_choice: each choice's loglikelihood (lm-eval ``resps`` against evalrun ``option_logprobs``;
-    the largest absolute difference is reported, it is not a pass/fail check) and acc / acc_norm.
+    the largest absolute difference is reported, it is not a pass/fail check) and acc / acc_norm;
+  * loglikelihood: the continuation, its loglikelihood (as multiple choice's, reported, and the per-document
+    perplexity value, which is that loglikelihood, is not compared apart), whether it is the model's greedy
+    continuation (lm-eval ``is_greedy`` against evalrun ``option_greedy``) and acc; the aggregate perplexity
+    against summary.json's (exp(-mean)).
     That difference is floating-point only: evalrun's inline worker runs torch on 1 thread
     (cluster.cpus_per_worker) and scores options in left-padded batches (engine.max_num_seqs) summing
     token logprobs in float64, lm-eval on torch's default threads, one request at a time, summing in
@@ -28,7 +32,8 @@ and compares them per item (lm-eval ``doc_id`` against evalrun ``item_id``):
 
 It prints a table per task and an overall one, the first differing items with both values, and exits 1
 when any prompt differs, or (generation) any output, answer or metric value differs, or (multiple choice)
-any acc / acc_norm differs, or the two sides scored different item sets; 2 when something could not run.
+any acc / acc_norm differs, or (loglikelihood) any continuation, is_greedy or acc differs, or the two sides
+scored different item sets; 2 when something could not run.
 
 How it sets up lm-eval. lm-eval is no dependency of evalrun and never enters the project's .venv: the
 set-up is scripts/compare_lm_eval.py's (``setup_lm_eval``, imported, not copied): ``pip install --target
@@ -203,6 +208,10 @@ def load_evalrun(run_dir: Path):
     return first.set_index("item_id"), first_scores, scores, int(trials)
 
 
+SCORED_TYPES = ("multiple_choice", "loglikelihood")  # scored by loglikelihood: no generation to compare
+LOGLIKELIHOOD_METRICS = ("perplexity",)  # a document's value is its loglikelihood (compared as max |dlogprob|)
+
+
 def compare_task(name: str, lm: dict, run_dir: Path) -> dict:
     out_type = lm["output_type"]
     items, scores1, scores_all, trials = load_evalrun(run_dir)
@@ -227,14 +236,20 @@ def compare_task(name: str, lm: dict, run_dir: Path) -> dict:
         ctxs = [a[0] for a in s0["arguments"]]
         ctx = ctxs[0] if all(c == ctxs[0] for c in ctxs) else ctxs
         checks["prompt"].add(doc_id, ctx, row["prompt"])
-        if out_type == "multiple_choice":
+        if out_type in SCORED_TYPES:
             lls = [float(r[0][0]) for r in s0["resps"]]
             ours = [float(x) for x in row["option_logprobs"]]
             if len(ours) == len(lls):
                 d = max((abs(a - b) for a, b in zip(lls, ours, strict=True)), default=0.0)
                 if d > max_dlp or dlp_item is None:
                     max_dlp, dlp_item = d, (doc_id, lls, ours)
-            checks.setdefault("choices", Check("number of choices")).add(doc_id, len(lls), len(ours))
+            if out_type == "multiple_choice":
+                checks.setdefault("choices", Check("number of choices")).add(doc_id, len(lls), len(ours))
+            else:  # loglikelihood: the continuation scored, and whether it is the greedy one (lm-eval's is_greedy)
+                checks.setdefault("continuation", Check("continuation")).add(doc_id, s0["arguments"][0][1],
+                                                                            row["target"])  # fmt: skip
+                greedy = [bool(r[0][1]) for r in s0["resps"]], [bool(g) for g in row["option_greedy"]]
+                checks.setdefault("greedy", Check("is_greedy")).add(doc_id, *greedy)
         else:
             checks.setdefault("output", Check("output")).add(doc_id, s0["resps"][0][0], row["output"])
         for filt in filters:
@@ -246,19 +261,25 @@ def compare_task(name: str, lm: dict, run_dir: Path) -> dict:
                     metric_names.append((metric, filt))
                 ev = ev_scores.get((doc_id, metric, filt))
                 label = metric if filt == "none" else f"{metric}/{filt}"
-                if out_type != "multiple_choice" and ev is not None:
+                if out_type not in SCORED_TYPES and ev is not None:
                     checks.setdefault(f"answer/{filt}", Check(f"answer [{filt}]")).add(
                         doc_id, s["filtered_resps"][0], ev[1]
                     )
                 lv, evv = num(s[metric]), (None if ev is None else num(ev[0]))
+                if metric in LOGLIKELIHOOD_METRICS:  # a document's loglikelihood: floating point, as max |dlogprob|
+                    continue
                 checks.setdefault(label, Check(label)).add(doc_id, lv, evv)
-    # aggregates: lm-eval's results vs the mean of evalrun's per-item values (all trials)
+    # aggregates: lm-eval's results vs the mean of evalrun's per-item values (all trials); a perplexity, evalrun's
+    # summary.json's (exp(-mean) of the documents' loglikelihoods)
+    summary = json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))["tasks"].get(name, {})
     aggs = []
     for metric, filt in metric_names:
         lv = lm["results"].get(f"{metric},{filt}")
         ev_metric = metric if filt == "none" else f"{metric}/{filt}"
         vals = scores_all[scores_all.metric == ev_metric].value
-        aggs.append((ev_metric, lv, float(vals.mean()) if len(vals) else None, len(vals)))
+        ev = summary.get(ev_metric, {}).get("perplexity") if metric in LOGLIKELIHOOD_METRICS else (
+            float(vals.mean()) if len(vals) else None)  # fmt: skip
+        aggs.append((ev_metric, lv, ev, len(vals)))
     return {
         "name": name,
         "type": out_type,
@@ -269,11 +290,18 @@ def compare_task(name: str, lm: dict, run_dir: Path) -> dict:
         "only_ev": sorted(ev_ids - lm_ids),
         "trials": trials,
         "checks": checks,
-        "max_dlp": max_dlp if out_type == "multiple_choice" else None,
+        "max_dlp": max_dlp if out_type in SCORED_TYPES else None,
         "dlp_item": dlp_item,
         "aggs": aggs,
         "metric_names": metric_names,
     }
+
+
+def aggregate(value) -> str:
+    """An aggregate as printed: 4 decimals, or 7 significant digits for a large one (a perplexity)."""
+    if not isinstance(value, (int, float)):
+        return "-" if value is None else str(value)
+    return f"{value:.4f}" if abs(value) < 1e5 else f"{value:.7g}"
 
 
 def print_task(r: dict, show: int) -> bool:
@@ -294,11 +322,9 @@ def print_task(r: dict, show: int) -> bool:
             f"  max |dlogprob| over all choices: {r['max_dlp']:.3e}"
             + (f" (item {r['dlp_item'][0]})" if r["dlp_item"] else "")
         )
-    print(f"  {'aggregate':<{w + 4}}{'lm-eval':>10}{'evalrun':>10}")
+    print(f"  {'aggregate':<{w + 4}}{'lm-eval':>14}{'evalrun':>14}")
     for m, lv, ev, _n in r["aggs"]:
-        lvs = f"{lv:.4f}" if isinstance(lv, (int, float)) else str(lv)
-        evs = f"{ev:.4f}" if ev is not None else "-"
-        print(f"  {m:<{w + 4}}{lvs:>10}{evs:>10}")
+        print(f"  {m:<{w + 4}}{aggregate(lv):>14}{aggregate(ev):>14}")
     for c in r["checks"].values():
         for item, a, b in c.diffs[:show]:
             print(f"  differs: {c.name} item {item}: lm-eval {fmt(a)} | evalrun {fmt(b)}")
@@ -324,8 +350,8 @@ def print_overall(results: list[dict]) -> None:
 
         metric_keys = [m if f == "none" else f"{m}/{f}" for m, f in r["metric_names"]]
         aggs = r["aggs"]
-        lmv = " ".join(f"{lv:.4f}" if isinstance(lv, (int, float)) else str(lv) for _, lv, _, _ in aggs)
-        evv = " ".join(f"{ev:.4f}" if ev is not None else "-" for _, _, ev, _ in aggs)
+        lmv = " ".join(aggregate(lv) for _, lv, _, _ in aggs)
+        evv = " ".join(aggregate(ev) for _, _, ev, _ in aggs)
         same = r["n_lm"] == r["n_ev"] == r["n_common"]
         rows.append(
             [

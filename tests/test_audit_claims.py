@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -31,6 +32,7 @@ from evalrun.errors import CheckFailed
 from evalrun.pipeline import determinism
 from evalrun.pipeline.manifest import Digest, seed_set_record
 from evalrun.records.canonical import canonical_json, combine
+from evalrun.records.outputs import SCORES_SCHEMA
 from evalrun.rundir import attest, layout, writer
 from evalrun.scoring import scoring_record
 from evalrun.stats.estimates import Z_95, estimate, wilson_interval
@@ -294,13 +296,34 @@ def test_one_item_claims_no_interval() -> None:
     assert est.ci95 is None and est.interval == "none"
 
 
-def test_new_summaries_are_format_3_and_name_their_interval() -> None:
+def test_new_summaries_are_format_4_and_name_their_interval() -> None:
     scores = pq.read_table(GOLDEN / "addition-v1" / layout.SCORES)
     summary = summarize(scores)
-    assert summary["format"] == SUMMARY_FORMAT == "evalrun.summary/3"
+    assert summary["format"] == SUMMARY_FORMAT == "evalrun.summary/4"
     assert "Wilson" in summary["method"] and "clipped to [0, 1]" in summary["method"]
     metric = summary["tasks"]["addition"]["exact_match"]
     assert metric["interval"] == "wilson" and 0.5 < metric["ci95"][0] < 1.0 == metric["ci95"][1]
+
+
+def test_a_perplexity_metric_reports_exp_of_minus_the_mean_loglikelihood_from_format_4() -> None:
+    """lm-eval's perplexity: each document's value its loglikelihood, the aggregate exp(-mean); /3 summaries, and
+    other metrics, hold no such field, and a mean beyond exp's range leaves it out rather than write infinity."""
+
+    def table(metric: str, values: list[float]) -> pa.Table:
+        n = len(values)
+        return pa.table({"episode_id": [f"{i:064x}" for i in range(n)], "task": ["t"] * n,
+                         "item_id": [str(i) for i in range(n)], "seed": [0] * n, "repeat": [0] * n,
+                         "metric": [metric] * n, "value": values, "extracted": [None] * n,
+                         "scorer": ["lm_eval"] * n, "scorer_version": ["1"] * n}, schema=SCORES_NO_ERROR)  # fmt: skip
+
+    summary = summarize(table("perplexity", [-1.0, -2.0, -3.0]))
+    assert summary["tasks"]["t"]["perplexity"]["perplexity"] == pytest.approx(math.exp(2.0))
+    assert summary["overall"]["perplexity"]["mean"] == pytest.approx(-2.0)
+    old = summarize(table("perplexity", [-1.0, -2.0]), "evalrun.summary/3")
+    assert "perplexity" not in old["tasks"]["t"]["perplexity"]
+    assert "perplexity" not in summarize(table("acc", [0.0, 1.0]))["tasks"]["t"]["acc"]
+    assert "perplexity" in summarize(table("perplexity/none", [-1.0]))["tasks"]["t"]["perplexity/none"]
+    assert "perplexity" not in summarize(table("perplexity", [-800.0, -900.0]))["tasks"]["t"]["perplexity"]
 
 
 def test_format_1_summaries_are_recomputed_with_the_old_method(golden_name: str) -> None:
@@ -330,14 +353,17 @@ def test_rescore_of_a_golden_run_with_its_own_scorer_is_identical(tmp_path: Path
     assert report.identical and report.bytes_identical and not report.scorer_changed and report.written is None
 
 
-def test_rescore_writes_format_3_summaries_for_new_scores(tmp_path: Path) -> None:
+def test_rescore_writes_format_4_summaries_for_new_scores(tmp_path: Path) -> None:
     run = golden_copy(tmp_path, "addition-v1")
     report = rescore_run(run, ["name=number"])
     assert report.written is not None and report.scorer_changed
     summary = json.loads((report.written / layout.SUMMARY).read_text(encoding="utf-8"))
-    assert summary["format"] == "evalrun.summary/3"
+    assert summary["format"] == "evalrun.summary/4"
     assert summary["tasks"]["addition"]["number_match"]["interval"] == "wilson"
     verify_run(run, jobs=1)  # the run itself is untouched
+
+
+SCORES_NO_ERROR = pa.schema([f for f in SCORES_SCHEMA if f.name != "error"])
 
 
 # --- replay verdicts ----------------------------------------------------------------------------

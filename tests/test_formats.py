@@ -68,7 +68,7 @@ from evalrun.records.formats import (
     Statement,
     Summary,
 )
-from evalrun.records.outputs import CHAIN_COLUMNS, OUTPUT_SCHEMA, PROVENANCE_COLUMNS, SCORES_SCHEMA
+from evalrun.records.outputs import ADDED_COLUMNS, CHAIN_COLUMNS, OUTPUT_SCHEMA, PROVENANCE_COLUMNS, SCORES_SCHEMA
 from evalrun.rundir.reader import iter_chains
 from evalrun.stats.summary import summarize
 
@@ -390,8 +390,9 @@ def test_output_and_score_schemas_derive_from_the_row_models_unchanged() -> None
         ("token_ids", pa.list_(pa.int32())), ("token_logprobs", pa.list_(pa.float64())),
         ("finish_reason", pa.string()), ("prompt_tokens", pa.int32()), ("output_tokens", pa.int32()),
         ("head", pa.string()), ("fewshot_ids", pa.list_(pa.string())), ("shuffle_order", pa.list_(pa.int32())),
-        ("option_logprobs", pa.list_(pa.float64())), ("judgements", pa.list_(judgement)), ("final_state", pa.string()),
-        ("worker", pa.string()),
+        ("option_logprobs", pa.list_(pa.float64())),
+        ("option_greedy", pa.list_(pa.bool_())),  # added (parts written before it lack it)
+        ("judgements", pa.list_(judgement)), ("final_state", pa.string()), ("worker", pa.string()),
         ("hardware", pa.string()), ("batch_size", pa.int32()), ("latency_s", pa.float64()),
     ]), check_metadata=True)  # fmt: skip
     assert SCORES_SCHEMA.equals(pa.schema([
@@ -399,8 +400,9 @@ def test_output_and_score_schemas_derive_from_the_row_models_unchanged() -> None
         ("repeat", pa.int32()), ("metric", pa.string()), ("value", pa.float64()), ("extracted", pa.string()),
         ("scorer", pa.string()), ("scorer_version", pa.string()), ("error", pa.string()),
     ]), check_metadata=True)  # fmt: skip
-    not_chained = {"target", "prompt_tokens", "final_state", *PROVENANCE_COLUMNS}
+    not_chained = {"target", "prompt_tokens", "final_state", *ADDED_COLUMNS, *PROVENANCE_COLUMNS}
     assert set(CHAIN_COLUMNS) == set(OUTPUT_SCHEMA.names) - not_chained
+    assert ADDED_COLUMNS == ("option_greedy",)  # checked against the chain where a part has it
     assert PROVENANCE_COLUMNS == ("worker", "hardware", "batch_size", "latency_s")
 
 

@@ -15,7 +15,7 @@ from helpers.lm_eval import TINY_TASK, write_tiny_data
 
 from evalrun.chat import ModelChat, chat_format
 from evalrun.errors import BadInput
-from evalrun.scoring.lm_eval import FILTERS, apply_filters, choice_metrics, exact_match
+from evalrun.scoring.lm_eval import FILTERS, apply_filters, choice_metrics, exact_match, likelihood_metrics
 from evalrun.tasks.lm_eval import FILTER_FUNCTIONS, METRICS, FilterPipeline, load_task
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -60,7 +60,7 @@ def test_the_prompts_are_lm_evals_item_for_item(golden: Path) -> None:
     assert len(got) == len(expected) == len(task.eval_split.docs)
     for doc, requests, line in zip(task.eval_split.docs, got, expected, strict=True):
         assert dict(doc) == line["doc"]
-        if task.output_type == "multiple_choice":
+        if task.output_type in ("multiple_choice", "loglikelihood"):  # the continuations scored
             assert [[requests.context, c] for c in requests.continuations] == line["requests"]
             assert task.target(doc) == line["target"]
         else:
@@ -99,6 +99,12 @@ BASE = TINY_TASK
         ("fewshot_config: {sampler: first_n, samples: []}\n", "fewshot_config.samples"),
         ("filter_list: [{name: m, filter: [{function: majority_vote}]}]\n", "filter_list.0.filter.0.function"),
         ("metric_list: [{metric: bleu}]\n", "metric_list.0.metric"),
+        ("output_type: loglikelihood\nmetric_list: [{metric: acc_norm}]\n", "metric_list.0.metric"),
+        (
+            "output_type: loglikelihood\nmetric_list: [{metric: perplexity, aggregation: mean}]\n",
+            "metric_list.0.aggregation",
+        ),
+        ("output_type: loglikelihood\ndoc_to_choice: [a, b]\n", "doc_to_choice"),
         ("metric_list: [{metric: exact_match, ignore_spaces: true}]\n", "metric_list.0.ignore_spaces"),
         ("test_split: validation\n", "test_split"),
     ],
@@ -247,7 +253,7 @@ def test_the_fewshot_sampler_is_lm_evals_one_generator_for_the_task_in_document_
 
 
 def test_the_filters_and_metrics_are_lm_evals() -> None:
-    assert set(FILTERS) == set(FILTER_FUNCTIONS) and set(METRICS) == {"exact_match", "acc", "acc_norm"}
+    assert set(FILTERS) == set(FILTER_FUNCTIONS) and set(METRICS) == {"exact_match", "acc", "acc_norm", "perplexity"}
     last = FilterPipeline("flex", (("regex", {"regex_pattern": r"(-?\d+)", "group_select": -1}), ("take_first", {})))
     assert apply_filters(last, ["12 then 35 ok", "x"]) == "35"
     groups = FilterPipeline("g", (("regex", {"regex_pattern": r"(\d+)|([a-z]+)"}), ("take_first", {})))
@@ -263,6 +269,9 @@ def test_the_filters_and_metrics_are_lm_evals() -> None:
     # acc picks the likeliest choice, acc_norm the likeliest per character (ties to the first)
     assert choice_metrics([-4.0, -6.0], ["no", "yes!!"], 1) == {"acc": 0.0, "acc_norm": 1.0}
     assert choice_metrics([-2.0, -2.0], ["a", "b"], 0) == {"acc": 1.0, "acc_norm": 1.0}
+    # loglikelihood: a document's perplexity value is its target's loglikelihood, acc whether it is greedy
+    assert likelihood_metrics(-1.5, False) == {"perplexity": -1.5, "acc": 0.0}
+    assert likelihood_metrics(-0.25, True) == {"perplexity": -0.25, "acc": 1.0}
 
 
 def test_lm_evals_prompt_options_are_in_the_digest_and_refused_where_they_mean_nothing() -> None:

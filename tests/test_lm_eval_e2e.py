@@ -6,10 +6,12 @@ evalrun does not implement is refused, exit 2, one line, before any model loads.
 from __future__ import annotations
 
 import json
+import math
 import shutil
 from collections.abc import Callable
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from helpers.lm_eval import TINY_TASK, write_tiny_data
@@ -19,7 +21,7 @@ from evalrun.analysis.compare import compare_paths
 from evalrun.audit.replay import replay_run
 from evalrun.audit.rescore import rescore_run
 from evalrun.audit.verify import verify_run
-from evalrun.errors import BadInput
+from evalrun.errors import BadInput, CheckFailed
 from evalrun.pipeline.runner import resume
 from evalrun.tasks.lm_eval import load_task
 
@@ -27,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = ROOT / "evalrun" / "tasks" / "builtin" / "lm_eval"
 GOLDEN = ROOT / "tests" / "lm_eval_requests"
 YAMLS = ("addition_gen/addition_gen.yaml", "addition_gen/addition_gen_3shot.yaml", "addition_mc/addition_mc.yaml",
-         "addition_fn/addition_fn.yaml")  # fmt: skip
+         "addition_fn/addition_fn.yaml", "addition_ll/addition_ll.yaml")  # fmt: skip
 LIMIT = 10
 
 
@@ -56,6 +58,16 @@ def test_a_shipped_suite_runs_with_lm_evals_prompts_and_verifies_replays_and_res
     if task.output_type == "multiple_choice":
         assert metrics == {"acc", "acc_norm"} and all(len(r["option_logprobs"]) == 4 for r in rows)
         assert all(r["finish_reason"] == "not_generated" for r in rows)  # scored by loglikelihood only
+    elif task.output_type == "loglikelihood":  # the target's loglikelihood, and whether it is the greedy answer
+        assert metrics == {"perplexity", "acc"} and all(r["finish_reason"] == "not_generated" for r in rows)
+        assert [r["target"] for r in rows] == [g["requests"][0][1] for g in golden]  # lm-eval's continuation
+        by_item = {(s["item_id"], s["metric"]): s["value"] for s in scores}
+        for row in rows:
+            ((logprob,), (greedy,)) = row["option_logprobs"], row["option_greedy"]
+            assert by_item[row["item_id"], "perplexity"] == logprob < 0
+            assert by_item[row["item_id"], "acc"] == float(greedy)
+        summary = json.loads((run / "summary.json").read_text())["tasks"][task.name]
+        assert summary["perplexity"]["perplexity"] == pytest.approx(math.exp(-summary["perplexity"]["mean"]))
     else:
         assert metrics == {f"exact_match/{task.filters[0].name}"}
         assert all(r["finish_reason"] in ("stop", "length") for r in rows)
@@ -67,6 +79,20 @@ def test_a_shipped_suite_runs_with_lm_evals_prompts_and_verifies_replays_and_res
     replayed = replay_run(run, [])
     assert replayed.reproduced == LIMIT and not replayed.divergences and replayed.scores_identical
     assert rescore_run(run, []).bytes_identical
+
+
+@pytest.mark.e2e
+def test_a_forged_greedy_flag_fails_verify_naming_the_column(run_eval: Callable[..., Path], tmp_path: Path) -> None:
+    """A loglikelihood task's acc is its row's option_greedy: verify checks it against the chain's responses."""
+    run = _run(run_eval, SHIPPED / "addition_ll" / "addition_ll.yaml", "limit=2")
+    forged = Path(shutil.copytree(run, tmp_path / "forged"))
+    part = sorted((forged / "outputs").iterdir())[0]
+    table = pq.read_table(part)
+    rows = table.to_pylist()
+    rows[0]["option_greedy"] = [not rows[0]["option_greedy"][0]]
+    pq.write_table(pa.Table.from_pylist(rows, schema=table.schema), part)
+    with pytest.raises(CheckFailed, match=r"column 'option_greedy' differs from the chain"):
+        verify_run(forged)
 
 
 @pytest.mark.e2e

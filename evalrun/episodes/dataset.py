@@ -30,7 +30,7 @@ from evalrun.records.entries import (
     JudgeEntry,
     LoglikelihoodResponse,
 )
-from evalrun.records.outputs import FAILED_FINISH_REASON
+from evalrun.records.outputs import FAILED_FINISH_REASON, first_mismatch
 from evalrun.records.view import ChainView
 from evalrun.scoring import ScoringContext
 from evalrun.scoring.parts import PartScorer
@@ -226,11 +226,11 @@ class DatasetKind:
         expected.update(
             fewshot_ids=header.fewshot or [], shuffle_order=header.shuffle_order or [],
             option_logprobs=[e.response.logprob for e in scored] if scored else None,
+            option_greedy=[e.response.greedy for e in scored] if scored else None,
             judgements=_judgements(chain.judgements),
         )  # fmt: skip
-        for column, value in expected.items():
-            if row[column] != value:
-                return column
+        if (column := first_mismatch(row, expected)) is not None:
+            return column
         if row["seeds"] is not None and str(row["seeds"]["sampling"]) != header.seeds.sampling:
             return "seeds"
         return None

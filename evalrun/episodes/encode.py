@@ -70,6 +70,7 @@ def _staged_columns(results: list[EpisodeResult]) -> dict[str, list[Any]]:
         "fewshot_ids": [list(r.episode.fewshot_ids) for r in results],
         "shuffle_order": [list(r.episode.shuffle_order) for r in results],
         "option_logprobs": [None if r.option_logprobs is None else list(r.option_logprobs) for r in results],
+        "option_greedy": [None if r.option_greedy is None else list(r.option_greedy) for r in results],
         "judgements": [[_judgement(j) for j in r.judgements] for r in results],
     }
 
@@ -79,7 +80,8 @@ def _no_stages(n: int) -> dict[str, pa.Array]:
     offsets = pa.array([0] * (n + 1), pa.int32())
     columns = {name: pa.ListArray.from_arrays(offsets, pa.array([], OUTPUT_SCHEMA.field(name).type.value_type))
                for name in ("fewshot_ids", "shuffle_order", "judgements")}  # fmt: skip
-    columns["option_logprobs"] = pa.nulls(n, OUTPUT_SCHEMA.field("option_logprobs").type)
+    for name in ("option_logprobs", "option_greedy"):
+        columns[name] = pa.nulls(n, OUTPUT_SCHEMA.field(name).type)
     return {name: columns[name] for name in STAGED_COLUMNS}
 
 

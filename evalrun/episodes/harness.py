@@ -70,6 +70,7 @@ class EpisodeResult:
     head: str
     prompt_sha256: str
     option_logprobs: tuple[float, ...] | None = None  # multiple choice, loglikelihood: per original option
+    option_greedy: tuple[bool, ...] | None = None  # as option_logprobs: each option's continuation was greedy
     judgements: tuple[Judgement, ...] = ()
     error: str | None = None  # why the episode failed (its chain ends with status error); None: ok
 
@@ -356,6 +357,7 @@ class _Calls:
     entries: list[_Call]
     completion: Completion = _NOT_GENERATED
     option_logprobs: tuple[float, ...] | None = None
+    option_greedy: tuple[bool, ...] | None = None
 
 
 def _run_staged(engine: Engine, episodes: list[Episode], generator: Canonical,
@@ -378,12 +380,13 @@ def _run_staged(engine: Engine, episodes: list[Episode], generator: Canonical,
                                                         len(calls[i].entries) + option,
                                                         e.add_special_tokens))  # fmt: skip
                 scored.append((i, option))
-            calls[i].option_logprobs = ()
+            calls[i].option_logprobs, calls[i].option_greedy = (), ()
     for (i, option), request, score in zip(scored, ll_requests, _score(engine, ll_requests), strict=True):
         request_rec = loglikelihood_request(request.context, request.continuation)
         calls[i].entries.append((LoglikelihoodEntry, {"option": option, "request": request_rec,
                                                       "response": loglikelihood_record(score)}))  # fmt: skip
         calls[i].option_logprobs = (*(calls[i].option_logprobs or ()), score.logprob)
+        calls[i].option_greedy = (*(calls[i].option_greedy or ()), score.greedy)
 
     judgements = _judge(judge_engine, episodes, calls)
     typed_generator = Generator.model_validate_json(generator)  # once per batch
@@ -467,5 +470,5 @@ def _record_staged(episode: Episode, calls: _Calls, judgements: tuple[Judgement,
     chain.append(EndEntry, model_calls=len(calls.entries), status="ok")
     return EpisodeResult(
         episode, calls.completion, tuple(chain.lines), chain.head, episode.prompt_sha256, calls.option_logprobs,
-        judgements,
+        calls.option_greedy, judgements,
     )  # fmt: skip

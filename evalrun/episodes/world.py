@@ -33,7 +33,7 @@ from evalrun.episodes.encode import agent_output_rows, encode_agent_part
 from evalrun.episodes.recorded import as_dict, section, without
 from evalrun.errors import BadInput
 from evalrun.records.canonical import Canonical, sha256_hex
-from evalrun.records.outputs import FAILED_FINISH_REASON
+from evalrun.records.outputs import FAILED_FINISH_REASON, first_mismatch
 from evalrun.records.view import ChainView
 from evalrun.scoring import ScoringContext
 from evalrun.scoring.context import verifier_identity
@@ -178,11 +178,10 @@ class WorldKind:
             "prompt": text, "prompt_sha256": sha256_hex(text), "output": "", "token_ids": [], "token_logprobs": [],
             "finish_reason": end.stop if end.status == "ok" and end.stop is not None else FAILED_FINISH_REASON,
             "output_tokens": tokens, "fewshot_ids": [], "shuffle_order": [], "option_logprobs": None,
-            "judgements": [],
+            "option_greedy": None, "judgements": [],
         }  # fmt: skip
-        for column, value in expected.items():
-            if row[column] != value:
-                return column
+        if (column := first_mismatch(row, expected)) is not None:
+            return column
         final = row["final_state"]
         if (None if final is None else sha256_hex(final)) != end.final_state_sha256:
             return "final_state"

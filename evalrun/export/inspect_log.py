@@ -416,6 +416,8 @@ def _sample_metadata(
     }
     if row["option_logprobs"] is not None:
         metadata["option_logprobs"] = row["option_logprobs"]
+    if row["option_greedy"] is not None:  # null in parts written before the column
+        metadata["option_greedy"] = row["option_greedy"]
     if row["judgements"]:
         metadata["judgements"] = row["judgements"]
     # what the header and end record beyond every episode's fields (a world's, its stop and final state)

@@ -39,9 +39,9 @@ SCHEDULE_FORMAT = "evalrun.schedule/1"  # an episode chain's header (the schedul
 RECORD_FORMAT = "evalrun.record/1"  # record.json
 SEAL_FORMAT = "evalrun.seal/1"  # the preimage of record.json's seal
 MANIFEST_FORMAT = "evalrun.manifest/1"  # manifest.json
-SUMMARY_FORMAT = "evalrun.summary/3"  # summary.json, as new runs write it
-# /1: clustered normal interval; /2: bounded for 0/1; /3: /2 and pass^k over repeats
-SUMMARY_FORMATS = ("evalrun.summary/1", "evalrun.summary/2", "evalrun.summary/3")
+SUMMARY_FORMAT = "evalrun.summary/4"  # summary.json, as new runs write it
+# /1: clustered normal interval; /2: bounded for 0/1; /3: /2 and pass^k over repeats; /4: /3 and perplexity
+SUMMARY_FORMATS = ("evalrun.summary/1", "evalrun.summary/2", "evalrun.summary/3", "evalrun.summary/4")
 PROOF_FORMAT = "evalrun.proof/1"  # evalrun prove
 COMPARE_FORMAT = "evalrun.compare/1"  # evalrun compare --json
 NONDET_FORMAT = "evalrun.nondet/1"  # evalrun nondet --json
@@ -223,6 +223,8 @@ class SummaryEstimate(OptionalFields):
     n_observations: Count
     errors: Count | None = None  # observations of failed episodes (scored 0); left out when there are none
     pass_all_trials: float | None = None  # pass^k over items (0/1 metrics, k > 1 trials each); else left out
+    # a perplexity metric's (its values loglikelihoods, lm-eval's): exp(-mean); else, or where it overflows, left out
+    perplexity: float | None = None
 
 
 class Summary(RecordModel):

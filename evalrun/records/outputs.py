@@ -14,6 +14,8 @@ Where an output column comes from:
 * ``provenance``: may differ between identical runs (worker, hardware, batch size, latency).
 * ``world``: an agent episode's final world state (canonical JSON; null for other episodes); the
   chain's end entry records its sha256, which verify checks.
+* ``added``: a copy of something the chain records, in a column added after runs were first written: parts
+  written before it lack it (read as nulls), and verify checks it against the chain where a part has it.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from pydantic import BaseModel
 
 from evalrun.records.formats import RecordModel
 
-Source = Literal["chain", "plan", "engine", "provenance", "world"]
+Source = Literal["chain", "plan", "engine", "provenance", "world", "added"]
 
 
 class Column:
@@ -37,7 +39,7 @@ class Column:
 
 
 CHAIN, PLAN, ENGINE, PROVENANCE = Column("chain"), Column("plan"), Column("engine"), Column("provenance")
-WORLD = Column("world")
+WORLD, ADDED = Column("world"), Column("added")
 
 Int32 = Annotated[int, pa.int32()]
 Int64 = Annotated[int, pa.int64()]
@@ -83,6 +85,9 @@ class OutputRow(RecordModel):
     fewshot_ids: Annotated[list[str], CHAIN]
     shuffle_order: Annotated[list[Int32], CHAIN]  # shown position -> original option index
     option_logprobs: Annotated[list[float] | None, CHAIN]  # per original option; null unless scored so
+    # per original option: every token of its continuation was the model's argmax (lm-eval's is_greedy); null as
+    # option_logprobs is
+    option_greedy: Annotated[list[bool] | None, ADDED]
     judgements: Annotated[list[JudgementRow], CHAIN]
     final_state: Annotated[str | None, WORLD]
     worker: Annotated[str, PROVENANCE]
@@ -168,7 +173,23 @@ CHAIN_COLUMNS = columns_from(OutputRow, "chain")  # what verify checks against t
 CHAIN_SCHEMA = pa.schema([OUTPUT_SCHEMA.field(c) for c in CHAIN_COLUMNS])
 PROVENANCE_COLUMNS = columns_from(OutputRow, "provenance")
 (FINAL_STATE,) = columns_from(OutputRow, "world")
-STAGED_COLUMNS = ("fewshot_ids", "shuffle_order", "option_logprobs", "judgements")  # empty for single-call episodes
+ADDED_COLUMNS = columns_from(OutputRow, "added")  # verify checks them where a part has them
+
+
+def first_mismatch(row: dict[str, Any], expected: dict[str, Any]) -> str | None:
+    """The first column of ``expected`` whose value ``row`` does not hold, or None: verify's row check. An added
+    column (:data:`ADDED_COLUMNS`) is checked where the row has it (its part was written after it was added)."""
+    for column, value in expected.items():
+        if column in row:
+            if row[column] != value:
+                return column
+        elif column not in ADDED_COLUMNS:
+            return column
+    return None
+
+
+# empty for single-call episodes
+STAGED_COLUMNS = ("fewshot_ids", "shuffle_order", "option_logprobs", "option_greedy", "judgements")
 
 
 GENERATION_FINISH_REASONS = ("stop", "length")  # how an engine generation ends (a failed episode: "failed")

@@ -28,7 +28,7 @@ from evalrun.records.canonical import MAX_SAFE_INTEGER, _es6_number, canonical_j
 from evalrun.records.chain import GENESIS
 from evalrun.records.entries import SamplingRecord
 from evalrun.records.formats import SCHEDULE_FORMAT, Generator, RecordModel
-from evalrun.records.outputs import CHAIN_COLUMNS, CHAIN_SCHEMA, STAGED_COLUMNS
+from evalrun.records.outputs import ADDED_COLUMNS, CHAIN_COLUMNS, CHAIN_SCHEMA, OUTPUT_SCHEMA, STAGED_COLUMNS
 
 _string = encode_basestring  # JCS string escaping (see evalrun.records.canonical)
 _FORMAT = _string(SCHEDULE_FORMAT)
@@ -151,8 +151,12 @@ def _fast_part(log_data: bytes, out_data: bytes) -> SingleCallPart | None:
         return None
     lines = log_data.decode("utf-8").split("\n")
     lines.pop()  # after the last newline
-    table = pq.read_table(pa.BufferReader(out_data), columns=list(CHAIN_COLUMNS))
-    if not table.schema.equals(CHAIN_SCHEMA):  # so a column holds its type's values or nulls, never another type's
+    # the added columns a part has (one written before a column was added lacks it: it holds nothing to check)
+    parquet = pq.ParquetFile(pa.BufferReader(out_data))
+    added = [c for c in ADDED_COLUMNS if c in parquet.schema_arrow.names]
+    table = parquet.read(columns=[*CHAIN_COLUMNS, *added])
+    expected = pa.schema([*CHAIN_SCHEMA, *(OUTPUT_SCHEMA.field(c) for c in added)])
+    if not table.schema.equals(expected):  # so a column holds its type's values or nulls, never another type's
         return None
     if pc.any(pc.invert(pc.is_finite(pc.list_flatten(table.column("token_logprobs"))))).as_py():
         return None  # a logprob no canonical line can hold
@@ -163,8 +167,10 @@ def _fast_part(log_data: bytes, out_data: bytes) -> SingleCallPart | None:
     if len(lines) != 3 * n:
         return None
     for column in STAGED_COLUMNS:  # a single-call episode has none of these; any content goes the precise way
+        if column not in table.column_names:
+            continue  # an added column the part predates
         values = table.column(column)
-        if column == "option_logprobs":
+        if column in ("option_logprobs", "option_greedy"):
             if values.null_count != n:
                 return None
         elif values.null_count or pc.sum(pc.list_value_length(values)).as_py() not in (0, None):

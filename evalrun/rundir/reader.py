@@ -43,6 +43,7 @@ from evalrun.records.formats import (
     first_error,
 )
 from evalrun.records.outputs import (
+    ADDED_COLUMNS,
     CHAIN_COLUMNS,
     CHAIN_SCHEMA,
     FINAL_STATE,
@@ -339,7 +340,8 @@ def _check_request(entry: Entry, line: str, where: str) -> None:
 
 def read_output_part(path: Path, rel: str) -> list[dict[str, Any]]:
     """The columns verify checks against the chain (:data:`CHAIN_COLUMNS`, and ``final_state``, whose
-    hash an agent episode's chain records; null where a part predates it), checked to be of evalrun's types."""
+    hash an agent episode's chain records; null where a part predates it; and :data:`ADDED_COLUMNS`, each in the
+    rows only where the part has it), checked to be of evalrun's types."""
     try:
         whole = pq.read_table(path)
         missing = [c for c in CHAIN_COLUMNS if c not in whole.column_names]
@@ -357,6 +359,13 @@ def read_output_part(path: Path, rel: str) -> list[dict[str, Any]]:
             finals = whole.column(FINAL_STATE).to_pylist()
         for row, final in zip(rows, finals, strict=True):
             row[FINAL_STATE] = final
+        for column in ADDED_COLUMNS:  # in a row only where its part has the column (verify checks it there)
+            if column not in whole.column_names:
+                continue
+            if whole.schema.field(column).type != OUTPUT_SCHEMA.field(column).type:
+                raise _fail(rel, f"column {column!r} is not of evalrun's type {OUTPUT_SCHEMA.field(column).type}")
+            for row, value in zip(rows, whole.column(column).to_pylist(), strict=True):
+                row[column] = value
         return rows
     except (pa.ArrowException, OSError, ValueError, IndexError, KeyError) as exc:
         raise _fail(rel, f"unreadable Parquet part ({type(exc).__name__}: {exc})") from exc

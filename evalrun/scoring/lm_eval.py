@@ -93,11 +93,19 @@ def metric_name(metric: str, pipeline: str) -> str:
     return metric if pipeline == "none" else f"{metric}/{pipeline}"
 
 
-@scorer("lm_eval", version="1", columns=("option_logprobs",))
+def likelihood_metrics(logprob: float, greedy: bool) -> dict[str, float]:
+    """A loglikelihood document's metrics (lm-eval's): ``perplexity``, the target's loglikelihood (the summary's
+    aggregate is exp(-mean), :mod:`evalrun.stats.summary`); ``acc``, 1 when the target is the model's greedy
+    continuation."""
+    return {"perplexity": logprob, "acc": float(greedy)}
+
+
+@scorer("lm_eval", version="1", columns=("option_logprobs", "option_greedy"))
 def lm_eval(spec: ScorerConfig, context: ScoringContext) -> RowScorer:
     """An lm-eval task's metrics: generate_until, each metric of each filter pipeline's answer (``extracted``: the
     filtered answer) against the gold text; multiple_choice, acc and acc_norm of the choices' loglikelihoods
-    against the gold choice (the row's target names it and every choice's text)."""
+    against the gold choice (the row's target names it and every choice's text); loglikelihood, perplexity and
+    acc of the target's loglikelihood and greediness."""
     record = context.lm_eval
     if record is None:
         raise BadInput("task.scorer.name", "the lm_eval scorer scores lm-eval tasks only (task=lm_eval)")
@@ -123,4 +131,11 @@ def lm_eval(spec: ScorerConfig, context: ScoringContext) -> RowScorer:
         picked = str(argmax(logprobs))
         return [Score(m.metric, values[m.metric], picked) for m in chosen]
 
-    return choice if output_type == "multiple_choice" else generation
+    def likelihood(row: Row) -> list[Score]:
+        logprobs, greedy = row["option_logprobs"], row["option_greedy"]
+        if not logprobs or not greedy:
+            raise ValueError("the row holds no loglikelihood of its target (option_logprobs and option_greedy)")
+        values = likelihood_metrics(logprobs[0], greedy[0])
+        return [Score(m.metric, values[m.metric], None) for m in chosen]
+
+    return {"multiple_choice": choice, "loglikelihood": likelihood}.get(output_type, generation)

@@ -1,13 +1,16 @@
 """summary.json: per task and overall, every metric's mean with its item-level uncertainty.
 
-Three formats, each with its interval method (:mod:`evalrun.stats.estimates`): new runs write
-``evalrun.summary/3`` (``/2`` and pass^k over repeats); ``evalrun verify`` recomputes a stored
+Four formats, each with its interval method (:mod:`evalrun.stats.estimates`): new runs write
+``evalrun.summary/4`` (``/3``, which is ``/2`` and pass^k over repeats, and a perplexity metric's exp(-mean));
+``evalrun verify`` recomputes a stored
 summary in the format it declares, so a ``/1`` summary is recomputed with the ``/1`` method.
 """
 
 from __future__ import annotations
 
 import itertools
+import math
+import sys
 from collections.abc import Collection, Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -26,15 +29,20 @@ class SummaryFormat:
     method: str  # the summary's ``method`` string: what its numbers are
     names_interval: bool  # each metric's record says which interval it carries
     pass_all_trials: bool = False  # 0/1 metrics with repeats report pass^k
+    perplexity: bool = False  # a perplexity metric reports exp(-mean) of its loglikelihoods
 
 
-SUMMARY_V1, SUMMARY_V2, SUMMARY_V3 = SUMMARY_FORMATS  # SUMMARY_V3 is SUMMARY_FORMAT, what new runs write
+SUMMARY_V1, SUMMARY_V2, SUMMARY_V3, SUMMARY_V4 = SUMMARY_FORMATS  # SUMMARY_V4 is SUMMARY_FORMAT, what new runs write
 _V2_METHOD = (
     "mean of per-item means; se = clustered SE over items (std of per-item means / sqrt(items)); "
     "95% interval, named by 'interval': 'none' with one item; 'wilson' = Wilson score interval of the "
     "proportion of items passed, n = items, when every value lies in [0, 1] and every per-item mean is "
     "0 or 1; else 'clustered-clipped' = mean +/- 1.96 x se clipped to [0, 1] when every value lies in "
     "[0, 1]; else 'clustered' = mean +/- 1.96 x se; spread = population std of per-trial means"
+)
+_V3_METHOD = (
+    f"{_V2_METHOD}; pass_all_trials (pass^k), for a metric of 0/1 values with the same k > 1 trials "
+    "per item: the share of items all k of whose trials passed"
 )
 METHODS = {
     SUMMARY_V1: SummaryFormat(
@@ -46,20 +54,29 @@ METHODS = {
         names_interval=False,
     ),
     SUMMARY_V2: SummaryFormat(interval="bounded", method=_V2_METHOD, names_interval=True),
-    SUMMARY_V3: SummaryFormat(
+    SUMMARY_V3: SummaryFormat(interval="bounded", method=_V3_METHOD, names_interval=True, pass_all_trials=True),
+    SUMMARY_V4: SummaryFormat(
         interval="bounded",
         method=(
-            f"{_V2_METHOD}; pass_all_trials (pass^k), for a metric of 0/1 values with the same k > 1 trials "
-            "per item: the share of items all k of whose trials passed"
+            f"{_V3_METHOD}; perplexity, for a metric named perplexity (or perplexity/FILTER) whose values are "
+            "loglikelihoods (lm-eval's): exp(-mean), left out where it overflows"
         ),
         names_interval=True,
         pass_all_trials=True,
+        perplexity=True,
     ),
 }
 METHOD = METHODS[SUMMARY_FORMAT].method
 
 
-def _as_record(by_item: GroupedValues, by_trial: GroupedValues, fmt: SummaryFormat, errors: int) -> dict[str, Any]:
+def is_perplexity(metric: str) -> bool:
+    """A metric whose values are loglikelihoods and whose aggregate is exp(-mean): lm-eval's perplexity, under its
+    name, after any filter pipeline's (``perplexity/NAME``)."""
+    return metric.split("/", 1)[0] == "perplexity"
+
+
+def _as_record(by_item: GroupedValues, by_trial: GroupedValues, fmt: SummaryFormat, errors: int,
+               metric: str) -> dict[str, Any]:  # fmt: skip
     record = asdict(grouped_estimate(by_item, by_trial, fmt.interval))
     record["ci95"] = list(record["ci95"]) if record["ci95"] is not None else None
     if not fmt.names_interval:
@@ -68,7 +85,12 @@ def _as_record(by_item: GroupedValues, by_trial: GroupedValues, fmt: SummaryForm
         record["errors"] = errors
     if fmt.pass_all_trials and (all_passed := grouped_pass_all_trials(by_item)) is not None:
         record["pass_all_trials"] = all_passed  # pass^k: repeats of a 0/1 metric
+    if fmt.perplexity and is_perplexity(metric) and -record["mean"] < _EXP_LIMIT:
+        record["perplexity"] = math.exp(-record["mean"])
     return record
+
+
+_EXP_LIMIT = math.log(sys.float_info.max)  # exp of more is not a finite float
 
 
 def _codes(column: pa.ChunkedArray) -> tuple[np.ndarray, pa.Array]:
@@ -148,23 +170,23 @@ def summarize(scores: pa.Table, summary_format: str = SUMMARY_FORMAT, failed: Co
     del seed, repeat
     errored = _failed_rows(scores, failed)
 
-    def record(rows: Rows, items: np.ndarray) -> dict[str, Any]:
+    def record(rows: Rows, items: np.ndarray, metric: str) -> dict[str, Any]:
         group_values = values[rows]
         by_item = GroupedValues.by_key(group_values, items[rows])
         by_trial = GroupedValues.by_key(group_values, trial[rows])
         errors = 0 if errored is None else int(np.count_nonzero(errored[rows]))
-        return _as_record(by_item, by_trial, fmt, errors)
+        return _as_record(by_item, by_trial, fmt, errors, metric)
 
     per_task = {(task_names[t], metric_names[m]): rows for (t, m), rows in _groups(task, metric)}
     tasks: dict[str, dict[str, Any]] = {}
     for task_name, metric_name in sorted(per_task):
-        tasks.setdefault(task_name, {})[metric_name] = record(per_task[task_name, metric_name], item)
+        tasks.setdefault(task_name, {})[metric_name] = record(per_task[task_name, metric_name], item, metric_name)
     del per_task
     per_metric = {metric_names[m]: rows for (m,), rows in _groups(metric)}
     # the overall unit, (task, item): the item's code where there is one task
     task_item = item if len(task_names) <= 1 else task.astype(np.int64) * (int(item.max(initial=0)) + 1) + item
     del task
-    overall = {name: record(per_metric[name], task_item) for name in sorted(per_metric)}
+    overall = {name: record(per_metric[name], task_item, name) for name in sorted(per_metric)}
     summary = {"format": summary_format, "method": fmt.method, "tasks": tasks, "overall": overall}
     return Summary.model_validate(summary).as_record()
 

@@ -7,8 +7,9 @@ splits, and for each evaluated document the prompt lm-eval would send (:meth:`Lm
 description, the few-shot examples lm-eval's sampler draws (``random.Random(1234)`` shared by the documents in
 order; the document itself left out when the examples come from the split under evaluation), each example's text,
 target delimiter, answer and few-shot delimiter, then the document's text; for ``multiple_choice`` the target
-delimiter and each choice as the continuations scored. Every key evalrun does not implement is refused by name
-(file and key), never ignored: the reader says what it reads (:data:`SUPPORTED`).
+delimiter and each choice as the continuations scored, for ``loglikelihood`` the target as it is.
+``loglikelihood_rolling`` (whole-document perplexity) is not implemented and is refused. Every key evalrun does not
+implement is refused by name (file and key), never ignored: the reader says what it reads (:data:`SUPPORTED`).
 
 What lm-eval's definitions are, with its source's places, is in docs/design.md "lm-eval tasks".
 """
@@ -42,7 +43,7 @@ from evalrun.tasks.pack import PromptPack
 
 LM_EVAL_VERSION = "0.4.13"  # the lm-eval whose definitions are reproduced (and the agreement was measured on)
 FEWSHOT_SEED = 1234  # lm-eval's default few-shot seed (simple_evaluate's fewshot_random_seed)
-OUTPUT_TYPES = ("generate_until", "multiple_choice")
+OUTPUT_TYPES = ("generate_until", "multiple_choice", "loglikelihood")
 GENERATION_KEYS = ("until", "max_gen_toks", "do_sample", "temperature", "top_p", "top_k")
 FEWSHOT_KEYS = ("sampler", "split")
 FORMATS = ("json", "csv", "parquet")
@@ -247,6 +248,12 @@ class LmEvalTask:
             return list(spec)
         return list(spec(doc))
 
+    def continuation(self, doc: Mapping[str, Any]) -> str:
+        """A loglikelihood document's continuation: its target's text, scored after the prompt as it is."""
+        target = self.target(doc)
+        self._must_be_text(target, "doc_to_target", doc)
+        return str(target)
+
     def gold(self, doc: Mapping[str, Any]) -> int:
         """A multiple-choice document's right choice: the target's index (lm-eval's -100 when out of range or
         not a choice)."""
@@ -374,6 +381,8 @@ class LmEvalTask:
             if self.output_type == "multiple_choice":
                 continuations = tuple(f"{delimiter}{c}" for c in self.choices(doc) or [])
                 yield Requests(context, continuations, ids)
+            elif self.output_type == "loglikelihood":  # the target as it is, no delimiter (lm-eval's)
+                yield Requests(context, (self.continuation(doc),), ids)
             else:
                 yield Requests(context, examples=ids)
 
@@ -507,11 +516,13 @@ def as_task(task: LmEvalTask, limit: int | None = None, seed: int = FEWSHOT_SEED
     for it from ``seed`` (drawn over every document before it, so a limit keeps the prompts of the full run). A
     generation item's target is its gold text; a multiple-choice item's options are its choices (in order, not
     shuffled, scored by loglikelihood as lm-eval does) and its target names the gold choice and every choice's
-    text (what acc_norm divides by). With ``chat``, the prompts are chat-formatted as lm-eval's
-    ``--apply_chat_template`` makes them, and ``system_instruction`` and ``multiturn`` are its
+    text (what acc_norm divides by); a loglikelihood item's one option and target are its continuation (scored
+    after the prompt with no delimiter, as lm-eval scores it). With ``chat``, the prompts are chat-formatted as
+    lm-eval's ``--apply_chat_template`` makes them, and ``system_instruction`` and ``multiturn`` are its
     ``--system_instruction`` and ``--fewshot_as_multiturn`` (:meth:`LmEvalTask.requests`; in the prompt-pack
     record when given)."""
     multiple_choice = task.output_type == "multiple_choice"
+    loglikelihood = task.output_type == "loglikelihood"
     items, prompts, examples = [], {}, {}
     made = task.requests(seed, chat, system_instruction, multiturn)
     for index, (doc, requests) in enumerate(zip(task.eval_split.docs, made, strict=True)):
@@ -522,6 +533,8 @@ def as_task(task: LmEvalTask, limit: int | None = None, seed: int = FEWSHOT_SEED
             choices = [str(c) for c in task.choices(doc) or []]
             target = json.dumps({"gold": task.gold(doc), "choices": choices}, ensure_ascii=False)
             items.append(Item(item_id, doc, target, tuple(choices)))
+        elif loglikelihood:  # one option, the continuation, its likelihood scored (and whether it is greedy)
+            items.append(Item(item_id, doc, requests.continuations[0], requests.continuations))
         else:
             items.append(Item(item_id, doc, task.reference(doc)))
         prompts[item_id], examples[item_id] = requests.context, requests.examples
@@ -534,8 +547,12 @@ def as_task(task: LmEvalTask, limit: int | None = None, seed: int = FEWSHOT_SEED
     split = task.eval_split
     delimiter: str | None = task.choice_delimiter(chat is not None)
     delimiter = None if delimiter == " " else delimiter  # lm-eval's default: recorded as before delimiters were
-    choices = ChoicesConfig(field="doc_to_choice", shuffle=False, scoring="loglikelihood",
-                            delimiter=delimiter) if multiple_choice else ChoicesConfig()  # fmt: skip
+    if multiple_choice:
+        choices = ChoicesConfig(field="doc_to_choice", shuffle=False, scoring="loglikelihood", delimiter=delimiter)
+    elif loglikelihood:
+        choices = ChoicesConfig(field="doc_to_target", shuffle=False, scoring="loglikelihood", delimiter="")
+    else:
+        choices = ChoicesConfig()
     return Task(name=task.name, items=tuple(items), pack=pack, dataset_path=split.files[0][0],
                 dataset_sha256=split.rows_sha256, choices=choices, chat=chat,
                 scoring=task.scoring_record())  # fmt: skip
@@ -576,10 +593,14 @@ FILTER_FUNCTIONS: Mapping[str, tuple[str, ...]] = {
 # metrics, the output types they score and the arguments each takes
 METRICS: Mapping[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "exact_match": (("generate_until",), ("ignore_case", "ignore_punctuation", "regexes_to_ignore", "ignore_numbers")),
-    "acc": (("multiple_choice",), ()),
+    "acc": (("multiple_choice", "loglikelihood"), ()),  # loglikelihood: the target is the greedy continuation
     "acc_norm": (("multiple_choice",), ()),
+    "perplexity": (("loglikelihood",), ()),  # a document's value is its loglikelihood; the aggregate exp(-mean)
 }
-DEFAULT_METRICS = {"generate_until": ("exact_match",), "multiple_choice": ("acc", "acc_norm")}
+DEFAULT_METRICS = {"generate_until": ("exact_match",), "multiple_choice": ("acc", "acc_norm"),
+                   "loglikelihood": ("perplexity", "acc")}  # fmt: skip
+# a metric's aggregation over documents and its direction, where they are not the mean and higher (lm-eval's)
+AGGREGATIONS: Mapping[str, tuple[str, bool]] = {"perplexity": ("perplexity", False)}
 
 
 @dataclass(frozen=True)
@@ -643,7 +664,7 @@ REGEX_DEFAULT = r"#### (\-?[0-9\.\,]+)"  # lm-eval's regex filter default (GSM8K
 def metrics(spec: Any, output_type: str, where: Path | None = None) -> tuple[MetricSpec, ...]:
     """``metric_list`` as metrics; without one, lm-eval's defaults for the output type."""
     if spec is None:
-        return tuple(MetricSpec(m) for m in DEFAULT_METRICS[output_type])
+        return tuple(MetricSpec(m, {}, *AGGREGATIONS.get(m, ("mean", True))) for m in DEFAULT_METRICS[output_type])
     if not isinstance(spec, list) or not spec:
         raise BadInput(f"{where}: metric_list", f"a list of {{metric: NAME, ...}} entries, got {spec!r}")
     found = []
@@ -662,11 +683,11 @@ def metrics(spec: Any, output_type: str, where: Path | None = None) -> tuple[Met
             raise BadInput(
                 f"{at}.{unknown[0]}", f"not an argument of {name} (it takes {', '.join(arguments) or 'none'})"
             )
-        if entry.get("aggregation", "mean") != "mean":
-            raise BadInput(
-                f"{at}.aggregation", f"mean (the aggregation evalrun implements), got {entry['aggregation']!r}"
-            )
-        found.append(MetricSpec(name, kwargs, "mean", bool(entry.get("higher_is_better", True))))
+        aggregation, higher = AGGREGATIONS.get(name, ("mean", True))
+        if entry.get("aggregation", aggregation) != aggregation:
+            raise BadInput(f"{at}.aggregation", f"{aggregation} (the aggregation evalrun implements for {name}), "
+                                                f"got {entry['aggregation']!r}")  # fmt: skip
+        found.append(MetricSpec(name, kwargs, aggregation, bool(entry.get("higher_is_better", higher))))
     return tuple(found)
 
 
@@ -773,6 +794,9 @@ def _check(settings: Mapping[str, Any], origins: Mapping[str, Path]) -> None:
                                   f"{output_type!r} yet), got {output_type!r}")  # fmt: skip
     if output_type == "multiple_choice" and settings.get("doc_to_choice") is None:
         raise fail("output_type", "multiple_choice needs doc_to_choice")
+    if output_type == "loglikelihood" and settings.get("doc_to_choice") is not None:
+        raise fail("doc_to_choice", "no choices for loglikelihood (it scores doc_to_target after the prompt); "
+                                    "multiple_choice scores choices")  # fmt: skip
     if settings.get("repeats", 1) != 1:
         raise fail("repeats", "1 (repeats are evalrun's seeds.repeats), got " + repr(settings.get("repeats")))
     for key in ("description", "target_delimiter", "fewshot_delimiter"):
