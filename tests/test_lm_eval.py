@@ -93,7 +93,9 @@ BASE = TINY_TASK
     ("extra", "key"),
     [
         ("process_results: x\n", "process_results"),
-        ("gen_prefix: 'Answer:'\n", "gen_prefix"),
+        ("gen_prefix: 3\n", "gen_prefix"),
+        ("fewshot_config: {process_docs: x}\n", "fewshot_config.process_docs"),
+        ("fewshot_config: {target_delimiter: 1}\n", "fewshot_config.target_delimiter"),
         ("output_type: loglikelihood_rolling\n", "output_type"),
         ("generation_kwargs: {until: ['\\n'], num_beams: 4}\n", "generation_kwargs.num_beams"),
         ("fewshot_config: {sampler: first_n, samples: []}\n", "fewshot_config.samples"),

@@ -29,7 +29,8 @@ ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = ROOT / "evalrun" / "tasks" / "builtin" / "lm_eval"
 GOLDEN = ROOT / "tests" / "lm_eval_requests"
 YAMLS = ("addition_gen/addition_gen.yaml", "addition_gen/addition_gen_3shot.yaml", "addition_mc/addition_mc.yaml",
-         "addition_fn/addition_fn.yaml", "addition_ll/addition_ll.yaml")  # fmt: skip
+         "addition_fn/addition_fn.yaml", "addition_ll/addition_ll.yaml", "addition_gen/addition_gen_prefix.yaml",
+         "addition_mc/addition_mc_prefix.yaml")  # fmt: skip
 LIMIT = 10
 
 

@@ -147,15 +147,18 @@ class ChatFormat:
     kwargs: Mapping[str, Any]
     origin: Literal["model", "file"]
 
-    def render(self, messages: Sequence[Message], tools: Sequence[Mapping[str, Any]] | None = None) -> str:
-        """The prompt of ``messages`` with the generation prompt added (the model's turn comes next)."""
+    def render(self, messages: Sequence[Message], tools: Sequence[Mapping[str, Any]] | None = None,
+               continue_final: bool = False) -> str:  # fmt: skip
+        """The prompt of ``messages`` with the generation prompt added (the model's turn comes next), or with
+        ``continue_final`` cut at the end of the last message, which the model continues (transformers'
+        ``continue_final_message``: an answer's start, lm-eval's ``gen_prefix``)."""
         from transformers.utils.chat_template_utils import render_jinja_template
 
         variables = {**self.special_tokens, **self.kwargs}  # as apply_chat_template: kwargs win over tokens
         try:
             rendered, _ = render_jinja_template([list(messages)], tools=list(tools) if tools is not None else None,
-                                                chat_template=self.template, add_generation_prompt=True,
-                                                **variables)  # fmt: skip
+                                                chat_template=self.template, add_generation_prompt=not continue_final,
+                                                continue_final_message=continue_final, **variables)  # fmt: skip
         except Exception as exc:  # jinja2 errors and the template's own raise_exception
             raise BadInput(f"chat template ({self.origin})", f"cannot render the messages: {exc}") from exc
         return str(rendered[0])

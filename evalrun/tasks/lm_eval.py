@@ -45,7 +45,9 @@ LM_EVAL_VERSION = "0.4.13"  # the lm-eval whose definitions are reproduced (and 
 FEWSHOT_SEED = 1234  # lm-eval's default few-shot seed (simple_evaluate's fewshot_random_seed)
 OUTPUT_TYPES = ("generate_until", "multiple_choice", "loglikelihood")
 GENERATION_KEYS = ("until", "max_gen_toks", "do_sample", "temperature", "top_p", "top_k")
-FEWSHOT_KEYS = ("sampler", "split")
+# fewshot_config: the sampler and split, and what formats an example where it differs from the document's
+FEWSHOT_KEYS = ("sampler", "split", "doc_to_text", "doc_to_target", "doc_to_choice", "gen_prefix", "target_delimiter",
+                "fewshot_delimiter")  # fmt: skip
 FORMATS = ("json", "csv", "parquet")
 
 # every TaskConfig key evalrun reads; any other key of a task YAML is refused by name
@@ -53,7 +55,7 @@ SUPPORTED = frozenset({
     "task", "task_alias", "tag", "dataset_path", "dataset_name", "dataset_kwargs", "training_split",
     "validation_split", "test_split", "fewshot_split", "output_type", "doc_to_text", "doc_to_target",
     "doc_to_choice", "description", "target_delimiter", "fewshot_delimiter", "num_fewshot", "fewshot_config",
-    "generation_kwargs", "filter_list", "metric_list", "metadata", "repeats", "include", "process_docs",
+    "generation_kwargs", "filter_list", "metric_list", "metadata", "repeats", "include", "process_docs", "gen_prefix",
 })  # fmt: skip
 
 
@@ -189,8 +191,10 @@ class LmEvalTask:
 
     def choice_delimiter(self, chat: bool) -> str:
         """What a multiple-choice continuation puts before the choice: the target delimiter, or under a chat template
-        nothing (lm-eval's, without a ``gen_prefix``: the choice follows the generation prompt)."""
-        return "" if chat else self.target_delimiter
+        nothing (the choice follows the generation prompt) unless a ``gen_prefix`` that does not end in whitespace
+        ends the prompt (lm-eval's rule, on the YAML's ``gen_prefix`` as written)."""
+        prefix = str(self.settings.get("gen_prefix") or "")
+        return self.target_delimiter if not chat or (prefix and not prefix[-1].isspace()) else ""
 
     @property
     def fewshot_delimiter(self) -> str:
@@ -223,14 +227,31 @@ class LmEvalTask:
 
     # --- a document's fields, as lm-eval's doc_to_* read them ---
 
-    def text(self, doc: Mapping[str, Any]) -> Any:
-        return self._field(doc, "doc_to_text")
+    def text(self, doc: Mapping[str, Any], example: bool = False) -> Any:
+        return self._field(doc, "doc_to_text", example)
 
-    def target(self, doc: Mapping[str, Any]) -> Any:
-        return self._field(doc, "doc_to_target")
+    def target(self, doc: Mapping[str, Any], example: bool = False) -> Any:
+        return self._field(doc, "doc_to_target", example)
 
-    def choices(self, doc: Mapping[str, Any]) -> list[Any] | None:
-        spec = self.settings.get("doc_to_choice")
+    def gen_prefix(self, doc: Mapping[str, Any], example: bool = False) -> str:
+        """What starts the model's answer (lm-eval's ``gen_prefix``: a field's value or a Jinja template; empty
+        when unset); ``example``: a few-shot example's, ``fewshot_config.gen_prefix`` where given."""
+        spec = self._spec("gen_prefix", example)
+        if not spec:
+            return ""
+        if spec in doc:
+            return str(doc[spec])
+        return self._render(str(spec), doc, "gen_prefix")
+
+    def _spec(self, key: str, example: bool = False) -> Any:
+        """A formatting setting: a few-shot example's ``fewshot_config.KEY`` where given, else the task's ``KEY``."""
+        config = self.settings.get("fewshot_config") or {}
+        if example and config.get(key) is not None:
+            return config[key]
+        return self.settings.get(key)
+
+    def choices(self, doc: Mapping[str, Any], example: bool = False) -> list[Any] | None:
+        spec = self._spec("doc_to_choice", example)
         if spec is None:
             return None
         if isinstance(spec, str):
@@ -278,8 +299,8 @@ class LmEvalTask:
     def _columns(self) -> tuple[str, ...]:
         return self.eval_split.columns
 
-    def _field(self, doc: Mapping[str, Any], key: str) -> Any:
-        spec = self.settings.get(key)
+    def _field(self, doc: Mapping[str, Any], key: str, example: bool = False) -> Any:
+        spec = self._spec(key, example)
         if spec is None:
             raise BadInput(f"{self.path}: {key}", "missing: lm-eval needs it to build a prompt")
         if isinstance(spec, int) and not isinstance(spec, bool):
@@ -288,7 +309,7 @@ class LmEvalTask:
             if spec in self._columns:
                 return doc[spec]
             rendered = self._render(spec, doc, key)
-            if rendered.isdigit() and self.settings.get("doc_to_choice") is not None:
+            if rendered.isdigit() and self._spec("doc_to_choice", example) is not None:
                 return ast.literal_eval(rendered)
             if key == "doc_to_target" and len(rendered) >= 2 and rendered[0] == "[" and rendered[-1] == "]":
                 try:
@@ -373,10 +394,9 @@ class LmEvalTask:
             if chat is None:
                 context = _text(turns)
             else:
-                if not multiturn:  # lm-eval's multiturn_to_singleturn
-                    system = [t for t in turns[:1] if t.role == "system"]
-                    turns = [*system, Turn("user", _text(turns[len(system) :]))]
-                context = chat.render([{"role": t.role, "content": t.content} for t in turns])
+                turns = turns if multiturn else _single_turn(turns)
+                messages = [{"role": t.role, "content": t.content} for t in turns]
+                context = chat.render(messages, continue_final=turns[-1].role == "assistant")  # after a gen_prefix
             ids = tuple(f"{split.name}:{i}" for i in chosen) if split is not None else ()
             if self.output_type == "multiple_choice":
                 continuations = tuple(f"{delimiter}{c}" for c in self.choices(doc) or [])
@@ -391,25 +411,38 @@ class LmEvalTask:
         """A document's prompt as lm-eval's ``fewshot_context`` builds it: the system instruction and the
         description as a system turn (joined by the few-shot delimiter unless whitespace meets there), each
         example a user turn (its text, then the target delimiter) and an assistant turn (its answer, then the
-        few-shot delimiter), then the document's text as a user turn."""
+        few-shot delimiter), formatted by ``fewshot_config`` where it says, then the document's text as a user turn;
+        a ``gen_prefix`` starts each answer and, as an assistant turn, the model's (:meth:`_qa_turns`)."""
         system = _joined(system_instruction or "", self._description(doc), self.fewshot_delimiter)
         turns = [Turn("system", system)] if system else []
         for example in examples:
-            question, answer = self.text(example), self.target(example)
-            self._must_be_text(question, "doc_to_text", example)
-            if answer is None or answer == "":
-                turns.append(Turn("user", question))
-                continue
-            choices = self.choices(example)
+            answer = self.target(example, True)
+            choices = self.choices(example, True)
             if choices and isinstance(answer, int) and not isinstance(answer, bool):
                 answer = choices[answer]
             elif isinstance(answer, list):
                 answer = answer[0]
-            self._must_be_text(answer, "doc_to_target", example)
-            turns += [Turn("user", question, self.target_delimiter), Turn("assistant", answer, self.fewshot_delimiter)]
-        question = self.text(doc)
+            turns += self._qa_turns(example, self.text(example, True), answer, self.gen_prefix(example, True),
+                                    str(self._spec("target_delimiter", True) or self.target_delimiter),
+                                    str(self._spec("fewshot_delimiter", True) or self.fewshot_delimiter))  # fmt: skip
+        return [*turns, *self._qa_turns(doc, self.text(doc), None, self.gen_prefix(doc), self.target_delimiter, "")]
+
+    def _qa_turns(self, doc: Mapping[str, Any], question: Any, answer: Any, prefix: str, target_delimiter: str,
+                  fewshot_delimiter: str) -> list[Turn]:  # fmt: skip
+        """One question's turns (lm-eval's ``build_qa_turn``): the user's, followed by the target delimiter when an
+        answer comes and no prefix, or when a prefix comes and no whitespace meets it; then the answer, the prefix
+        before it (a space between unless whitespace meets there), or, without an answer, the prefix alone."""
         self._must_be_text(question, "doc_to_text", doc)
-        return [*turns, Turn("user", question)]
+        has_answer = answer is not None and answer != ""
+        meets = bool(prefix) and bool(question) and not (question[-1].isspace() or prefix[0].isspace())
+        delimiter = target_delimiter if (has_answer and not prefix) or meets else ""
+        turns = [Turn("user", question, delimiter)]
+        if has_answer:
+            self._must_be_text(answer, "doc_to_target", doc)
+            turns.append(Turn("assistant", _joined(prefix, answer, " "), fewshot_delimiter))
+        elif prefix:
+            turns.append(Turn("assistant", prefix))
+        return turns
 
     def _must_be_text(self, value: Any, key: str, doc: Mapping[str, Any]) -> None:
         if not isinstance(value, str):
@@ -461,6 +494,16 @@ class LmEvalTask:
             if key in kwargs:
                 decoding[key] = kwargs[key]
         return decoding
+
+
+def _single_turn(turns: Sequence[Turn]) -> list[Turn]:
+    """lm-eval's ``multiturn_to_singleturn``: every turn after the system's joined as text into one user turn, the
+    last of them without its delimiter; a final assistant turn (a gen_prefix) stays a turn of its own."""
+    system = [t for t in turns[:1] if t.role == "system"]
+    rest = list(turns[len(system) :])
+    answer = [rest.pop()] if rest[-1].role == "assistant" else []
+    rest[-1] = replace(rest[-1], delimiter="")
+    return [*system, Turn("user", _text(rest)), *answer]
 
 
 def _text(turns: Sequence[Turn]) -> str:
@@ -799,7 +842,7 @@ def _check(settings: Mapping[str, Any], origins: Mapping[str, Path]) -> None:
                                     "multiple_choice scores choices")  # fmt: skip
     if settings.get("repeats", 1) != 1:
         raise fail("repeats", "1 (repeats are evalrun's seeds.repeats), got " + repr(settings.get("repeats")))
-    for key in ("description", "target_delimiter", "fewshot_delimiter"):
+    for key in ("description", "target_delimiter", "fewshot_delimiter", "gen_prefix"):
         if key in settings and not isinstance(settings[key], str):
             raise fail(key, f"a string, got {settings[key]!r}")
     shots = settings.get("num_fewshot")
@@ -816,6 +859,9 @@ def _check(settings: Mapping[str, Any], origins: Mapping[str, Path]) -> None:
         return value
 
     fewshot = mapping("fewshot_config", FEWSHOT_KEYS)
+    for key in ("target_delimiter", "fewshot_delimiter", "gen_prefix"):
+        if fewshot.get(key) is not None and not isinstance(fewshot[key], str):
+            raise fail(f"fewshot_config.{key}", f"a string, got {fewshot[key]!r}")
     if fewshot.get("sampler", "default") not in ("default", "first_n"):
         raise fail("fewshot_config.sampler", f"default or first_n, got {fewshot.get('sampler')!r}")
     mapping("generation_kwargs", GENERATION_KEYS)
