@@ -105,6 +105,13 @@ def venv_fingerprint() -> dict:
 # lm-eval (child process: the project's python with PYTHONPATH=SIDE_DIR)
 
 
+def sampled(generation_kwargs: dict) -> bool:
+    """The task samples its replies (lm-eval's do_sample, or a temperature above 0 without it): lm-eval's draws and
+    evalrun's come from different random number generators, so only the prompts are compared item for item."""
+    do_sample = generation_kwargs.get("do_sample")
+    return bool(do_sample) if do_sample is not None else float(generation_kwargs.get("temperature") or 0) > 0
+
+
 def worker(args: argparse.Namespace) -> int:
     import importlib.util
 
@@ -153,6 +160,7 @@ def worker(args: argparse.Namespace) -> int:
         out["tasks"][name] = {
             "yaml": yaml_of[name],
             "output_type": cfg.get("output_type", "generate_until"),
+            "sampled": sampled(cfg.get("generation_kwargs") or {}),
             "results": results["results"].get(name, {}),
             "samples": results["samples"].get(name, []),
         }
@@ -227,6 +235,11 @@ def compare_task(name: str, lm: dict, run_dir: Path) -> dict:
     common = sorted(lm_ids & ev_ids, key=lambda x: (len(x), x))
 
     checks: dict[str, Check] = {"prompt": Check("prompt")}
+    gating = not lm.get("sampled")  # sampled replies: reported, not gated (see sampled())
+    from evalrun.scoring.lm_eval import apply_filters  # the .venv's evalrun, as the run used
+    from evalrun.tasks.lm_eval import load_task
+
+    pipelines = {p.name: p for p in load_task(Path(lm["yaml"])).filters}
     metric_names: list[tuple[str, str]] = []  # (metric, filter)
     max_dlp, dlp_item = 0.0, None
     for doc_id in common:
@@ -251,7 +264,7 @@ def compare_task(name: str, lm: dict, run_dir: Path) -> dict:
                 greedy = [bool(r[0][1]) for r in s0["resps"]], [bool(g) for g in row["option_greedy"]]
                 checks.setdefault("greedy", Check("is_greedy")).add(doc_id, *greedy)
         else:
-            checks.setdefault("output", Check("output")).add(doc_id, s0["resps"][0][0], row["output"])
+            checks.setdefault("output", Check("output", gating)).add(doc_id, s0["resps"][0][0], row["output"])
         for filt in filters:
             s = samples.get(filt)
             if s is None:
@@ -262,13 +275,19 @@ def compare_task(name: str, lm: dict, run_dir: Path) -> dict:
                 ev = ev_scores.get((doc_id, metric, filt))
                 label = metric if filt == "none" else f"{metric}/{filt}"
                 if out_type not in SCORED_TYPES and ev is not None:
-                    checks.setdefault(f"answer/{filt}", Check(f"answer [{filt}]")).add(
+                    checks.setdefault(f"answer/{filt}", Check(f"answer [{filt}]", gating)).add(
                         doc_id, s["filtered_resps"][0], ev[1]
+                    )
+                if out_type not in SCORED_TYPES and filt in pipelines and metric == s0["metrics"][0]:
+                    # evalrun's filters on lm-eval's own replies (all of them, with repeats): lm-eval's answer
+                    ours_on_theirs = apply_filters(pipelines[filt], s["resps"][0])
+                    checks.setdefault(f"refilter/{filt}", Check(f"evalrun's [{filt}] on lm-eval's replies")).add(
+                        doc_id, s["filtered_resps"][0], ours_on_theirs
                     )
                 lv, evv = num(s[metric]), (None if ev is None else num(ev[0]))
                 if metric in LOGLIKELIHOOD_METRICS:  # a document's loglikelihood: floating point, as max |dlogprob|
                     continue
-                checks.setdefault(label, Check(label)).add(doc_id, lv, evv)
+                checks.setdefault(label, Check(label, gating)).add(doc_id, lv, evv)
     # aggregates: lm-eval's results vs the mean of evalrun's per-item values (all trials); a perplexity, evalrun's
     # summary.json's (exp(-mean) of the documents' loglikelihoods)
     summary = json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))["tasks"].get(name, {})
@@ -283,6 +302,7 @@ def compare_task(name: str, lm: dict, run_dir: Path) -> dict:
     return {
         "name": name,
         "type": out_type,
+        "sampled": bool(lm.get("sampled")),
         "n_lm": len(lm_ids),
         "n_ev": len(ev_ids),
         "n_common": len(common),
@@ -313,9 +333,12 @@ def print_task(r: dict, show: int) -> bool:
     if r["only_lm"] or r["only_ev"]:
         print(f"  items only in lm-eval: {r['only_lm'][:10]}; only in evalrun: {r['only_ev'][:10]}")
     w = max(len(c.name) for c in r["checks"].values()) + 2
+    if r["sampled"]:
+        print("  sampled replies (do_sample): lm-eval's draws and evalrun's differ by design; only prompts gate")
     print(f"  {'check':<{w}}{'equal':>7}{'of':>6}")
     for c in r["checks"].values():
-        print(f"  {c.name:<{w}}{c.equal:>7}{c.n:>6}" + ("" if c.ok else "   <-- differs"))
+        print(f"  {c.name:<{w}}{c.equal:>7}{c.n:>6}" + ("" if c.ok else "   <-- differs" if c.gating else
+                                                          "   (sampled: not gated)"))  # fmt: skip
         ok = ok and (c.ok or not c.gating)
     if r["max_dlp"] is not None:
         print(

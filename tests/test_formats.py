@@ -391,7 +391,7 @@ def test_output_and_score_schemas_derive_from_the_row_models_unchanged() -> None
         ("finish_reason", pa.string()), ("prompt_tokens", pa.int32()), ("output_tokens", pa.int32()),
         ("head", pa.string()), ("fewshot_ids", pa.list_(pa.string())), ("shuffle_order", pa.list_(pa.int32())),
         ("option_logprobs", pa.list_(pa.float64())),
-        ("option_greedy", pa.list_(pa.bool_())),  # added (parts written before it lack it)
+        ("option_greedy", pa.list_(pa.bool_())), ("replies", pa.list_(pa.string())),  # added: older parts lack them
         ("judgements", pa.list_(judgement)), ("final_state", pa.string()), ("worker", pa.string()),
         ("hardware", pa.string()), ("batch_size", pa.int32()), ("latency_s", pa.float64()),
     ]), check_metadata=True)  # fmt: skip
@@ -402,7 +402,7 @@ def test_output_and_score_schemas_derive_from_the_row_models_unchanged() -> None
     ]), check_metadata=True)  # fmt: skip
     not_chained = {"target", "prompt_tokens", "final_state", *ADDED_COLUMNS, *PROVENANCE_COLUMNS}
     assert set(CHAIN_COLUMNS) == set(OUTPUT_SCHEMA.names) - not_chained
-    assert ADDED_COLUMNS == ("option_greedy",)  # checked against the chain where a part has it
+    assert ADDED_COLUMNS == ("option_greedy", "replies")  # checked against the chain where a part has them
     assert PROVENANCE_COLUMNS == ("worker", "hardware", "batch_size", "latency_s")
 
 

@@ -99,7 +99,7 @@ BASE = TINY_TASK
         ("output_type: loglikelihood_rolling\n", "output_type"),
         ("generation_kwargs: {until: ['\\n'], num_beams: 4}\n", "generation_kwargs.num_beams"),
         ("fewshot_config: {sampler: first_n, samples: []}\n", "fewshot_config.samples"),
-        ("filter_list: [{name: m, filter: [{function: majority_vote}]}]\n", "filter_list.0.filter.0.function"),
+        ("filter_list: [{name: m, filter: [{function: map}]}]\n", "filter_list.0.filter.0.function"),
         ("metric_list: [{metric: bleu}]\n", "metric_list.0.metric"),
         ("output_type: loglikelihood\nmetric_list: [{metric: acc_norm}]\n", "metric_list.0.metric"),
         (
@@ -107,6 +107,8 @@ BASE = TINY_TASK
             "metric_list.0.aggregation",
         ),
         ("output_type: loglikelihood\ndoc_to_choice: [a, b]\n", "doc_to_choice"),
+        ("output_type: loglikelihood\nrepeats: 2\n", "repeats"),
+        ("repeats: 0\n", "repeats"),
         ("metric_list: [{metric: exact_match, ignore_spaces: true}]\n", "metric_list.0.ignore_spaces"),
         ("test_split: validation\n", "test_split"),
     ],
@@ -262,6 +264,9 @@ def test_the_filters_and_metrics_are_lm_evals() -> None:
     assert apply_filters(groups, ["abc 1"]) == "abc"  # the first non-empty group of the first match
     none = FilterPipeline("n", (("regex", {}), ("take_first", {})))
     assert apply_filters(none, ["no answer line"]) == "[invalid]"
+    vote = FilterPipeline("v", (("regex", {"regex_pattern": r"(\d+)"}), ("majority_vote", {}), ("take_first", {})))
+    assert apply_filters(vote, ["it is 3", "5", "x 5", "3", "none"]) == "3"  # ties to the first of the most common
+    assert apply_filters(vote, ["no", "7", "none"]) == "[invalid]"
     tidy = FilterPipeline("t", (("remove_whitespace", {}), ("lowercase", {}), ("take_first", {})))
     assert apply_filters(tidy, ["  Paris \n"]) == "paris"
     assert exact_match(" A.", "a", ignore_case=True, ignore_punctuation=True) == 0.0  # whitespace is kept

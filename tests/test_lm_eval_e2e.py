@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import shutil
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
@@ -30,7 +32,7 @@ SHIPPED = ROOT / "evalrun" / "tasks" / "builtin" / "lm_eval"
 GOLDEN = ROOT / "tests" / "lm_eval_requests"
 YAMLS = ("addition_gen/addition_gen.yaml", "addition_gen/addition_gen_3shot.yaml", "addition_mc/addition_mc.yaml",
          "addition_fn/addition_fn.yaml", "addition_ll/addition_ll.yaml", "addition_gen/addition_gen_prefix.yaml",
-         "addition_mc/addition_mc_prefix.yaml")  # fmt: skip
+         "addition_mc/addition_mc_prefix.yaml", "addition_gen/addition_gen_vote.yaml")  # fmt: skip
 LIMIT = 10
 
 
@@ -72,6 +74,14 @@ def test_a_shipped_suite_runs_with_lm_evals_prompts_and_verifies_replays_and_res
     else:
         assert metrics == {f"exact_match/{task.filters[0].name}"}
         assert all(r["finish_reason"] in ("stop", "length") for r in rows)
+        if task.repeats > 1:  # every reply kept, the first the output; the answer their majority (lm-eval's filter)
+            extracted = {s["item_id"]: s["extracted"] for s in scores}
+            for row in rows:
+                assert len(row["replies"]) == task.repeats and row["replies"][0] == row["output"]
+                numbers = [(re.findall(r"(-?\d+)", reply) or ["[invalid]"])[0] for reply in row["replies"]]
+                assert extracted[row["item_id"]] == Counter(numbers).most_common(1)[0][0]
+        else:
+            assert all(r["replies"] is None for r in rows)
     manifest = json.loads((run / "manifest.json").read_text())
     assert manifest["task"]["kind"] == "lm_eval" and manifest["task"]["name"] == task.name
     assert manifest["task"]["lm_eval"] == task.scoring_record()
@@ -83,16 +93,21 @@ def test_a_shipped_suite_runs_with_lm_evals_prompts_and_verifies_replays_and_res
 
 
 @pytest.mark.e2e
-def test_a_forged_greedy_flag_fails_verify_naming_the_column(run_eval: Callable[..., Path], tmp_path: Path) -> None:
-    """A loglikelihood task's acc is its row's option_greedy: verify checks it against the chain's responses."""
-    run = _run(run_eval, SHIPPED / "addition_ll" / "addition_ll.yaml", "limit=2")
+@pytest.mark.parametrize(("yaml_path", "column"), [("addition_ll/addition_ll.yaml", "option_greedy"),
+                                                   ("addition_gen/addition_gen_vote.yaml", "replies")])  # fmt: skip
+def test_a_forged_greedy_flag_or_reply_fails_verify_naming_the_column(
+    run_eval: Callable[..., Path], tmp_path: Path, yaml_path: str, column: str
+) -> None:
+    """A loglikelihood task's acc is its row's option_greedy, a repeated task's answer its replies' majority: verify
+    checks both against the chain's responses."""
+    run = _run(run_eval, SHIPPED / yaml_path, "limit=2")
     forged = Path(shutil.copytree(run, tmp_path / "forged"))
     part = sorted((forged / "outputs").iterdir())[0]
     table = pq.read_table(part)
     rows = table.to_pylist()
-    rows[0]["option_greedy"] = [not rows[0]["option_greedy"][0]]
+    rows[0][column] = [not rows[0][column][0]] if column == "option_greedy" else ["1", *rows[0][column][1:]]
     pq.write_table(pa.Table.from_pylist(rows, schema=table.schema), part)
-    with pytest.raises(CheckFailed, match=r"column 'option_greedy' differs from the chain"):
+    with pytest.raises(CheckFailed, match=rf"column '{column}' differs from the chain"):
         verify_run(forged)
 
 

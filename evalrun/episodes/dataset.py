@@ -227,6 +227,7 @@ class DatasetKind:
             fewshot_ids=header.fewshot or [], shuffle_order=header.shuffle_order or [],
             option_logprobs=[e.response.logprob for e in scored] if scored else None,
             option_greedy=[e.response.greedy for e in scored] if scored else None,
+            replies=[e.response.output for e in generated] if len(generated) > 1 else None,
             judgements=_judgements(chain.judgements),
         )  # fmt: skip
         if (column := first_mismatch(row, expected)) is not None:

@@ -18,7 +18,7 @@ from evalrun.episodes.agent import AgentEpisode, AgentResult
 from evalrun.episodes.harness import EpisodeResult, Judgement
 from evalrun.episodes.plan import Episode
 from evalrun.records.canonical import canonical_json, sha256_hex
-from evalrun.records.outputs import FAILED_FINISH_REASON, OUTPUT_SCHEMA, STAGED_COLUMNS
+from evalrun.records.outputs import FAILED_FINISH_REASON, NULL_UNLESS_STAGED, OUTPUT_SCHEMA, STAGED_COLUMNS
 from evalrun.rundir.writer import table_bytes
 from evalrun.scoring.parts import PartScorer
 
@@ -71,6 +71,7 @@ def _staged_columns(results: list[EpisodeResult]) -> dict[str, list[Any]]:
         "shuffle_order": [list(r.episode.shuffle_order) for r in results],
         "option_logprobs": [None if r.option_logprobs is None else list(r.option_logprobs) for r in results],
         "option_greedy": [None if r.option_greedy is None else list(r.option_greedy) for r in results],
+        "replies": [None if r.replies is None else list(r.replies) for r in results],
         "judgements": [[_judgement(j) for j in r.judgements] for r in results],
     }
 
@@ -80,7 +81,7 @@ def _no_stages(n: int) -> dict[str, pa.Array]:
     offsets = pa.array([0] * (n + 1), pa.int32())
     columns = {name: pa.ListArray.from_arrays(offsets, pa.array([], OUTPUT_SCHEMA.field(name).type.value_type))
                for name in ("fewshot_ids", "shuffle_order", "judgements")}  # fmt: skip
-    for name in ("option_logprobs", "option_greedy"):
+    for name in NULL_UNLESS_STAGED:
         columns[name] = pa.nulls(n, OUTPUT_SCHEMA.field(name).type)
     return {name: columns[name] for name in STAGED_COLUMNS}
 

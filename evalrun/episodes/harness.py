@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from json.encoder import encode_basestring  # type: ignore[attr-defined]
 from typing import Any, Protocol
 
@@ -44,6 +44,7 @@ from evalrun.records.entries import (
 )
 from evalrun.records.formats import Generator
 from evalrun.records.outputs import FAILED_FINISH_REASON
+from evalrun.records.seeds import derive_subseed
 from evalrun.records.single_call import single_call_chain
 from evalrun.tasks import render_prompt
 from evalrun.tasks.selection import LETTERS, option_continuation
@@ -71,6 +72,7 @@ class EpisodeResult:
     prompt_sha256: str
     option_logprobs: tuple[float, ...] | None = None  # multiple choice, loglikelihood: per original option
     option_greedy: tuple[bool, ...] | None = None  # as option_logprobs: each option's continuation was greedy
+    replies: tuple[str, ...] | None = None  # a request sampled several times (Episode.generations): every output
     judgements: tuple[Judgement, ...] = ()
     error: str | None = None  # why the episode failed (its chain ends with status error); None: ok
 
@@ -149,6 +151,18 @@ def _request(episode: Episode) -> GenerationRequest:
     """The policy's generation request of a dataset episode (its first model call)."""
     return GenerationRequest(episode.prompt, episode.sampling, episode.episode_id, 0, episode.add_special_tokens,
                              episode.conversation)  # fmt: skip
+
+
+GENERATION_SEED = "generation"  # the purpose of the seed of a request's sample after the first
+
+
+def sampled_request(episode: Episode, call: int) -> GenerationRequest:
+    """The policy's request sampled for the ``call``-th time (``Episode.generations``): the first is
+    :func:`_request`'s, each later one with the seed derived from the episode's for its call."""
+    if call == 0:
+        return _request(episode)
+    sampling = replace(episode.sampling, seed=derive_subseed(episode.sampling.seed, GENERATION_SEED, call))
+    return replace(_request(episode), sampling=sampling, call=call)
 
 
 def run_episodes(engine: Engine, episodes: list[Episode], generator: dict[str, Any] | Canonical,
@@ -358,15 +372,20 @@ class _Calls:
     completion: Completion = _NOT_GENERATED
     option_logprobs: tuple[float, ...] | None = None
     option_greedy: tuple[bool, ...] | None = None
+    replies: list[str] = field(default_factory=list)  # every generation's output, in call order
 
 
 def _run_staged(engine: Engine, episodes: list[Episode], generator: Canonical,
                 judge_engine: Engine) -> list[EpisodeResult]:  # fmt: skip
     calls = [_Calls([]) for _ in episodes]
-    generating = [i for i, e in enumerate(episodes) if e.choice_scoring in ("", "letter", "both")]
-    requests = [_request(episodes[i]) for i in generating]
-    for i, request, generated in zip(generating, requests, _generate(engine, requests), strict=True):
-        completion = calls[i].completion = split_reasoning(generated, episodes[i].reasoning)
+    generating = [(i, call) for i, e in enumerate(episodes) if e.choice_scoring in ("", "letter", "both")
+                  for call in range(e.generations)]  # fmt: skip
+    requests = [sampled_request(episodes[i], call) for i, call in generating]
+    for (i, call), request, generated in zip(generating, requests, _generate(engine, requests), strict=True):
+        completion = split_reasoning(generated, episodes[i].reasoning)
+        if call == 0:
+            calls[i].completion = completion
+        calls[i].replies.append(completion.output)
         calls[i].entries.append((ModelEntry, {"request": generation_request(request.prompt, request.sampling),
                                               "response": completion_record(completion)}))  # fmt: skip
 
@@ -470,5 +489,5 @@ def _record_staged(episode: Episode, calls: _Calls, judgements: tuple[Judgement,
     chain.append(EndEntry, model_calls=len(calls.entries), status="ok")
     return EpisodeResult(
         episode, calls.completion, tuple(chain.lines), chain.head, episode.prompt_sha256, calls.option_logprobs,
-        calls.option_greedy, judgements,
+        calls.option_greedy, tuple(calls.replies) if episode.generations > 1 else None, judgements,
     )  # fmt: skip

@@ -52,7 +52,9 @@ class LmEvalKind(DatasetKind):
 
     def plan(self, config: EvalConfig, task: Task, model: ModelFiles) -> Sequence[Episode]:
         # the examples are in the prompts already (lm-eval's sampler, seeded by seeds.fewshot or 1234)
-        return super().plan(replace(config, seeds=replace(config.seeds, fewshot=None)), task, model)
+        episodes = super().plan(replace(config, seeds=replace(config.seeds, fewshot=None)), task, model)
+        repeats = int(getattr(task.pack, "repeats", 1))  # lm-eval's: one episode's request sampled that often
+        return episodes if repeats == 1 else [replace(e, generations=repeats) for e in episodes]
 
     def scoring_context(self, config: EvalConfig, task: Task, model: ResolvedModel,
                         judge_model: ResolvedModel | None) -> ScoringContext:  # fmt: skip

@@ -53,6 +53,9 @@ class Episode:
     shuffle_order: tuple[int, ...] = ()  # multiple choice: shown position -> original index
     choice_scoring: str = ""  # multiple choice: letter | loglikelihood | both
     option_delimiter: str = " "  # multiple choice: between the prompt and an option scored by loglikelihood
+    # how many times the policy's request is sampled, the replies scored together (lm-eval's repeats, whose
+    # majority_vote filter reads them all); each call after the first with a seed of its own (GENERATION_SEED)
+    generations: int = 1
     judging: Rubric | None = None  # one object shared by a run's episodes (pickled once per batch)
     judge_calls: tuple[JudgeCall, ...] = ()
     fields: Mapping[str, Any] | None = None  # the item's fields, for judge prompts
@@ -73,7 +76,7 @@ class Episode:
     @property
     def single_call(self) -> bool:
         """One generation and nothing else: the header, model, end chain of ``record_episode``."""
-        return not (self.fewshot_ids or self.options or self.judge_calls)
+        return not (self.fewshot_ids or self.options or self.judge_calls) and self.generations == 1
 
     def seeds_record(self) -> dict[str, str]:
         return {"sampling": str(self.sampling.seed)}

@@ -178,7 +178,7 @@ class WorldKind:
             "prompt": text, "prompt_sha256": sha256_hex(text), "output": "", "token_ids": [], "token_logprobs": [],
             "finish_reason": end.stop if end.status == "ok" and end.stop is not None else FAILED_FINISH_REASON,
             "output_tokens": tokens, "fewshot_ids": [], "shuffle_order": [], "option_logprobs": None,
-            "option_greedy": None, "judgements": [],
+            "option_greedy": None, "replies": None, "judgements": [],
         }  # fmt: skip
         if (column := first_mismatch(row, expected)) is not None:
             return column

@@ -416,8 +416,9 @@ def _sample_metadata(
     }
     if row["option_logprobs"] is not None:
         metadata["option_logprobs"] = row["option_logprobs"]
-    if row["option_greedy"] is not None:  # null in parts written before the column
-        metadata["option_greedy"] = row["option_greedy"]
+    for added in ("option_greedy", "replies"):  # null where not recorded, and in parts written before the column
+        if row[added] is not None:
+            metadata[added] = row[added]
     if row["judgements"]:
         metadata["judgements"] = row["judgements"]
     # what the header and end record beyond every episode's fields (a world's, its stop and final state)

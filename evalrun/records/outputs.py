@@ -88,6 +88,8 @@ class OutputRow(RecordModel):
     # per original option: every token of its continuation was the model's argmax (lm-eval's is_greedy); null as
     # option_logprobs is
     option_greedy: Annotated[list[bool] | None, ADDED]
+    # every reply of a request sampled several times (Episode.generations), in call order; null for one
+    replies: Annotated[list[str] | None, ADDED]
     judgements: Annotated[list[JudgementRow], CHAIN]
     final_state: Annotated[str | None, WORLD]
     worker: Annotated[str, PROVENANCE]
@@ -189,7 +191,8 @@ def first_mismatch(row: dict[str, Any], expected: dict[str, Any]) -> str | None:
 
 
 # empty for single-call episodes
-STAGED_COLUMNS = ("fewshot_ids", "shuffle_order", "option_logprobs", "option_greedy", "judgements")
+STAGED_COLUMNS = ("fewshot_ids", "shuffle_order", "option_logprobs", "option_greedy", "replies", "judgements")
+NULL_UNLESS_STAGED = ("option_logprobs", "option_greedy", "replies")  # of STAGED_COLUMNS: null, not empty
 
 
 GENERATION_FINISH_REASONS = ("stop", "length")  # how an engine generation ends (a failed episode: "failed")

@@ -25,6 +25,12 @@ def derive_seed(master: int, purpose: str, *keys: SeedKey) -> int:
     return seed_of(canonical_json([master, purpose, *keys]))
 
 
+def derive_subseed(seed: int, purpose: str, *keys: SeedKey) -> int:
+    """A seed for ``purpose`` under ``keys`` derived from an already derived 64-bit ``seed`` (as its decimal string,
+    as records hold such seeds: JSON numbers stop at 2**53)."""
+    return seed_of(canonical_json([str(seed), purpose, *keys]))
+
+
 def seed_of(canonical: str) -> int:
     """The seed of ``[master, purpose, *keys]`` already encoded as canonical JSON."""
     return int.from_bytes(hashlib.sha256(canonical.encode("utf-8")).digest()[:8], "big")

@@ -28,7 +28,14 @@ from evalrun.records.canonical import MAX_SAFE_INTEGER, _es6_number, canonical_j
 from evalrun.records.chain import GENESIS
 from evalrun.records.entries import SamplingRecord
 from evalrun.records.formats import SCHEDULE_FORMAT, Generator, RecordModel
-from evalrun.records.outputs import ADDED_COLUMNS, CHAIN_COLUMNS, CHAIN_SCHEMA, OUTPUT_SCHEMA, STAGED_COLUMNS
+from evalrun.records.outputs import (
+    ADDED_COLUMNS,
+    CHAIN_COLUMNS,
+    CHAIN_SCHEMA,
+    NULL_UNLESS_STAGED,
+    OUTPUT_SCHEMA,
+    STAGED_COLUMNS,
+)
 
 _string = encode_basestring  # JCS string escaping (see evalrun.records.canonical)
 _FORMAT = _string(SCHEDULE_FORMAT)
@@ -170,7 +177,7 @@ def _fast_part(log_data: bytes, out_data: bytes) -> SingleCallPart | None:
         if column not in table.column_names:
             continue  # an added column the part predates
         values = table.column(column)
-        if column in ("option_logprobs", "option_greedy"):
+        if column in NULL_UNLESS_STAGED:
             if values.null_count != n:
                 return None
         elif values.null_count or pc.sum(pc.list_value_length(values)).as_py() not in (0, None):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import re
 import string
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -46,6 +47,8 @@ FILTERS: Mapping[str, Callable[..., Any]] = {
     "remove_whitespace": lambda replies: [r.strip() for r in replies],  # lm-eval strips both ends
     "lowercase": lambda replies: [r.lower() for r in replies],
     "uppercase": lambda replies: [r.upper() for r in replies],
+    # the most common reply, the first of those tied (Counter.most_common's order), as a list of one
+    "majority_vote": lambda replies: [Counter(replies).most_common(1)[0][0]] if replies else [],
 }
 
 
@@ -100,7 +103,7 @@ def likelihood_metrics(logprob: float, greedy: bool) -> dict[str, float]:
     return {"perplexity": logprob, "acc": float(greedy)}
 
 
-@scorer("lm_eval", version="1", columns=("option_logprobs", "option_greedy"))
+@scorer("lm_eval", version="1", columns=("option_logprobs", "option_greedy", "replies"))
 def lm_eval(spec: ScorerConfig, context: ScoringContext) -> RowScorer:
     """An lm-eval task's metrics: generate_until, each metric of each filter pipeline's answer (``extracted``: the
     filtered answer) against the gold text; multiple_choice, acc and acc_norm of the choices' loglikelihoods
@@ -116,7 +119,7 @@ def lm_eval(spec: ScorerConfig, context: ScoringContext) -> RowScorer:
     def generation(row: Row) -> list[Score]:
         scores = []
         for pipeline in pipelines:
-            answer = apply_filters(pipeline, [row["output"]])
+            answer = apply_filters(pipeline, row["replies"] or [row["output"]])  # repeats: every reply
             for metric in chosen:
                 value = score_generation(metric, answer, row["target"])
                 scores.append(Score(metric_name(metric.metric, pipeline.name), value, str(answer)))

@@ -201,6 +201,11 @@ class LmEvalTask:
         return str(self.settings.get("fewshot_delimiter", "\n\n"))
 
     @property
+    def repeats(self) -> int:
+        """How many times each document's request is sampled, the replies filtered together (``majority_vote``)."""
+        return int(self.settings.get("repeats") or 1)
+
+    @property
     def num_fewshot(self) -> int:
         return int(self.settings.get("num_fewshot") or 0)
 
@@ -541,6 +546,7 @@ class LmEvalPack(PromptPack):
     examples: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # by item id: its few-shot examples
     record: Mapping[str, Any] = field(default_factory=dict)
     splits: Mapping[str, Any] = field(default_factory=dict)  # LmEvalTask.splits_record(): the data, not the pack
+    repeats: int = 1  # LmEvalTask.repeats: each episode's generations
 
     def prompt_of(self, item_id: str) -> str | None:
         return self.prompts[item_id]
@@ -586,7 +592,7 @@ def as_task(task: LmEvalTask, limit: int | None = None, seed: int = FEWSHOT_SEED
     pack = LmEvalPack(task.name, None if version is None else str(version), task.path, "", "", None, task.decoding(),
                       prompts=prompts, examples=examples, record=_with_options(task.prompt_record(),
                                                                                system_instruction, multiturn),
-                      splits=task.splits_record())  # fmt: skip
+                      splits=task.splits_record(), repeats=task.repeats)  # fmt: skip
     split = task.eval_split
     delimiter: str | None = task.choice_delimiter(chat is not None)
     delimiter = None if delimiter == " " else delimiter  # lm-eval's default: recorded as before delimiters were
@@ -631,7 +637,7 @@ def find_task(path: Path, name: str | None, allow_unpinned: bool = False) -> LmE
 # filter functions and the arguments each takes (lm-eval's filters of those names)
 FILTER_FUNCTIONS: Mapping[str, tuple[str, ...]] = {
     "regex": ("regex_pattern", "group_select", "fallback"), "take_first": (), "remove_whitespace": (),
-    "lowercase": (), "uppercase": (),
+    "lowercase": (), "uppercase": (), "majority_vote": (),
 }  # fmt: skip
 # metrics, the output types they score and the arguments each takes
 METRICS: Mapping[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
@@ -840,8 +846,13 @@ def _check(settings: Mapping[str, Any], origins: Mapping[str, Path]) -> None:
     if output_type == "loglikelihood" and settings.get("doc_to_choice") is not None:
         raise fail("doc_to_choice", "no choices for loglikelihood (it scores doc_to_target after the prompt); "
                                     "multiple_choice scores choices")  # fmt: skip
-    if settings.get("repeats", 1) != 1:
-        raise fail("repeats", "1 (repeats are evalrun's seeds.repeats), got " + repr(settings.get("repeats")))
+    repeats = settings.get("repeats", 1)
+    if not isinstance(repeats, int) or isinstance(repeats, bool) or repeats < 1:
+        raise fail("repeats", f"an integer >= 1 (samples of each document's request, filtered together), got "
+                              f"{repeats!r}")  # fmt: skip
+    if repeats > 1 and output_type != "generate_until":
+        raise fail("repeats", f"1 for {output_type} (a loglikelihood is the same every time); repeats samples "
+                              "generate_until's requests")  # fmt: skip
     for key in ("description", "target_delimiter", "fewshot_delimiter", "gen_prefix"):
         if key in settings and not isinstance(settings[key], str):
             raise fail(key, f"a string, got {settings[key]!r}")
