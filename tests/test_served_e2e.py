@@ -265,6 +265,13 @@ THINKING = ("model=tiny_thinking_adder", "task=addition", "decoding.stop=[]", "t
             "limit=10")  # fmt: skip
 
 
+LM_EVAL = ("model=tiny_thinking_adder", "task=lm_eval", "task.chat_format=chat", "limit=4")
+# zero-shot addition_gen with a gen_prefix (the thinking adder's context is 128 tokens)
+PREFIXED = "include: {}\ntask: prefixed\ngen_prefix: 'Answer:'\n".format(
+    BUILTIN_TASKS / "lm_eval" / "addition_gen" / "addition_gen.yaml"
+)
+
+
 def test_the_chat_endpoint_is_sent_the_messages_and_renders_the_prompt_evalrun_records(tmp_path: Path) -> None:
     """engine.api=chat on a server of a model with a chat template (the thinking adder's ChatML): the server renders
     the messages into the very prompt evalrun rendered and recorded, and generates the tokens the completions
@@ -284,7 +291,17 @@ def test_the_chat_endpoint_is_sent_the_messages_and_renders_the_prompt_evalrun_r
         )
         mismatch = prepare(load([*SERVED, *THINKING, *url, "engine.api=chat", f"task.chat_template={other}",
                                  "limit=2", f"run.root={tmp_path / 'm'}"]))  # fmt: skip
+        # an lm-eval YAML under the chat template, its gen_prefix an assistant turn the server continues
+        (tmp_path / "prefixed.yaml").write_text(PREFIXED, encoding="utf-8")
+        lm_eval = (*SERVED, *LM_EVAL, f"task.path={tmp_path / 'prefixed.yaml'}", *url)
+        lm_eval_chat = prepare(load([*lm_eval, "engine.api=chat", f"run.root={tmp_path / 'l'}"]))
+        lm_eval_text = prepare(load([*lm_eval, f"run.root={tmp_path / 'lt'}"]))
+        ends_otherwise = tmp_path / "ends-otherwise.jinja"  # a continued final message has no generation prompt
+        ends_otherwise.write_text(other.read_text().replace("<|im_end|>", "<|im_end|> "))
+        lm_eval_other = prepare(load([*lm_eval, "engine.api=chat", f"task.chat_template={ends_otherwise}", "limit=2",
+                                      f"run.root={tmp_path / 'lo'}"]))  # fmt: skip
         completions, refused = run_alone(text), run_alone(mismatch)
+        lm_chat, lm_text, lm_other = run_alone(lm_eval_chat), run_alone(lm_eval_text), run_alone(lm_eval_other)
     finally:
         server.close()
     assert output_columns(chat) == output_columns(completions)  # the same prompts, the same tokens and logprobs
@@ -297,3 +314,8 @@ def test_the_chat_endpoint_is_sent_the_messages_and_renders_the_prompt_evalrun_r
     errors = [e["error"] for e in ends if e["kind"] == "end"]
     assert len(errors) == 2 and all("the server rendered the chat otherwise" in e for e in errors)
     assert all("where evalrun's has ' \\n'" in e for e in errors)  # the first difference, named
+    assert output_columns(lm_chat) == output_columns(lm_text)  # the server rendered lm-eval's prompts as evalrun did
+    rows = pq.read_table(lm_chat / "outputs").to_pylist()
+    assert len(rows) == 4 and all(r["finish_reason"] != "failed" and r["prompt"].endswith("Answer:") for r in rows)
+    ends = [json.loads(line) for path in sorted((lm_other / "log").iterdir()) for line in path.read_text().splitlines()]
+    assert [("the server rendered the chat otherwise" in e["error"]) for e in ends if e["kind"] == "end"] == [True] * 2

@@ -135,6 +135,7 @@ class Conversation:
     messages: tuple[Message, ...]
     tools: tuple[Mapping[str, Any], ...] | None = None
     kwargs: Mapping[str, Any] = field(default_factory=dict)
+    continue_final: bool = False  # rendered to continue the last message (ChatFormat.render's), not after it
 
 
 @dataclass(frozen=True)
@@ -163,10 +164,11 @@ class ChatFormat:
             raise BadInput(f"chat template ({self.origin})", f"cannot render the messages: {exc}") from exc
         return str(rendered[0])
 
-    def conversation(self, messages: Sequence[Message],
-                     tools: Sequence[Mapping[str, Any]] | None = None) -> Conversation:  # fmt: skip
+    def conversation(self, messages: Sequence[Message], tools: Sequence[Mapping[str, Any]] | None = None,
+                     continue_final: bool = False) -> Conversation:  # fmt: skip
         """What :meth:`render` renders, for an engine that takes the chat itself."""
-        return Conversation(tuple(messages), tuple(tools) if tools is not None else None, dict(self.kwargs))
+        return Conversation(tuple(messages), tuple(tools) if tools is not None else None, dict(self.kwargs),
+                            continue_final)  # fmt: skip
 
     @property
     def customised(self) -> bool:

@@ -543,6 +543,8 @@ class OpenAIEngine:
             body["chat_template_kwargs"] = dict(chat.kwargs)
         if chat.tools is not None:
             body.update(tools=list(chat.tools), tool_choice="none")
+        if chat.continue_final:  # the model continues the last message (an lm-eval gen_prefix)
+            body.update(add_generation_prompt=False, continue_final_message=True)
         if request.sampling.logprobs:
             body.update(logprobs=True, top_logprobs=0)
         answer = await self._post("/chat/completions", body)

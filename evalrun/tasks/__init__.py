@@ -137,7 +137,7 @@ def render_prompt(pack: PromptPack, item_id: str, variables: Mapping[str, Any],
     than from its templates (an lm-eval task's, built as lm-eval builds them) gives them itself."""
     given = pack.prompt_of(item_id)
     if given is not None:
-        return given, None
+        return given, pack.conversation_of(item_id)
     try:
         if chat is None:
             return pack.render(variables), None

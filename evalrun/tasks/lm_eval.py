@@ -34,7 +34,7 @@ import yaml
 from jinja2 import BaseLoader, Environment, StrictUndefined, Template
 from jinja2.exceptions import TemplateError
 
-from evalrun.chat import ChatFormat
+from evalrun.chat import ChatFormat, Conversation
 from evalrun.config import ChoicesConfig
 from evalrun.errors import BadInput
 from evalrun.records.canonical import canonical_hash, file_sha256
@@ -156,6 +156,7 @@ class Requests:
     context: str
     continuations: tuple[str, ...] = ()
     examples: tuple[str, ...] = ()  # the few-shot examples shown, SPLIT:INDEX in the few-shot split
+    conversation: Conversation | None = None  # a chat-formatted context's chat, for an engine that takes chats
 
 
 @dataclass(frozen=True)
@@ -396,12 +397,15 @@ class LmEvalTask:
         for doc, chosen in zip(self.eval_split.docs, self.fewshot(seed), strict=True):
             examples = [split.docs[i] for i in chosen] if split is not None else []
             turns = self.turns(doc, examples, system_instruction)
+            conversation = None
             if chat is None:
                 context = _text(turns)
             else:
                 turns = turns if multiturn else _single_turn(turns)
                 messages = [{"role": t.role, "content": t.content} for t in turns]
-                context = chat.render(messages, continue_final=turns[-1].role == "assistant")  # after a gen_prefix
+                continued = turns[-1].role == "assistant"  # a gen_prefix the model continues
+                context = chat.render(messages, continue_final=continued)
+                conversation = chat.conversation(messages, continue_final=continued)
             ids = tuple(f"{split.name}:{i}" for i in chosen) if split is not None else ()
             if self.output_type == "multiple_choice":
                 continuations = tuple(f"{delimiter}{c}" for c in self.choices(doc) or [])
@@ -409,7 +413,7 @@ class LmEvalTask:
             elif self.output_type == "loglikelihood":  # the target as it is, no delimiter (lm-eval's)
                 yield Requests(context, (self.continuation(doc),), ids)
             else:
-                yield Requests(context, examples=ids)
+                yield Requests(context, examples=ids, conversation=conversation)
 
     def turns(self, doc: Mapping[str, Any], examples: Sequence[Mapping[str, Any]],
               system_instruction: str | None = None) -> list[Turn]:  # fmt: skip
@@ -547,12 +551,16 @@ class LmEvalPack(PromptPack):
     record: Mapping[str, Any] = field(default_factory=dict)
     splits: Mapping[str, Any] = field(default_factory=dict)  # LmEvalTask.splits_record(): the data, not the pack
     repeats: int = 1  # LmEvalTask.repeats: each episode's generations
+    conversations: Mapping[str, Conversation] = field(default_factory=dict)  # by item id: a chat prompt's chat
 
     def prompt_of(self, item_id: str) -> str | None:
         return self.prompts[item_id]
 
     def examples_of(self, item_id: str) -> tuple[str, ...] | None:
         return self.examples[item_id]
+
+    def conversation_of(self, item_id: str) -> Conversation | None:
+        return self.conversations.get(item_id)
 
     def as_record(self, decoding: Mapping[str, Any]) -> dict[str, Any]:
         return {**self.record, "decoding": {k: v for k, v in decoding.items() if k != "name"}}
@@ -572,7 +580,7 @@ def as_task(task: LmEvalTask, limit: int | None = None, seed: int = FEWSHOT_SEED
     record when given)."""
     multiple_choice = task.output_type == "multiple_choice"
     loglikelihood = task.output_type == "loglikelihood"
-    items, prompts, examples = [], {}, {}
+    items, prompts, examples, conversations = [], {}, {}, {}
     made = task.requests(seed, chat, system_instruction, multiturn)
     for index, (doc, requests) in enumerate(zip(task.eval_split.docs, made, strict=True)):
         if limit is not None and index >= limit:
@@ -587,12 +595,14 @@ def as_task(task: LmEvalTask, limit: int | None = None, seed: int = FEWSHOT_SEED
         else:
             items.append(Item(item_id, doc, task.reference(doc)))
         prompts[item_id], examples[item_id] = requests.context, requests.examples
+        if requests.conversation is not None:
+            conversations[item_id] = requests.conversation
     metadata = task.settings.get("metadata")
     version = metadata.get("version") if isinstance(metadata, dict) else None
     pack = LmEvalPack(task.name, None if version is None else str(version), task.path, "", "", None, task.decoding(),
                       prompts=prompts, examples=examples, record=_with_options(task.prompt_record(),
                                                                                system_instruction, multiturn),
-                      splits=task.splits_record(), repeats=task.repeats)  # fmt: skip
+                      splits=task.splits_record(), repeats=task.repeats, conversations=conversations)  # fmt: skip
     split = task.eval_split
     delimiter: str | None = task.choice_delimiter(chat is not None)
     delimiter = None if delimiter == " " else delimiter  # lm-eval's default: recorded as before delimiters were

@@ -35,6 +35,7 @@ import yaml
 from jinja2 import Environment, StrictUndefined, Template, TemplateSyntaxError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from evalrun.chat import Conversation
 from evalrun.config.jsonl import objects, read_utf8
 from evalrun.errors import BadInput
 from evalrun.records.canonical import canonical_hash, file_sha256, sha256_hex
@@ -141,6 +142,10 @@ class PromptPack:
 
     def examples_of(self, item_id: str) -> tuple[str, ...] | None:
         """The ids of the few-shot examples in an item's prompt when the pack made it (None: drawn from the pool)."""
+        return None
+
+    def conversation_of(self, item_id: str) -> Conversation | None:
+        """The chat a prompt the pack made was rendered from (None: a plain prompt, or one rendered here)."""
         return None
 
     def render(self, variables: Mapping[str, Any]) -> str:
