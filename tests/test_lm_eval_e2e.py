@@ -32,7 +32,8 @@ SHIPPED = ROOT / "evalrun" / "tasks" / "builtin" / "lm_eval"
 GOLDEN = ROOT / "tests" / "lm_eval_requests"
 YAMLS = ("addition_gen/addition_gen.yaml", "addition_gen/addition_gen_3shot.yaml", "addition_mc/addition_mc.yaml",
          "addition_fn/addition_fn.yaml", "addition_ll/addition_ll.yaml", "addition_gen/addition_gen_prefix.yaml",
-         "addition_mc/addition_mc_prefix.yaml", "addition_gen/addition_gen_vote.yaml")  # fmt: skip
+         "addition_mc/addition_mc_prefix.yaml", "addition_gen/addition_gen_vote.yaml",
+         "addition_fn/addition_fn_fewshot.yaml")  # fmt: skip
 LIMIT = 10
 
 
@@ -55,7 +56,7 @@ def test_a_shipped_suite_runs_with_lm_evals_prompts_and_verifies_replays_and_res
         assert len(row["fewshot_ids"]) == task.num_fewshot
         for example in row["fewshot_ids"]:
             split, index = example.split(":")
-            assert f"Q: {task.splits[split].docs[int(index)]['question']}\n" in row["prompt"]
+            assert f"{task.splits[split].docs[int(index)]['question']}" in row["prompt"].rsplit("\n\n", 1)[0]
     scores = pq.read_table(run / "scores.parquet").to_pylist()
     metrics = {s["metric"] for s in scores}
     if task.output_type == "multiple_choice":

@@ -46,8 +46,8 @@ FEWSHOT_SEED = 1234  # lm-eval's default few-shot seed (simple_evaluate's fewsho
 OUTPUT_TYPES = ("generate_until", "multiple_choice", "loglikelihood")
 GENERATION_KEYS = ("until", "max_gen_toks", "do_sample", "temperature", "top_p", "top_k")
 # fewshot_config: the sampler and split, and what formats an example where it differs from the document's
-FEWSHOT_KEYS = ("sampler", "split", "doc_to_text", "doc_to_target", "doc_to_choice", "gen_prefix", "target_delimiter",
-                "fewshot_delimiter")  # fmt: skip
+FEWSHOT_KEYS = ("sampler", "split", "process_docs", "doc_to_text", "doc_to_target", "doc_to_choice", "gen_prefix",
+                "target_delimiter", "fewshot_delimiter")  # fmt: skip
 FORMATS = ("json", "csv", "parquet")
 
 # every TaskConfig key evalrun reads; any other key of a task YAML is refused by name
@@ -175,6 +175,8 @@ class LmEvalTask:
     path: Path  # the task's YAML
     settings: Mapping[str, Any]  # the resolved settings: includes merged, functions as LmEvalFunction
     splits: Mapping[str, DataSplit]
+    # the few-shot split as fewshot_config.process_docs made it (None: as the task's process_docs did)
+    fewshot_docs: DataSplit | None = None
 
     @property
     def output_type(self) -> str:
@@ -346,6 +348,8 @@ class LmEvalTask:
     def fewshot_split(self) -> DataSplit:
         """Where the examples come from: ``fewshot_config.split`` or ``fewshot_split``, else the training, the
         validation and the test split, the first the task has (lm-eval's order)."""
+        if self.fewshot_docs is not None:
+            return self.fewshot_docs
         config = self.settings.get("fewshot_config") or {}
         name = config.get("split") or self.settings.get("fewshot_split")
         for candidate in (name, self.settings.get("training_split"), self.settings.get("validation_split"),
@@ -768,13 +772,25 @@ def load_task(path: Path, allow_unpinned: bool = False) -> LmEvalTask:
     local = settings.get("dataset_path") in FORMATS
     splits = _splits(settings, origins) if local else _hub_splits(settings, origins, allow_unpinned)
     _check_splits(settings, origins, splits)
+    read = splits
     process = settings.get("process_docs")
     if process is not None:  # lm-eval applies it to every split it reads documents from, few-shot ones too
         where = f"{origins['process_docs']}: process_docs"
         if not isinstance(process, LmEvalFunction):
             raise BadInput(where, f"a !function reference (module.function), got {process!r}")
         splits = {name: split.processed(process, where) for name, split in splits.items()}
-    return LmEvalTask(name, path, settings, splits)
+    fewshot = settings.get("fewshot_config") or {}
+    fewshot_docs = None
+    if fewshot.get("process_docs") is not None:  # instead of the task's, on the split the examples come from
+        where = f"{origins['fewshot_config']}: fewshot_config.process_docs"
+        named = fewshot.get("split") or settings.get("fewshot_split")
+        if not isinstance(fewshot["process_docs"], LmEvalFunction):
+            raise BadInput(where, f"a !function reference (module.function), got {fewshot['process_docs']!r}")
+        if not named:
+            raise BadInput(where, "needs the split it processes named (fewshot_split or fewshot_config.split): "
+                                  "lm-eval applies it there only")  # fmt: skip
+        fewshot_docs = read[str(named)].processed(fewshot["process_docs"], where)
+    return LmEvalTask(name, path, settings, splits, fewshot_docs)
 
 
 def read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> tuple[dict[str, Any], dict[str, Path]]:

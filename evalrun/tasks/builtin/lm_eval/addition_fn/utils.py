@@ -16,3 +16,12 @@ def doc_to_text(doc):
 
 def doc_to_target(doc):
     return doc["answer"]
+
+
+def process_examples(dataset):
+    """The few-shot split's documents (fewshot_config.process_docs, instead of process_docs): worked examples."""
+
+    def as_example(doc):
+        return {"query": f"Example: {doc['question'].strip()} ="}
+
+    return dataset.map(as_example)
