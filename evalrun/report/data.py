@@ -96,6 +96,7 @@ class SummaryLine:
     trials: int
     spread: float | None
     pass_all_trials: float | None
+    perplexity: float | None = None  # a perplexity metric's exp(-mean) (evalrun.summary/4)
 
 
 @dataclass(frozen=True, order=True)
@@ -357,7 +358,7 @@ def estimates(summary: Mapping[str, Any]) -> tuple[SummaryLine, ...]:
                 low=None if ci[0] is None else float(ci[0]), high=None if ci[1] is None else float(ci[1]),
                 interval=str(entry.get("interval", "clustered")), items=int(entry.get("n_items", 0)),
                 trials=int(entry.get("trials_per_item", 1)), spread=entry.get("spread"),
-                pass_all_trials=entry.get("pass_all_trials"),
+                pass_all_trials=entry.get("pass_all_trials"), perplexity=entry.get("perplexity"),
             ))  # fmt: skip
     return tuple(out)
 
