@@ -324,6 +324,8 @@ def test_a_perplexity_metric_reports_exp_of_minus_the_mean_loglikelihood_from_fo
     assert "perplexity" not in summarize(table("acc", [0.0, 1.0]))["tasks"]["t"]["acc"]
     assert "perplexity" in summarize(table("perplexity/none", [-1.0]))["tasks"]["t"]["perplexity/none"]
     assert "perplexity" not in summarize(table("perplexity", [-800.0, -900.0]))["tasks"]["t"]["perplexity"]
+    failed = summarize(table("perplexity", [-1.0, 0.0]), failed=[f"{1:064x}"])["tasks"]["t"]["perplexity"]
+    assert failed["errors"] == 1 and "perplexity" not in failed  # its 0 is no loglikelihood
 
 
 def test_format_1_summaries_are_recomputed_with_the_old_method(golden_name: str) -> None:

@@ -223,7 +223,8 @@ class SummaryEstimate(OptionalFields):
     n_observations: Count
     errors: Count | None = None  # observations of failed episodes (scored 0); left out when there are none
     pass_all_trials: float | None = None  # pass^k over items (0/1 metrics, k > 1 trials each); else left out
-    # a perplexity metric's (its values loglikelihoods, lm-eval's): exp(-mean); else, or where it overflows, left out
+    # a perplexity metric's (its values loglikelihoods, lm-eval's): exp(-mean); else, or where it overflows or an
+    # episode failed (scored 0, no loglikelihood), left out
     perplexity: float | None = None
 
 

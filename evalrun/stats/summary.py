@@ -59,7 +59,7 @@ METHODS = {
         interval="bounded",
         method=(
             f"{_V3_METHOD}; perplexity, for a metric named perplexity (or perplexity/FILTER) whose values are "
-            "loglikelihoods (lm-eval's): exp(-mean), left out where it overflows"
+            "loglikelihoods (lm-eval's): exp(-mean), left out where it overflows or an episode failed"
         ),
         names_interval=True,
         pass_all_trials=True,
@@ -85,7 +85,8 @@ def _as_record(by_item: GroupedValues, by_trial: GroupedValues, fmt: SummaryForm
         record["errors"] = errors
     if fmt.pass_all_trials and (all_passed := grouped_pass_all_trials(by_item)) is not None:
         record["pass_all_trials"] = all_passed  # pass^k: repeats of a 0/1 metric
-    if fmt.perplexity and is_perplexity(metric) and -record["mean"] < _EXP_LIMIT:
+    # a failed episode's 0 is no loglikelihood: with one among them the mean is not the documents' loglikelihood
+    if fmt.perplexity and is_perplexity(metric) and not errors and -record["mean"] < _EXP_LIMIT:
         record["perplexity"] = math.exp(-record["mean"])
     return record
 

@@ -346,8 +346,9 @@ class LmEvalTask:
     # --- prompts ---
 
     def fewshot_split(self) -> DataSplit:
-        """Where the examples come from: ``fewshot_config.split`` or ``fewshot_split``, else the training, the
-        validation and the test split, the first the task has (lm-eval's order)."""
+        """Where the examples come from (as ``fewshot_config.process_docs`` made it, where given):
+        ``fewshot_config.split`` or ``fewshot_split``, else the training, the validation and the test split, the
+        first the task has (lm-eval's order)."""
         if self.fewshot_docs is not None:
             return self.fewshot_docs
         config = self.settings.get("fewshot_config") or {}
