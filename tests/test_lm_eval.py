@@ -235,6 +235,11 @@ def test_a_hub_dataset_is_read_from_the_local_cache_at_its_pinned_commit(tmp_pat
     with pytest.raises(BadInput, match="is not in the local Hugging Face cache") as caught:
         load_task(absent)
     assert caught.value.where == f"{absent}: dataset_path"
+    (tmp_path / "hub" / "datasets--evalrun--adds" / "snapshots" / COMMIT / "adds.py").write_text("# a builder\n")
+    scripted = _write(tmp_path, pinned.read_text().replace("dataset_name: main", "dataset_name: scripted"), "s.yaml")
+    with pytest.raises(BadInput, match=r"loading script \(adds\.py\), which evalrun does not run") as caught:
+        load_task(scripted)  # its configs are the script's: no files
+    assert caught.value.where == f"{scripted}: dataset_name"
 
 
 def test_the_fewshot_sampler_is_lm_evals_one_generator_for_the_task_in_document_order(tmp_path: Path) -> None:

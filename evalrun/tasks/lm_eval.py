@@ -993,9 +993,10 @@ def _hub_splits(settings: Mapping[str, Any], origins: Mapping[str, Path],
     config = settings.get("dataset_name")
     patterns = _card_configs(snapshot).get(str(config or "default"))
     base = snapshot / str(config) if config and (snapshot / str(config)).is_dir() else snapshot
+    script = _script_note(snapshot, repo)
     if config and patterns is None and base == snapshot:
-        raise BadInput(f"{origins['dataset_name']}: dataset_name", f"{repo} has no config {config!r} (its card's "
-                                                                   "configs, or a directory of that name)")  # fmt: skip
+        raise BadInput(f"{origins['dataset_name']}: dataset_name",
+                       f"{repo} has no config {config!r} (its card's configs, or a directory of that name){script}")
     source = {"id": repo, "config": config, "revision": snapshot.name, "pinned": pinned}
     splits = {}
     for key in ("test_split", "validation_split", "training_split", "fewshot_split"):
@@ -1006,10 +1007,21 @@ def _hub_splits(settings: Mapping[str, Any], origins: Mapping[str, Path],
         found = (sorted({f for g in globs for f in snapshot.glob(g) if f.is_file()}) if globs is not None
                  else _split_files(base, str(split)))  # fmt: skip
         if not found:
-            raise BadInput(f"{origins[key]}: {key}", f"{repo}@{snapshot.name} has no files for split {split!r}")
+            raise BadInput(f"{origins[key]}: {key}",
+                           f"{repo}@{snapshot.name} has no files for split {split!r}{script}")  # fmt: skip
         docs = tuple(doc for f in found for doc in _rows(f, _format_of(f, repo)))
         splits[str(split)] = DataSplit(str(split), tuple((f, file_sha256(f)) for f in found), docs, source)
     return splits
+
+
+def _script_note(snapshot: Path, repo: str) -> str:
+    """What to say of a dataset defined by a loading script (``NAME.py`` at the top of the repository), whose data
+    evalrun does not find as files: it runs no dataset code."""
+    scripts = sorted(p.name for p in snapshot.glob("*.py"))
+    if not scripts:
+        return ""
+    return (f"; {repo} is defined by a loading script ({', '.join(scripts)}), which evalrun does not run: pin the "
+            "commit of its Parquet conversion (the hub's refs/convert/parquet) or of files written from it")
 
 
 def _card_configs(snapshot: Path) -> dict[str, dict[str, list[str]]]:
