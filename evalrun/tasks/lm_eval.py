@@ -995,8 +995,10 @@ def _hub_splits(settings: Mapping[str, Any], origins: Mapping[str, Path],
     base = snapshot / str(config) if config and (snapshot / str(config)).is_dir() else snapshot
     script = _script_note(snapshot, repo)
     if config and patterns is None and base == snapshot:
-        raise BadInput(f"{origins['dataset_name']}: dataset_name",
-                       f"{repo} has no config {config!r} (its card's configs, or a directory of that name){script}")
+        raise BadInput(
+            f"{origins['dataset_name']}: dataset_name",
+            f"{repo} has no config {config!r} (its card's configs, or a directory of that name){script}",
+        )
     source = {"id": repo, "config": config, "revision": snapshot.name, "pinned": pinned}
     splits = {}
     for key in ("test_split", "validation_split", "training_split", "fewshot_split"):
@@ -1020,8 +1022,10 @@ def _script_note(snapshot: Path, repo: str) -> str:
     scripts = sorted(p.name for p in snapshot.glob("*.py"))
     if not scripts:
         return ""
-    return (f"; {repo} is defined by a loading script ({', '.join(scripts)}), which evalrun does not run: pin the "
-            "commit of its Parquet conversion (the hub's refs/convert/parquet) or of files written from it")
+    return (
+        f"; {repo} is defined by a loading script ({', '.join(scripts)}), which evalrun does not run: pin the "
+        "commit of its Parquet conversion (the hub's refs/convert/parquet) or of files written from it"
+    )
 
 
 def _card_configs(snapshot: Path) -> dict[str, dict[str, list[str]]]:
