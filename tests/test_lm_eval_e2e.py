@@ -54,9 +54,10 @@ def test_a_shipped_suite_runs_with_lm_evals_prompts_and_verifies_replays_and_res
     assert [r["prompt"] for r in rows] == [g["requests"][0][0] for g in golden]  # lm-eval's own prompts
     for row in rows:  # the examples shown are recorded by their place in the few-shot split
         assert len(row["fewshot_ids"]) == task.num_fewshot
-        for example in row["fewshot_ids"]:
+        before = row["prompt"][: row["prompt"].rindex(task.eval_split.docs[int(row["item_id"])]["question"])]
+        for example in row["fewshot_ids"]:  # shown before the document's own question
             split, index = example.split(":")
-            assert f"{task.splits[split].docs[int(index)]['question']}" in row["prompt"].rsplit("\n\n", 1)[0]
+            assert task.splits[split].docs[int(index)]["question"] in before
     scores = pq.read_table(run / "scores.parquet").to_pylist()
     metrics = {s["metric"] for s in scores}
     if task.output_type == "multiple_choice":
