@@ -44,7 +44,7 @@ from evalrun.records.entries import (
 )
 from evalrun.records.formats import Generator
 from evalrun.records.outputs import FAILED_FINISH_REASON
-from evalrun.records.seeds import derive_subseed
+from evalrun.records.seeds import derive_seed
 from evalrun.records.single_call import single_call_chain
 from evalrun.tasks import render_prompt
 from evalrun.tasks.selection import LETTERS, option_continuation
@@ -161,7 +161,7 @@ def sampled_request(episode: Episode, call: int) -> GenerationRequest:
     :func:`_request`'s, each later one with the seed derived from the episode's for its call."""
     if call == 0:
         return _request(episode)
-    sampling = replace(episode.sampling, seed=derive_subseed(episode.sampling.seed, GENERATION_SEED, call))
+    sampling = replace(episode.sampling, seed=derive_seed(str(episode.sampling.seed), GENERATION_SEED, call))
     return replace(_request(episode), sampling=sampling, call=call)
 
 

@@ -20,15 +20,10 @@ SeedKey = str | int
 MASTER_SEED_LIMIT = 2**53  # master seeds are recorded as JSON numbers: integers in [0, 2**53)
 
 
-def derive_seed(master: int, purpose: str, *keys: SeedKey) -> int:
-    """An unsigned 64-bit seed for ``purpose`` under ``keys``."""
+def derive_seed(master: SeedKey, purpose: str, *keys: SeedKey) -> int:
+    """An unsigned 64-bit seed for ``purpose`` under ``keys``. ``master`` is a master seed, or a seed derived here
+    given as its decimal string (as records hold 64-bit seeds: JSON numbers stop at 2**53)."""
     return seed_of(canonical_json([master, purpose, *keys]))
-
-
-def derive_subseed(seed: int, purpose: str, *keys: SeedKey) -> int:
-    """A seed for ``purpose`` under ``keys`` derived from an already derived 64-bit ``seed`` (as its decimal string,
-    as records hold such seeds: JSON numbers stop at 2**53)."""
-    return seed_of(canonical_json([str(seed), purpose, *keys]))
 
 
 def seed_of(canonical: str) -> int:
