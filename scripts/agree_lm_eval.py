@@ -139,26 +139,35 @@ def worker(args: argparse.Namespace) -> int:
 
     cfgs = [contexts.load_config(Path(y)) for y in args.yaml]
     yaml_of = {cfg["task"]: y for cfg, y in zip(cfgs, args.yaml, strict=True)}
+    manager = TaskManager(include_defaults=False)
+    evaluated: list = cfgs
+    if args.group_yaml:  # lm-eval indexes a copy of the directory and resolves the group by name itself
+        copy = include_dir(Path(args.group_yaml).parent, Path(tempfile.mkdtemp(prefix="agree-include-")) / "tasks")
+        manager = TaskManager(include_defaults=False, include_path=str(copy))
+        evaluated = [yaml_group_name(Path(args.group_yaml))]
     started = time.monotonic()
     results = simple_evaluate(
         model="hf",
         model_args={"pretrained": args.model_dir, "dtype": "float32"},
-        tasks=cfgs,
+        tasks=evaluated,
         device="cpu",
         batch_size=1,
         limit=args.limit,
         log_samples=True,
-        task_manager=TaskManager(include_defaults=False),
+        task_manager=manager,
         apply_chat_template=args.apply_chat_template,
         fewshot_as_multiturn=not args.single_turn,  # simple_evaluate's default, True (used under a chat template)
         system_instruction=args.system_instruction,
     )
     wall = time.monotonic() - started
-    out = {"wall_s": wall, "lm_eval_version": importlib.metadata.version("lm_eval"), "tasks": {}}
-    for cfg in cfgs:
-        name = cfg["task"]
+    out = {"wall_s": wall, "lm_eval_version": importlib.metadata.version("lm_eval"), "tasks": {},
+           "results": results["results"]}  # fmt: skip
+    by_name = {cfg["task"]: cfg for cfg in cfgs}
+    # a group's tasks are named GROUP::TASK by lm-eval (inline members): each is its YAML's task
+    for name in results["samples"] if args.group_yaml else by_name:
+        cfg = by_name[name.rsplit("::", 1)[-1]]
         out["tasks"][name] = {
-            "yaml": yaml_of[name],
+            "yaml": yaml_of[cfg["task"]],
             "output_type": cfg.get("output_type", "generate_until"),
             "sampled": sampled(cfg.get("generation_kwargs") or {}),
             "results": results["results"].get(name, {}),
@@ -167,6 +176,44 @@ def worker(args: argparse.Namespace) -> int:
     Path(args.out).write_text(json.dumps(out, default=str, ensure_ascii=False))
     print(f"lm-eval worker: simple_evaluate took {wall:.1f} s", file=sys.stderr)
     return 0
+
+
+def yaml_group_name(path: Path) -> str:
+    import yaml
+
+    return str(yaml.safe_load(path.read_text(encoding="utf-8"))["group"])
+
+
+def include_dir(source: Path, target: Path) -> Path:
+    """A copy of the YAML directory ``source`` at ``target`` that lm-eval can index as ``include_path``: every
+    YAML's relative ``data_files`` made absolute (lm-eval reads them relative to the working directory), its
+    ``!function`` tags and everything else kept; the Python files beside them copied as they are."""
+    import shutil
+
+    import yaml
+
+    class Function(str):
+        pass
+
+    class Loader(yaml.SafeLoader):
+        pass
+
+    class Dumper(yaml.SafeDumper):
+        pass
+
+    Loader.add_constructor("!function", lambda loader, node: Function(loader.construct_scalar(node)))
+    Dumper.add_representer(Function, lambda dumper, value: dumper.represent_scalar("!function", str(value)))
+    shutil.copytree(source, target, ignore=shutil.ignore_patterns("__pycache__"))
+    for path in sorted(target.rglob("*.yaml")):
+        cfg = yaml.load(path.read_text(encoding="utf-8"), Loader=Loader)
+        files = (cfg.get("dataset_kwargs") or {}).get("data_files")
+        origin = source / path.parent.relative_to(target)
+        if isinstance(files, dict):
+            cfg["dataset_kwargs"]["data_files"] = {k: str(origin / v) for k, v in files.items()}
+        elif isinstance(files, str):
+            cfg["dataset_kwargs"]["data_files"] = str(origin / files)
+        path.write_text(yaml.dump(cfg, Dumper=Dumper, sort_keys=False, allow_unicode=True), encoding="utf-8")
+    return target
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -397,8 +444,36 @@ def print_overall(results: list[dict]) -> None:
 # ---------------------------------------------------------------------------------------------------------
 
 
+GROUP_TOLERANCE = 1e-12  # a group's mean and stderr: the same sums over the same per-item values, in other orders
+
+
+def compare_group(lm_results: dict, record: dict) -> tuple[list[tuple[str, str, object, object, bool]], bool]:
+    """Each group's aggregate metric and stderr, lm-eval's results against group.json's: rows (group, key,
+    lm-eval, evalrun, equal), and whether all are equal (within GROUP_TOLERANCE) and every lm-eval group
+    aggregate has evalrun's."""
+    rows, ok = [], True
+    for group, result in record["results"].items():
+        theirs = lm_results.get(group, {})
+        for metric, est in result["metrics"].items():
+            name, _, filt = metric.partition("/")
+            for field, suffix in (("mean", ""), ("stderr", "_stderr")):
+                lv, ev = theirs.get(f"{name}{suffix},{filt or 'none'}"), est.get(field)
+                equal = (lv == ev or (isinstance(lv, (int, float)) and isinstance(ev, (int, float))
+                                      and abs(lv - ev) <= GROUP_TOLERANCE))  # fmt: skip
+                rows.append((group, metric if field == "mean" else f"{metric} stderr", lv, ev, equal))
+                ok = ok and equal
+        extra = [k for k in theirs if "," in k and "_stderr" not in k
+                 and k.replace(",none", "").replace(",", "/") not in result["metrics"]]  # fmt: skip
+        for key in extra:
+            rows.append((group, key, theirs[key], None, False))
+            ok = False
+    return rows, ok
+
+
 def task_yamls(names: str | None) -> list[Path]:
-    found = {p.stem: p for p in sorted(YAMLS.rglob("*.yaml"))}
+    found = {p.stem: p for p in sorted(YAMLS.rglob("*.yaml")) if "\ngroup:" not in f"\n{p.read_text()}"}  # tasks
+    if not names:
+        return list(found.values())
     if not names:
         return list(found.values())
     out = []
@@ -429,6 +504,12 @@ def main(argv: list[str] | None = None) -> int:
         "--tasks",
         help="comma-separated shipped task names (YAML stems, e.g. addition_gen,"
         "addition_mc); default: all under evalrun/tasks/builtin/lm_eval",
+    )
+    parser.add_argument(
+        "--group",
+        help="a shipped group YAML (its stem, e.g. addition_suite): lm-eval evaluates the group (its tasks inline), "
+        "evalrun runs task.name=GROUP over the shipped directory; each task is compared as above, then each "
+        "group's aggregate metrics and their stderr (lm-eval's results against group.json)",
     )
     parser.add_argument("--limit", type=int, help="first N items of each task, on both sides")
     parser.add_argument("--work-dir", type=Path, help="where runs and lm-eval's samples go (default: a new /tmp dir)")
@@ -465,6 +546,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--side-dir", help=argparse.SUPPRESS)  # the worker's: where lm_eval must come from
     parser.add_argument("--model-dir", help=argparse.SUPPRESS)
     parser.add_argument("--yaml", action="append", help=argparse.SUPPRESS)
+    parser.add_argument("--group-yaml", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
@@ -479,6 +561,11 @@ def main(argv: list[str] | None = None) -> int:
     model_dir = model_dir.resolve()
     if not (model_dir / "config.json").exists():
         fail(f"no model at {model_dir}")
+    if args.group and args.tasks:
+        parser.error("--group runs the group's tasks: give --group or --tasks, not both")
+    group_yaml = YAMLS / f"{args.group}.yaml" if args.group else None
+    if group_yaml is not None and not group_yaml.is_file():
+        fail(f"no shipped group {args.group!r}; have: {', '.join(p.stem for p in sorted(YAMLS.glob('*.yaml')))}")
     yamls = task_yamls(args.tasks)
     work = (args.work_dir or Path(tempfile.mkdtemp(prefix="agree-lm-eval-"))).resolve()
     work.mkdir(parents=True, exist_ok=True)
@@ -510,6 +597,8 @@ def main(argv: list[str] | None = None) -> int:
     ]
     for y in yamls:
         cmd += ["--yaml", str(y)]
+    if group_yaml is not None:
+        cmd += ["--group-yaml", str(group_yaml)]
     if args.limit is not None:
         cmd += ["--limit", str(args.limit)]
     if args.lm_eval_threads is not None:
@@ -540,13 +629,13 @@ def main(argv: list[str] | None = None) -> int:
     if not evalrun.exists():
         evalrun = REPO / ".venv" / "bin" / "evalrun"
     reports, ok = [], True
-    for y in yamls:
-        name, lm_task = next((n, t) for n, t in lm["tasks"].items() if t["yaml"] == str(y))
+
+    def run_evalrun(task_args: list[str], label: str) -> Path:
         cmd = [
             str(evalrun),
             "run",
             "task=lm_eval",
-            f"task.path={y}",
+            *task_args,
             "engine=hf",
             "cluster=inline",
             "run.progress=false",
@@ -565,19 +654,30 @@ def main(argv: list[str] | None = None) -> int:
         commands.append(show_cmd(cmd, OFFLINE_ENV))
         print("$ " + commands[-1], flush=True)
         started = time.monotonic()
-        log_path = work / f"evalrun_{name}.log"
+        log_path = work / f"evalrun_{label}.log"
         proc = subprocess.run(
             cmd, env=os.environ | OFFLINE_ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
         )
-        walls.append((f"evalrun {name}", time.monotonic() - started))
+        walls.append((f"evalrun {label}", time.monotonic() - started))
         log_path.write_text(proc.stdout)
         lines = [ln for ln in proc.stdout.strip().splitlines() if ln.strip()]
         if proc.returncode != 0 or not lines or not Path(lines[-1].strip()).is_dir():
             print(proc.stdout[-6000:], file=sys.stderr)
-            fail(f"evalrun failed on {name} (exit {proc.returncode}); log: {log_path}")
+            fail(f"evalrun failed on {label} (exit {proc.returncode}); log: {log_path}")
         run_dir = Path(lines[-1].strip())
         print(f"  run directory: {run_dir}")
-        reports.append(compare_task(name, lm_task, run_dir))
+        return run_dir
+
+    group_rows: list[tuple[str, str, object, object, bool]] = []
+    if group_yaml is not None:  # one evalrun run of the group: a run per task in its directory, and group.json
+        group_dir = run_evalrun([f"task.path={YAMLS}", f"task.name={args.group}"], args.group)
+        for name, lm_task in lm["tasks"].items():
+            task = name.rsplit("::", 1)[-1]
+            reports.append(compare_task(task, lm_task, group_dir / task))
+        group_rows, ok = compare_group(lm["results"], json.loads((group_dir / "group.json").read_text()))
+    for y in yamls if group_yaml is None else ():
+        name, lm_task = next((n, t) for n, t in lm["tasks"].items() if t["yaml"] == str(y))
+        reports.append(compare_task(name, lm_task, run_evalrun([f"task.path={y}"], name)))
 
     print(
         f"\nmodel: {model_dir} (evalrun model={ev_model}); limit: {args.limit}; "
@@ -586,6 +686,11 @@ def main(argv: list[str] | None = None) -> int:
     for r in reports:
         ok = print_task(r, args.show) and ok
     print_overall(reports)
+    if group_rows:
+        print(f"\n=== group {args.group}: lm-eval's aggregates against group.json's")
+        w = max(len(f"{g} {k}") for g, k, *_ in group_rows) + 2
+        for g, k, lv, ev, equal in group_rows:
+            print(f"  {g + ' ' + k:<{w}}{aggregate(lv):>14}{aggregate(ev):>14}" + ("" if equal else "   <-- differs"))
     print("\ncommands run:")
     for c in commands:
         print("  $ " + c)

@@ -141,6 +141,8 @@ def main() -> int:
     manager = TaskManager(include_defaults=False)
     for path in sorted(YAMLS.rglob("*.yaml")):
         cfg = load_config(path)
+        if "group" in cfg:  # a group's YAML (addition_suite): its tasks' requests are theirs
+            continue
         name = cfg["task"]
         task = manager.load(cfg)["tasks"][name]
         lines = golden_lines(task, chat, not args.single_turn, args.system_instruction)

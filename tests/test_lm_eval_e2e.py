@@ -7,8 +7,12 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import shutil
+import signal
+import subprocess
+import sys
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -20,11 +24,16 @@ from helpers.lm_eval import TINY_TASK, write_tiny_data
 
 from evalrun import cli
 from evalrun.analysis.compare import compare_paths
+from evalrun.audit.groups import verify_group
 from evalrun.audit.replay import replay_run
 from evalrun.audit.rescore import rescore_run
 from evalrun.audit.verify import verify_run
+from evalrun.config import load
 from evalrun.errors import BadInput, CheckFailed
-from evalrun.pipeline.runner import resume
+from evalrun.pipeline import groups
+from evalrun.pipeline.dispatch import Dispatcher
+from evalrun.pipeline.runner import prepare, resume
+from evalrun.records.canonical import canonical_hash
 from evalrun.tasks.lm_eval import load_task
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -257,3 +266,97 @@ def test_bad_yamls_exit_2_with_one_line_before_any_model_loads(tmp_path: Path, c
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and str(path) in err[0] and named in err[0], err
     assert not (tmp_path / "runs").exists()
+
+
+def _group_plan(tmp_path: Path, path: Path, name: str = "addition_suite", limit: int = 4) -> groups.GroupPlan:
+    plan = groups.plan_group(load(["task=lm_eval", f"task.path={path}", f"task.name={name}", f"limit={limit}",
+                                   f"run.root={tmp_path / 'runs'}", "run.progress=false"]))  # fmt: skip
+    assert plan is not None
+    return plan
+
+
+@pytest.mark.e2e
+def test_a_group_runs_each_task_as_a_run_of_its_own_and_reports_lm_evals_group_metrics(
+    dispatcher: Dispatcher, tmp_path: Path
+) -> None:
+    plan = _group_plan(tmp_path, SHIPPED)
+    record = groups.run_group(plan, [prepare(m) for m in plan.members], dispatcher)
+    tasks = ["lm_eval_addition_gen", "lm_eval_addition_mc", "lm_eval_addition_mc_prefix"]
+    assert sorted(p.name for p in plan.directory.iterdir()) == ["config.yaml", "group.json", *tasks]
+    overall = {t: json.loads((plan.directory / t / "summary.json").read_text())["overall"] for t in tasks}
+    for task in tasks:  # each a complete run of its one task, with that task's digest
+        manifest = json.loads((plan.directory / task / "manifest.json").read_text())
+        assert manifest["task"]["name"] == task and verify_run(plan.directory / task).episodes == 4
+    assert json.loads((plan.directory / "group.json").read_text()) == json.loads(json.dumps(record))
+    results = record["results"]
+    acc = [overall[t]["acc"] for t in tasks[1:]]  # the group's acc: the two choice tasks', weighted by size
+    assert results["addition_suite"]["metrics"]["acc"]["mean"] == pytest.approx(sum(a["mean"] for a in acc) / 2)
+    assert results["addition_suite"]["metrics"]["acc"]["missing"] == ["lm_eval_addition_gen"]
+    assert results["addition_suite"]["metrics"]["exact_match/get-answer"]["mean"] == pytest.approx(
+        overall["lm_eval_addition_gen"]["exact_match/get-answer"]["mean"])  # fmt: skip
+    assert set(results) == {"addition_suite", "addition_suite::choice"}
+    report = verify_group(plan.directory)
+    assert report.seal == record["seal"] and list(report.tasks) == tasks
+
+    # the record's figures are recomputed from the tasks' runs, its seal from the record
+    forged = Path(shutil.copytree(plan.directory, tmp_path / "forged"))
+    edited = json.loads((forged / "group.json").read_text())
+    edited["results"]["addition_suite"]["metrics"]["acc"]["mean"] = 0.99
+    body = {k: v for k, v in edited.items() if k != "seal"}
+    (forged / "group.json").write_text(json.dumps({**body, "seal": canonical_hash(body)}))
+    with pytest.raises(CheckFailed, match="results of 'addition_suite' differ"):
+        verify_group(forged)
+    (forged / "group.json").write_text(json.dumps({**body, "seal": record["seal"]}))
+    with pytest.raises(CheckFailed, match=r"seal .* is not the sha256 of the record"):
+        verify_group(forged)
+
+    # interrupted after its second task: resume keeps the complete runs and runs the rest on the same engine
+    resumed = Path(shutil.copytree(plan.directory, tmp_path / "resumed"))
+    shutil.rmtree(resumed / tasks[-1])
+    (resumed / "group.json").unlink()
+    with pytest.raises(CheckFailed, match="the group is incomplete"):
+        verify_group(resumed)
+    ran: list[Path] = []
+    again = groups.resume_group(resumed, dispatcher=dispatcher, on_task=ran.append)
+    assert ran == [resumed / tasks[-1]] and again["results"] == record["results"]
+    verify_group(resumed)
+
+
+@pytest.mark.e2e
+def test_a_group_task_whose_dataset_changed_is_refused_at_resume(dispatcher: Dispatcher, tmp_path: Path) -> None:
+    copy = Path(shutil.copytree(SHIPPED, tmp_path / "tasks"))
+    plan = _group_plan(tmp_path, copy, limit=2)
+    groups.run_group(plan, [prepare(m) for m in plan.members], dispatcher)
+    (plan.directory / "group.json").unlink()
+    data = copy / "addition_mc" / "test.jsonl"
+    data.write_text(data.read_text().replace('"3+83"', '"3+84"', 1))  # an upstream edit of the first question
+    changed = r"lm_eval_addition_mc/manifest.json: the run would now be made differently: task.dataset"
+    with pytest.raises(BadInput, match=changed):
+        groups.resume_group(plan.directory, dispatcher=dispatcher)
+
+
+@pytest.mark.e2e
+def test_a_group_killed_in_its_first_task_resumes_from_the_command_line_and_verifies(tmp_path: Path) -> None:
+    """As a user runs it: `evalrun run` of a group killed in its first task's run (a power cut: SIGKILL after its
+    first part), `evalrun verify` says the group is incomplete, `evalrun resume GROUP_DIR` finishes that run and
+    runs the rest on one engine, prints the group's table and its directory last; then it verifies."""
+    group = tmp_path / "group"
+    command = [sys.executable, "-m", "evalrun.cli", "run", "task=lm_eval", f"task.path={SHIPPED}",
+               "task.name=addition_suite", "limit=4", "cluster=inline", "cluster.batch_size=2", f"run.dir={group}",
+               "run.progress=false", "report=false"]  # fmt: skip
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    killed = subprocess.run(command, capture_output=True, text=True, timeout=600, env={**env,
+                            "EVALRUN_FAILPOINT": "after-part-0"})  # fmt: skip
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    assert sorted(p.name for p in group.iterdir()) == ["config.yaml", "lm_eval_addition_gen"]
+    verify = subprocess.run([sys.executable, "-m", "evalrun.cli", "verify", str(group)], capture_output=True,
+                            text=True, timeout=300, env=env)  # fmt: skip
+    assert verify.returncode == 1 and "the group is incomplete (tasks finished: none)" in verify.stderr
+    done = subprocess.run([sys.executable, "-m", "evalrun.cli", "resume", str(group), "run.progress=false"],
+                          capture_output=True, text=True, timeout=600, env=env)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.strip().splitlines()
+    assert lines[-1] == str(group) and any(line.startswith("addition_suite::choice   acc ") for line in lines)
+    record = json.loads((group / "lm_eval_addition_gen" / "record.json").read_text())
+    assert record["dispatch"]["resumed"]  # the first task's run finished, not made again
+    assert cli.main(["verify", str(group)]) == 0

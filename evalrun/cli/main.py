@@ -29,6 +29,7 @@ from evalrun.analysis.gate import RULES, gate_paths
 from evalrun.analysis.nondet import nondet_paths
 from evalrun.analysis.runs import digest_record, load_run
 from evalrun.audit.check import DEFAULT_REPEAT_ITEMS, check_run
+from evalrun.audit.groups import verify_group
 from evalrun.audit.ledger import anchor_run, verify_anchored
 from evalrun.audit.proofs import check_proof, load_proof, prove
 from evalrun.audit.rebaseline import rebaseline_runs
@@ -50,7 +51,7 @@ from evalrun.errors import (
     write_failed,
 )
 from evalrun.export.inspect_log import FORMATS, export_inspect
-from evalrun.pipeline import dispatch, runner
+from evalrun.pipeline import dispatch, groups, runner
 from evalrun.pipeline.canary import describe as describe_canary
 from evalrun.pipeline.worker import canary_on_demand
 from evalrun.records.canonical import canonical_json
@@ -199,15 +200,30 @@ def run(multirun: bool, overrides: tuple[str, ...]) -> None:
     loading while the pins, datasets and plans are checked, and stop at once if one fails. Prints a results table per
     task and metric and the path of the run's HTML report (RUN_DIR/report.html; report=false skips it),
     then the run directory as the last line of stdout (with -m: one line per job).
+
+    An lm-eval ``task.name`` that names a group, a tag or several tasks (``'task.name="a,b"'``) runs each task as
+    a run of its own in the group's directory (GROUP_DIR/TASK), on one engine, then writes GROUP_DIR/group.json
+    (the group's metrics, as lm-eval aggregates them) and prints the group's table; its line is GROUP_DIR.
     """
     flags = [o for o in overrides if o.startswith("-")]
     if flags:
         raise BadInput(flags[0], "unknown option (overrides are KEY=VALUE; -m for a multirun)")
     jobs = config.expand_multirun(list(overrides)) if multirun else [list(overrides)]
     loaded = [_in_job(job, multirun, lambda job=job: _load_job(job, multirun)) for job in jobs]
-    spec = _in_job(jobs[0], multirun, lambda: runner.worker_spec(loaded[0]))
+    # A job naming several lm-eval tasks (a group, a tag, a,b) runs each task as a run of its own in the group's
+    # directory, then writes the group's record (evalrun.pipeline.groups)
+    plans = [_in_job(job, multirun, lambda c=c: groups.plan_group(c)) for job, c in zip(jobs, loaded, strict=True)]
+    units = [(job, list(plan.members) if plan is not None else [c]) for job, c, plan in zip(jobs, loaded, plans,
+                                                                                            strict=True)]  # fmt: skip
+    spec = _in_job(jobs[0], multirun, lambda: runner.worker_spec(units[0][1][0]))
     console = render.stdout_console()
-    run_dirs: list[Path] = []
+    finished: list[Path] = []
+
+    def shown(run_dir: Path) -> None:
+        _print_results(console, run_dir)
+        if _report_wanted(run_dir):
+            _write_run_report("evalrun run", run_dir)
+
     # The first job's workers start now, while every job's pins, dataset and plan are checked (on Ray they
     # load in their own processes meanwhile). Consecutive jobs with the same model, engine and workers share
     # one dispatcher.
@@ -216,22 +232,41 @@ def run(multirun: bool, overrides: tuple[str, ...]) -> None:
         early = dispatch.start_early(spec, loaded[0].cluster)
         if early is not None:
             current = (dispatch.dispatcher_key(spec, loaded[0].cluster), early)
-        prepared = [_in_job(job, multirun, lambda c=c: runner.prepare(c)) for job, c in zip(jobs, loaded, strict=True)]
-        for job in prepared:
-            key = dispatch.dispatcher_key(job.worker_spec, job.config.cluster)
+        prepared = [[_in_job(job, multirun, lambda c=c: runner.prepare(c)) for c in configs] for job, configs in units]
+        for plan, jobs_prepared in zip(plans, prepared, strict=True):
+            first = jobs_prepared[0]
+            key = dispatch.dispatcher_key(first.worker_spec, first.config.cluster)
             if current is None or current[0] != key:
                 if current is not None:
                     current[1].close()
-                current = (key, runner.open_for(job))
-            run_dirs.append(runner.execute(job, current[1]))
-            _print_results(console, run_dirs[-1])
-            if job.config.report:
-                _write_run_report("evalrun run", run_dirs[-1])
+                current = (key, runner.open_for(first))
+            if plan is None:
+                finished.append(runner.execute(first, current[1]))
+                shown(finished[-1])
+                continue
+            # a group (a tag, a,b): its tasks, each a run of its own in the group's directory, then its record
+            record = groups.run_group(plan, jobs_prepared, current[1], shown)
+            render.render_group(console, record, title=f"group results: {plan.directory / groups.GROUP_FILE}")
+            finished.append(plan.directory)
     finally:
         if current is not None:
             current[1].close()
-    for run_dir in run_dirs:
+    for run_dir in finished:
         click.echo(str(run_dir))
+
+
+def _resume_group(directory: Path, overrides: list[str]) -> None:
+    """``evalrun resume GROUP_DIR``: the group's unfinished tasks, then its record and table."""
+    console = render.stdout_console()
+
+    def shown(run_dir: Path) -> None:
+        _print_results(console, run_dir)
+        if _report_wanted(run_dir):
+            _write_run_report("evalrun resume", run_dir)
+
+    record = groups.resume_group(directory, overrides, on_task=shown)
+    render.render_group(console, record, title=f"group results: {directory / groups.GROUP_FILE}")
+    click.echo(str(directory))
 
 
 def _in_job(job: list[str], multirun: bool, step: Callable[[], T]) -> T:
@@ -272,6 +307,9 @@ def resume(run_dir: Path, overrides: tuple[str, ...]) -> None:
         raise BadInput("RUN_DIR", "usage: evalrun resume RUN_DIR [cluster.KEY=VALUE ...]")
     if not run_dir.is_dir():
         raise BadInput(str(run_dir), "no such run directory")
+    if groups.is_group_dir(run_dir):
+        _resume_group(run_dir, list(overrides))
+        return
     if (run_dir / layout.RECORD).is_file() and (run_dir / layout.ATTESTATION).is_file():
         click.echo(f"evalrun resume: {run_dir} is complete already (record.json and its attestation are written): "
                    "nothing to resume; `evalrun verify` checks it", err=True)  # fmt: skip
@@ -322,6 +360,16 @@ def verify(run_dir: Path, expect_root: str | None, expect_seal: str | None, ledg
         raise BadInput("--ledger-head", "needs --ledger LEDGER, the ledger whose head it is")
     checks: dict[str, Any] = {"expect_root": expect_root, "public_key": public_key, "jobs": jobs,
                               "expect_seal": expect_seal}  # fmt: skip
+    if groups.is_group_dir(run_dir):
+        if ledger is not None or expect_root is not None or expect_seal is not None:
+            raise BadInput("GROUP_DIR", "--ledger, --expect-root and --expect-seal check one run: give a task's run "
+                                        "directory (GROUP_DIR/TASK)")  # fmt: skip
+        group = verify_group(run_dir, public_key=public_key, jobs=jobs)
+        if as_json:
+            _print_json(render.group_verify_record(group))
+        else:
+            render.render_group_verify(render.stdout_console(), group)
+        return
     if ledger is not None:
         report = verify_anchored(run_dir, ledger, ledger_head, **checks)
     else:

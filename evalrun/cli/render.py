@@ -22,6 +22,7 @@ from evalrun.analysis.gate import GateDecision
 from evalrun.analysis.nondet import NondetReport
 from evalrun.analysis.runs import OVERALL
 from evalrun.audit.check import CheckReport
+from evalrun.audit.groups import GroupVerifyReport
 from evalrun.audit.replay import ReplayReport
 from evalrun.audit.rescore import RescoreReport
 from evalrun.audit.verify import VerifyReport
@@ -131,6 +132,24 @@ def render_summary(console: Console, summary: Mapping[str, Any], title: str, war
         _line(console, f"warning: {warning}")
 
 
+def render_group(console: Console, record: Mapping[str, Any], title: str) -> None:
+    """A group record's results (group.json): one row per group and aggregate metric, lm-eval's group table (the
+    weighted or plain mean of its tasks' means, the pooled standard error, its items); a group without
+    aggregate metrics (a tag, a list of tasks) as its tasks."""
+    table = _table("group", "metric", "mean>", "stderr>", "items>", "weighted", "tasks")
+    for name, result in record.get("results", {}).items():
+        metrics = result.get("metrics", {})
+        if not metrics:
+            table.add_row(name, "-", "-", "-", "-", "-", ", ".join(result.get("tasks", [])))
+        for metric, est in metrics.items():
+            missing = f" (without: {', '.join(est['missing'])})" if est.get("missing") else ""
+            table.add_row(name, metric, _num(est.get("mean")), _num(est.get("stderr")), _num(est.get("n_items"), "d"),
+                          "-" if "weight_by_size" not in est else "yes" if est["weight_by_size"] else "no",
+                          f"{len(est.get('tasks', []))}{missing}")  # fmt: skip
+    console.print(title, soft_wrap=True, highlight=False, markup=False)
+    _emit(console, table)
+
+
 def render_canary_failures(console: Console, manifest: Mapping[str, Any], record: Mapping[str, Any] | None) -> None:
     """Under the results table, a line per worker whose batch-invariance canary failed, as the run's
     manifest (and record.json, for workers that replaced others) recorded it: a run read again later
@@ -161,6 +180,20 @@ def render_verify(console: Console, report: VerifyReport) -> None:
     _line(console, f"ok: {report.episodes} episodes, {report.log_entries} log entries, {report.parts} parts; "
                    f"merkle root {report.merkle_root}; seal {report.seal}; "
                    f"attestation {report.attestation}{anchored}")  # fmt: skip
+
+
+def group_verify_record(report: GroupVerifyReport) -> dict[str, Any]:
+    return {"format": VERIFY_FORMAT, "ok": True, "group": str(report.group), "name": report.name,
+            "seal": report.seal, "tasks": {name: jsonable(task) for name, task in report.tasks.items()}}  # fmt: skip
+
+
+def render_group_verify(console: Console, report: GroupVerifyReport) -> None:
+    """A line per task's verified run, then the group's verdict."""
+    for name, task in report.tasks.items():
+        _line(console, f"ok: task {name}: {task.episodes} episodes, {task.parts} parts; merkle root "
+                       f"{task.merkle_root}; seal {task.seal}; attestation {task.attestation}")  # fmt: skip
+    _line(console, f"ok: group {report.name}: {len(report.tasks)} tasks verified; the group's results recomputed "
+                   f"from them; seal {report.seal}")  # fmt: skip
 
 
 def replay_record(report: ReplayReport) -> dict[str, Any]:

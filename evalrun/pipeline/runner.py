@@ -270,6 +270,11 @@ def load_run_config(run: layout.RunDir, overrides: list[str]) -> EvalConfig:
     how it runs, never what it computes."""
     if not run.config.is_file() or not run.manifest.is_file():
         raise BadInput(str(run.path), "not an evalrun run directory (config.yaml or manifest.json is missing)")
+    return load_config_file(run.config, overrides)
+
+
+def load_config_file(path: Path, overrides: list[str]) -> EvalConfig:
+    """A stored config.yaml (a run's, a group's) with :func:`load_run_config`'s overrides of how it runs."""
     transport = {f"{section}.{key}" for section in ("engine", "judge_engine") for key in EngineConfig.TRANSPORT}
     for override in parse_overrides(overrides, plain=True):
         key = override.key
@@ -277,7 +282,19 @@ def load_run_config(run: layout.RunDir, overrides: list[str]) -> EvalConfig:
             raise BadInput(override.text, "only cluster=NAME, cluster.*, run.progress, run.on_drift and a served "
                                           "engine's engine.base_url, api_key_env, max_concurrency, timeout_s and "
                                           "max_retries overrides are accepted; the rest is the run's own")  # fmt: skip
-    return validate(load_stored(run.config, overrides, groups=("cluster",)))
+    return validate(load_stored(path, overrides, groups=("cluster",)))
+
+
+def check_unchanged(run: layout.RunDir, prepared: Prepared) -> None:
+    """The run's recorded identity is what ``prepared`` would make now, or a BadInput naming the first field that
+    changed (by its own field first, task.dataset_sha256, the digests that follow from it last)."""
+    recorded = prepared.kind.recorded_identity(reader.read_manifest(run).get("identity", {}), prepared.config)
+    current = run_identity(prepared.kind, prepared.config, prepared.task, prepared.model, prepared.digest,
+                           len(prepared.episodes), prepared.judge_model)  # fmt: skip
+    changed = sorted((path for path, _, _ in differences(recorded, current)), key=lambda p: p.startswith("digest"))
+    if changed:
+        more = f" (and {len(changed) - 1} more)" if len(changed) > 1 else ""
+        raise BadInput(str(run.manifest), f"the run would now be made differently: {changed[0]} changed{more}")
 
 
 def resume(run_path: Path, overrides: list[str] | None = None, dispatcher: Dispatcher | None = None) -> Path:
@@ -294,14 +311,7 @@ def resume(run_path: Path, overrides: list[str] | None = None, dispatcher: Dispa
                 writer.remove_temporaries(run)
                 attest_finished_run(run.path)
             return run.path
-        recorded = prepared.kind.recorded_identity(reader.read_manifest(run).get("identity", {}), prepared.config)
-        current = run_identity(prepared.kind, prepared.config, prepared.task, prepared.model, prepared.digest,
-                               len(prepared.episodes), prepared.judge_model)  # fmt: skip
-        # what changed named by its own field first (task.dataset_sha256), the digests that follow from it last
-        changed = sorted((path for path, _, _ in differences(recorded, current)), key=lambda p: p.startswith("digest"))
-        if changed:
-            more = f" (and {len(changed) - 1} more)" if len(changed) > 1 else ""
-            raise BadInput(str(run.manifest), f"the run would now be made differently: {changed[0]} changed{more}")
+        check_unchanged(run, prepared)
         clock = PhaseClock()
         dispatcher, own = _checked_dispatcher(prepared, dispatcher)
         try:

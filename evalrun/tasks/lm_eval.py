@@ -637,14 +637,43 @@ def find_task(path: Path, name: str | None, allow_unpinned: bool = False) -> LmE
         if name is not None and name != task.name:
             raise BadInput("task.name", f"{path} defines task {task.name!r}, not {name!r}")
         return task
-    found: dict[str, Path] = {}
-    for candidate in sorted(path.rglob("*.yaml")):
+    found = index(path)
+    if name not in found.tasks:
+        raise BadInput("task.name", f"name the task to run from {path}: {found.listing()}")
+    return load_task(found.tasks[name], allow_unpinned)
+
+
+@dataclass(frozen=True)
+class TaskIndex:
+    """What a directory of lm-eval YAMLs defines, as lm-eval's ``TaskIndex`` registers it: each task's YAML (a YAML
+    with ``task`` and no ``group``), each group's (a YAML with ``group``), and each tag's tasks (a task YAML's
+    ``tag``, one name or a list); the first file of a name wins, the files in path order."""
+
+    tasks: Mapping[str, Path]
+    groups: Mapping[str, Path]
+    tags: Mapping[str, tuple[str, ...]]
+
+    def listing(self) -> str:
+        kinds = (("tasks", self.tasks), ("groups", self.groups), ("tags", self.tags))
+        named = [f"{kind} {', '.join(sorted(names))}" for kind, names in kinds if names]
+        return "one of the " + "; ".join(named) if named else "it has no lm-eval YAML"
+
+
+def index(directory: Path) -> TaskIndex:
+    """The tasks, groups and tags of the YAMLs under ``directory`` (see :class:`TaskIndex`)."""
+    tasks: dict[str, Path] = {}
+    groups: dict[str, Path] = {}
+    tags: dict[str, list[str]] = {}
+    for candidate in sorted(directory.rglob("*.yaml"), key=lambda p: p.as_posix()):
         settings, _ = read_yaml(candidate)
-        if isinstance(settings.get("task"), str) and "group" not in settings:
-            found.setdefault(settings["task"], candidate)
-    if name not in found:
-        raise BadInput("task.name", f"name the task to run from {path}: one of {', '.join(sorted(found)) or 'none'}")
-    return load_task(found[name], allow_unpinned)
+        if isinstance(settings.get("group"), str):
+            groups.setdefault(settings["group"], candidate)
+        elif isinstance(settings.get("task"), str) and settings["task"] not in tasks:
+            tasks[settings["task"]] = candidate
+            tagged = settings.get("tag")
+            for tag in [tagged] if isinstance(tagged, str) else tagged if isinstance(tagged, list) else []:
+                tags.setdefault(str(tag), []).append(settings["task"])
+    return TaskIndex(tasks, groups, {tag: tuple(sorted(names)) for tag, names in tags.items()})
 
 
 # --- filters and metrics, as the YAML names them (evalrun.scoring.lm_eval computes them) ---
@@ -762,6 +791,9 @@ def load_task(path: Path, allow_unpinned: bool = False) -> LmEvalTask:
     """The lm-eval task of the YAML at ``path``; a BadInput names the file and key at fault (a key evalrun does
     not implement, an include or function that is not there, a split the dataset does not have)."""
     settings, origins = read_yaml(path)
+    if "group" in settings:
+        raise BadInput(f"{path}: group", f"a group's YAML, not a task's: it runs as task.path={path} (or its "
+                                         f"directory with task.name={settings['group']})")  # fmt: skip
     for key in settings:
         if key not in SUPPORTED:
             raise BadInput(f"{origins[key]}: {key}", f"an lm-eval key evalrun does not implement (it reads "
