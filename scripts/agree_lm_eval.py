@@ -691,6 +691,11 @@ def main(argv: list[str] | None = None) -> int:
         w = max(len(f"{g} {k}") for g, k, *_ in group_rows) + 2
         for g, k, lv, ev, equal in group_rows:
             print(f"  {g + ' ' + k:<{w}}{aggregate(lv):>14}{aggregate(ev):>14}" + ("" if equal else "   <-- differs"))
+        gaps = [abs(lv - ev) for _, _, lv, ev, _ in group_rows if isinstance(lv, float) and isinstance(ev, float)]
+        print(
+            f"  max |lm-eval - evalrun| over the group's figures: {max(gaps, default=0.0):.3e} "
+            f"(equal within {GROUP_TOLERANCE:g})"
+        )
     print("\ncommands run:")
     for c in commands:
         print("  $ " + c)

@@ -297,6 +297,8 @@ def test_a_group_runs_each_task_as_a_run_of_its_own_and_reports_lm_evals_group_m
     assert set(results) == {"addition_suite", "addition_suite::choice"}
     report = verify_group(plan.directory)
     assert report.seal == record["seal"] and list(report.tasks) == tasks
+    with pytest.raises(BadInput, match=r"a group of runs, not a run: give one of its tasks' runs, .*/TASK \(lm_eval"):
+        rescore_run(plan.directory, [])  # the commands of one run say which runs the group holds
 
     # the record's figures are recomputed from the tasks' runs, its seal from the record
     forged = Path(shutil.copytree(plan.directory, tmp_path / "forged"))

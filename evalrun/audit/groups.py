@@ -16,7 +16,7 @@ from typing import Any
 
 from evalrun.audit.verify import VerifyReport, verify_run
 from evalrun.errors import CheckFailed
-from evalrun.pipeline.groups import GROUP_FILE, GROUP_FORMAT, group_results
+from evalrun.pipeline.groups import GROUP_FORMAT, group_results
 from evalrun.records.canonical import canonical_hash
 from evalrun.rundir import layout
 from evalrun.rundir.reader import read_summary
@@ -39,7 +39,7 @@ def _fail(where: Path, message: str) -> CheckFailed:
 
 def verify_group(path: Path, public_key: Path | None = None, jobs: int = 0) -> GroupVerifyReport:
     """Check the group at ``path``; raises CheckFailed naming the first broken thing."""
-    record_path = path / GROUP_FILE
+    record_path = path / layout.GROUP
     if not record_path.is_file():
         done = sorted(p.name for p in path.iterdir() if (p / layout.RECORD).is_file())
         raise _fail(record_path, f"missing: the group is incomplete (tasks finished: {', '.join(done) or 'none'}); "
@@ -53,7 +53,7 @@ def verify_group(path: Path, public_key: Path | None = None, jobs: int = 0) -> G
     names = [m["task"] for m in members]
     if names != [leaf.name for leaf in group.leaves()]:
         raise _fail(record_path, f"members {names} are not the group's tasks {[x.name for x in group.leaves()]}")
-    allowed = {*names, GROUP_FILE, layout.CONFIG, *GROUP_VIEWS}
+    allowed = {*names, layout.GROUP, layout.CONFIG, *GROUP_VIEWS}
     strays = sorted(p.name for p in path.iterdir() if p.name not in allowed)
     if strays:
         raise _fail(path / strays[0], "not part of the group's record")

@@ -246,7 +246,7 @@ def run(multirun: bool, overrides: tuple[str, ...]) -> None:
                 continue
             # a group (a tag, a,b): its tasks, each a run of its own in the group's directory, then its record
             record = groups.run_group(plan, jobs_prepared, current[1], shown)
-            render.render_group(console, record, title=f"group results: {plan.directory / groups.GROUP_FILE}")
+            render.render_group(console, record, title=f"group results: {plan.directory / layout.GROUP}")
             finished.append(plan.directory)
     finally:
         if current is not None:
@@ -265,7 +265,7 @@ def _resume_group(directory: Path, overrides: list[str]) -> None:
             _write_run_report("evalrun resume", run_dir)
 
     record = groups.resume_group(directory, overrides, on_task=shown)
-    render.render_group(console, record, title=f"group results: {directory / groups.GROUP_FILE}")
+    render.render_group(console, record, title=f"group results: {directory / layout.GROUP}")
     click.echo(str(directory))
 
 

@@ -39,7 +39,6 @@ from evalrun.stats.summary import is_perplexity
 from evalrun.tasks.lm_eval_groups import NO_FILTER, Group, find_group
 
 GROUP_FORMAT = "evalrun.group/1"
-GROUP_FILE = "group.json"
 DEFAULT_NAME = "lm_eval"  # conf/task/lm_eval.yaml's task name: the YAML's own names the run
 _PLAIN_NAME = re.compile(r"[A-Za-z0-9_.\-]+")
 
@@ -91,8 +90,9 @@ def plan_group(config: EvalConfig) -> GroupPlan | None:
 
 
 def is_group_dir(path: Path) -> bool:
-    """A group's directory (its config.yaml names several tasks), finished (group.json) or not."""
-    return (path / GROUP_FILE).is_file() or ((path / layout.CONFIG).is_file() and not (path / layout.MANIFEST).exists())
+    """A group's directory: finished, with its record (group.json), or not (a config.yaml and no run's manifest)."""
+    unfinished = (path / layout.CONFIG).is_file() and not (path / layout.MANIFEST).exists()
+    return (path / layout.GROUP).is_file() or unfinished
 
 
 def load_group(directory: Path, overrides: list[str]) -> GroupPlan:
@@ -161,7 +161,7 @@ def resume_group(directory: Path, overrides: Sequence[str] = (), dispatcher: Dis
 def finish_group(plan: GroupPlan) -> dict[str, Any]:
     """The group's record over its tasks' complete runs, written to group.json."""
     record = group_record(plan.group, plan.directory, [m.task.name for m in plan.members])
-    write_json(plan.directory / GROUP_FILE, record)
+    write_json(plan.directory / layout.GROUP, record)
     return record
 
 

@@ -19,6 +19,7 @@ SCORES = "scores.parquet"
 SUMMARY = "summary.json"
 RECORD = "record.json"
 ATTESTATION = "attestation.intoto.json"
+GROUP = "group.json"  # a group's record over its tasks' runs, GROUP_DIR/TASK (evalrun.pipeline.groups)
 REBASELINE = "rebaseline.json"  # written by `evalrun rebaseline` into a sealed run: not in record.json
 LOCK = ".lock"  # present only while a driver holds it
 # A derived view of the run (``evalrun report``), written after the attestation: not hashed, not

@@ -66,6 +66,11 @@ def open_run(path: Path) -> layout.RunDir:
         raise BadInput(str(path), "no such run directory")
     run = layout.RunDir(path)
     if not run.record.exists() and not run.manifest.exists():
+        if (path / layout.GROUP).is_file() or (path / layout.CONFIG).is_file():
+            tasks = sorted(p.name for p in path.iterdir() if (p / layout.MANIFEST).is_file())
+            if tasks:  # a group's directory: its tasks' runs are the runs
+                raise BadInput(str(path), f"a group of runs, not a run: give one of its tasks' runs, "
+                                          f"{path}/TASK ({', '.join(tasks)})")  # fmt: skip
         raise BadInput(str(path), "not a run directory (expected manifest.json and record.json)")
     return run
 
