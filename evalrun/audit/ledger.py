@@ -12,94 +12,19 @@ changes its seal, which no longer matches the ledger's (docs/design.md "Ledger")
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
-
+from evalrun.audit.checkpoints import check_anchored_checkpoints
 from evalrun.audit.verify import VerifyReport, verify_run
 from evalrun.errors import BadInput, CheckFailed
-from evalrun.records.canonical import canonical_json
-from evalrun.records.chain import GENESIS, link
-from evalrun.records.formats import LEDGER_FORMAT, LedgerEntry, first_error
-from evalrun.rundir import writer
+from evalrun.rundir import layout
+from evalrun.rundir.ledger import Ledger, LedgerLine, append, parse_ledger, read_ledger, run_name
+from evalrun.rundir.reader import load_record
 
-
-@dataclass(frozen=True)
-class LedgerLine:
-    number: int  # 1-based line number in the file
-    entry: LedgerEntry
-    text: str  # the line as written (canonical JSON, no newline)
-    head: str  # the ledger's hash after this line
-
-
-@dataclass(frozen=True)
-class Ledger:
-    path: Path
-    lines: tuple[LedgerLine, ...]
-
-    @property
-    def head(self) -> str:
-        return self.lines[-1].head if self.lines else GENESIS
-
-    def find(self, run: str) -> LedgerLine | None:
-        return next((line for line in self.lines if line.entry.run == run), None)
-
-
-def run_name(path: Path) -> str:
-    """The name a run is anchored under: its directory's name."""
-    return path.resolve().name
-
-
-def parse_ledger(path: Path, data: bytes) -> Ledger:
-    """Check a ledger's own chain line by line; CheckFailed naming the first broken line."""
-    if data and not data.endswith(b"\n"):
-        raise _broken(path, data.count(b"\n") + 1, "truncated: the last line has no newline")
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise _broken(path, data[: exc.start].count(b"\n") + 1, "not valid UTF-8") from None
-    lines: list[LedgerLine] = []
-    seen: dict[str, int] = {}
-    head = GENESIS
-    for number, line in enumerate(text.split("\n")[:-1], start=1):
-        try:
-            value = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise _broken(path, number, f"not JSON ({exc.msg})") from None
-        if not isinstance(value, dict) or value.get("format") != LEDGER_FORMAT:
-            found = value.get("format") if isinstance(value, dict) else None
-            raise _broken(path, number, f"format {found!r}, expected {LEDGER_FORMAT!r}")
-        if canonical_json(value) != line:
-            raise _broken(path, number, "not canonical JSON (RFC 8785)")
-        try:
-            entry = LedgerEntry.model_validate(value)
-        except ValidationError as exc:
-            field, message = first_error(exc)
-            raise _broken(path, number, f"field {field!r}: {message}") from None
-        if entry.seq != len(lines):
-            raise _broken(path, number, f"seq {entry.seq}, expected {len(lines)}")
-        if entry.prev != head:
-            raise _broken(path, number, "prev does not match the hash of the ledger before this line")
-        if entry.run in seen:
-            raise _broken(path, number, f"run {entry.run} anchored again (first at line {seen[entry.run]})")
-        seen[entry.run] = number
-        head = link(head, line)
-        lines.append(LedgerLine(number, entry, line, head))
-    return Ledger(path, tuple(lines))
-
-
-def _broken(path: Path, number: int, message: str) -> CheckFailed:
-    return CheckFailed(f"{path}:{number}: {message}")
-
-
-def read_ledger(path: Path) -> Ledger:
-    if not path.is_file():
-        raise BadInput(str(path), "no such ledger (`evalrun anchor RUN_DIR LEDGER` creates one)")
-    return parse_ledger(path, path.read_bytes())
+__all__ = ["AnchorResult", "Ledger", "LedgerLine", "anchor_run", "check_anchored", "parse_ledger", "read_ledger",
+           "run_name", "verify_anchored"]  # fmt: skip
 
 
 # --- evalrun anchor -------------------------------------------------------------------------------
@@ -130,25 +55,8 @@ def anchor_run(run_path: Path, ledger_path: Path, jobs: int = 0) -> AnchorResult
     except CheckFailed as exc:
         raise CheckFailed(f"{run_path} is not anchored: it fails verify: {exc}") from exc
     assert report.seal is not None and report.digest is not None  # verify_run sets both
-    name = run_name(run_path)
-
-    def decide(data: bytes) -> tuple[AnchorResult, bytes | None]:
-        ledger = parse_ledger(ledger_path, data)
-        found = ledger.find(name)
-        if found is not None:
-            if found.entry.seal != report.seal:
-                raise CheckFailed(f"{ledger_path}:{found.number}: run {name} was anchored there with seal "
-                                  f"{found.entry.seal}; the run's seal is {report.seal}")  # fmt: skip
-            return AnchorResult(ledger_path, found, appended=False, head=ledger.head), None
-        entry = LedgerEntry(
-            seq=len(ledger.lines), prev=ledger.head, run=name, seal=report.seal, digest=report.digest,
-            merkle_root=report.merkle_root, anchored_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        )  # fmt: skip
-        text = canonical_json(entry.as_record())
-        line = LedgerLine(len(ledger.lines) + 1, entry, text, link(ledger.head, text))
-        return AnchorResult(ledger_path, line, appended=True, head=line.head), (text + "\n").encode("utf-8")
-
-    return writer.append_locked(ledger_path, decide)
+    line, appended, head = append(ledger_path, run_name(run_path), report.seal, report.digest, report.merkle_root)
+    return AnchorResult(ledger_path, line, appended=appended, head=head)
 
 
 # --- evalrun verify --ledger ----------------------------------------------------------------------
@@ -167,12 +75,16 @@ def check_anchored(report: VerifyReport, ledger_path: Path, expect_head: str | N
                 if same_seal else "")  # fmt: skip
         held = f"{len(ledger.lines)} {'entry' if len(ledger.lines) == 1 else 'entries'}"
         raise CheckFailed(f"{ledger_path}: run {name} is not anchored there (the ledger holds {held}){hint}")
+    run = layout.RunDir(report.run)  # its checkpoints first: a rewritten run is named where it began to differ
+    checkpoints = check_anchored_checkpoints(run, ledger, load_record(run)) if run.checkpoints.is_dir() else None
     for field, mine in (("seal", report.seal), ("digest", report.digest), ("merkle_root", report.merkle_root)):
         anchored = getattr(found.entry, field)
         if anchored != mine:
             raise CheckFailed(f"run {name} was anchored at {ledger_path} line {found.number} with {field} "
                               f"{anchored}; the run's {field} is {mine}")  # fmt: skip
     status = f"anchored at {ledger_path} line {found.number} of {len(ledger.lines)}; ledger head {ledger.head}"
+    if checkpoints is not None:
+        status += f"; {checkpoints}"
     if expect_head is None:
         return status
     expect = expect_head.lower()

@@ -36,6 +36,7 @@ from typing import Any
 
 import pyarrow.compute as pc
 
+from evalrun.audit.checkpoints import check_checkpoints
 from evalrun.audit.claims import check_rebaseline, check_sampling, check_score_values, check_seal, check_seeds
 from evalrun.audit.digest_check import check_digest
 from evalrun.episodes import EpisodeKind, kind_named, kind_of_manifest
@@ -95,6 +96,7 @@ class VerifyReport:
     scores: str = "not present"  # recomputed | not recomputed: why
     rebaseline: str = "absent"  # rebaseline.json: absent | checked: ... (evalrun.audit.claims.check_rebaseline)
     ledger: str = "not given"  # verify --ledger: where the run is anchored (evalrun.audit.ledger)
+    checkpoints: str = "absent"  # the run's checkpoints: absent | N checked (their signatures' status)
 
 
 def _fail(where: str, message: str) -> CheckFailed:
@@ -240,7 +242,7 @@ def check_no_strays(run: layout.RunDir, record: Record) -> None:
     ``evalrun rescore``'s outputs, the engine's logs (``logs/<name>.log``: provenance, hashed nowhere),
     and the lock while a driver holds it. The ``tokenizer`` folder's files are listed in record.json."""
     expected = _TOP_LEVEL | set(record.files)
-    folders = {layout.LOG, layout.OUTPUTS, layout.RESCORE, layout.LOGS, layout.TOKENIZER}
+    folders = {layout.LOG, layout.OUTPUTS, layout.RESCORE, layout.LOGS, layout.TOKENIZER, layout.CHECKPOINTS}
     for path in sorted(run.path.rglob("*")):
         rel = path.relative_to(run.path).as_posix()
         if path.is_symlink():
@@ -381,6 +383,8 @@ def _verify_run(
     if expect_root is not None and root != expect_root.lower():
         raise _fail("--expect-root", f"the run's root is {root}, not {expect_root}")
     seal = check_seal(record, expect_seal)
+    leaves_of = {out_rel: part.leaves for (_log_rel, out_rel), part in zip(pairs, results, strict=True)}
+    checkpoints = check_checkpoints(run, record, leaves_of, public_key)
     manifest, digest_parts = check_manifest(run, record.as_record())
     if isinstance(manifest.get("episodes"), int) and manifest["episodes"] != written:
         raise _fail(layout.MANIFEST, f"plans {manifest['episodes']} episodes, the run holds {written}")
@@ -397,5 +401,5 @@ def _verify_run(
     return VerifyReport(
         run=run.path, episodes=len(heads), log_entries=sum(p.entries for p in results), parts=len(pairs),
         merkle_root=root, attestation=status, digest_parts=digest_parts, seal=seal, digest=record.digest, scores=scores,
-        rebaseline=rebaseline,
+        rebaseline=rebaseline, checkpoints=checkpoints,
     )  # fmt: skip

@@ -590,6 +590,22 @@ class RunConfig(Section):
     # A worker whose provenance differs from the first's (docs/design.md "Worker provenance"): stop
     # the run (fail) or record it and go on (warn); null: fail under determinism.enabled, else warn.
     on_drift: Literal["fail", "warn"] | None = None
+    # Checkpoints (docs/design.md "Checkpoints"): while the run generates, what is durable is committed to
+    # RUN_DIR/checkpoints/ every N parts and/or every T seconds of the run (null: not by that measure; both null:
+    # no checkpoints). A run shorter than T writes none by time.
+    checkpoint_every_parts: int | None = field(default=None, metadata=LEFT_OUT_WHEN_NULL)
+    checkpoint_every_s: float | None = 300.0
+    # An anchor ledger (`evalrun anchor`'s format) each checkpoint, and the finished run, are appended to
+    ledger: str | None = field(default=None, metadata=LEFT_OUT_WHEN_NULL)
+
+    def check(self) -> None:
+        parts = self.checkpoint_every_parts
+        if parts is not None and (isinstance(parts, bool) or parts < 1):
+            raise _fail("run.checkpoint_every_parts", "an integer >= 1 or null", parts)
+        if self.checkpoint_every_s is not None and not self.checkpoint_every_s > 0:
+            raise _fail("run.checkpoint_every_s", "a number of seconds > 0 or null", self.checkpoint_every_s)
+        if self.ledger is not None and not self.ledger.strip():
+            raise _fail("run.ledger", "a ledger file's path or null", self.ledger)
 
 
 @dataclass(frozen=True)
@@ -630,6 +646,7 @@ class EvalConfig(Section):
         self.engine.check()
         self.cluster.check()
         self.determinism.check()
+        self.run.check()
         self.task.check()
         if self.seeds.fewshot is not None and self.task.world is not None:
             raise BadInput("seeds.fewshot", "an agent task (task.world) has no few-shot examples: expected null")

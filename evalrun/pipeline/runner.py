@@ -11,7 +11,7 @@ import contextlib
 import itertools
 import sys
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
@@ -27,6 +27,7 @@ from evalrun.engines.pins import ResolvedModel, model_directory, resolve_model
 from evalrun.episodes import EPISODE_KINDS, EncodedPart, EpisodeKind, Planned, kind_of, model_files
 from evalrun.errors import BadInput, CheckFailed, Interrupted, WriteFailed, first_line
 from evalrun.pipeline import canary, failpoints
+from evalrun.pipeline.checkpoints import Checkpointer
 from evalrun.pipeline.dispatch import DISPATCHERS, Dispatcher, dispatcher_key, open_dispatcher
 from evalrun.pipeline.environment import install_provenance
 from evalrun.pipeline.manifest import (
@@ -44,8 +45,8 @@ from evalrun.pipeline.worker import WorkerSpec
 from evalrun.records.canonical import differences, file_sha256
 from evalrun.records.formats import EpisodeCounts, Record, seal_of
 from evalrun.records.heads import Heads
-from evalrun.rundir import layout, reader, writer
-from evalrun.rundir.attest import attest_finished_run
+from evalrun.rundir import layout, ledger, reader, writer
+from evalrun.rundir.attest import attest_finished_run, signing_key
 from evalrun.scoring import NORMALIZERS, SCORERS, Scoring, make_scorer, score_columns
 from evalrun.scoring.parts import ScoringSetup
 from evalrun.stats.summary import summarize, summary_columns
@@ -152,10 +153,47 @@ def check_destination(config: EvalConfig) -> None:
 
 
 def check_before_engine(config: EvalConfig) -> None:
-    """What a new run checks before any engine loads, beyond its config: the destination, and the
-    install record and container image the manifest will record (a BadInput names the field)."""
+    """What a new run checks before any engine loads, beyond its config: the destination, the ledger it
+    anchors to, and the install record and container image the manifest will record (a BadInput names the
+    field)."""
     check_destination(config)
+    check_ledger(config)
     install_provenance()
+
+
+def check_ledger(config: EvalConfig) -> None:
+    """``run.ledger``: a ledger whose chain holds, or a new file in a directory that exists."""
+    if config.run.ledger is None:
+        return
+    path = Path(config.run.ledger)
+    if path.is_dir() or not path.parent.is_dir():
+        raise BadInput("run.ledger", f"{path}: expected a ledger file in a directory that exists")
+    if path.exists():
+        try:
+            ledger.read_ledger(path)
+        except CheckFailed as exc:
+            raise BadInput("run.ledger", str(exc)) from exc
+
+
+def _anchor(run: layout.RunDir, config: EvalConfig) -> None:
+    """A finished run's seal, digest and root appended to ``run.ledger`` (as ``evalrun anchor`` appends them)."""
+    if config.run.ledger is None:
+        return
+    record = reader.load_record(run)
+    assert record.seal is not None
+    try:
+        ledger.append(Path(config.run.ledger), ledger.run_name(run.path), record.seal, record.digest,
+                      record.merkle_root)  # fmt: skip
+    except CheckFailed as exc:
+        raise BadInput("run.ledger", str(exc)) from exc
+
+
+def _checkpointer(run: layout.RunDir, prepared: Prepared, parts: writer.PartWriter) -> Checkpointer | None:
+    """The run's checkpoints (none when both run.checkpoint_every_* are null), going on from a resumed run's."""
+    kept = dict(parts.file_hashes) if parts.kept_parts else None
+    found = Checkpointer(run, prepared.digest.digest, prepared.config.run, signing_key(),
+                         parts.heads if parts.kept_parts else None, kept)  # fmt: skip
+    return found if found.enabled else None
 
 
 @contextlib.contextmanager
@@ -257,7 +295,9 @@ def execute(prepared: Prepared, dispatcher: Dispatcher | None = None) -> Path:
                 failpoints.hit("before-first-part")
                 committed = _Committed(run, prepared)
                 parts = writer.PartWriter(run, background=True, on_durable=committed)
+                committed.attach(parts, _checkpointer(run, prepared, parts))
                 _complete(run, prepared, dispatcher, parts, committed, watch, clock)
+            _anchor(run, config)
         return run.path
     finally:
         if own:
@@ -310,18 +350,21 @@ def resume(run_path: Path, overrides: list[str] | None = None, dispatcher: Dispa
             if not (run.path / layout.ATTESTATION).is_file():
                 writer.remove_temporaries(run)
                 attest_finished_run(run.path)
+            _anchor(run, prepared.config)  # a no-op when the run was anchored before it stopped
             return run.path
         check_unchanged(run, prepared)
         clock = PhaseClock()
+        committed = _Committed(run, prepared)
+        parts = writer.PartWriter.recover(run, background=True, on_durable=committed)
+        committed.attach(parts, _checkpointer(run, prepared, parts))  # its checkpoints checked before an engine
         dispatcher, own = _checked_dispatcher(prepared, dispatcher)
         try:
             watch = _watch_workers(prepared.config, dispatcher, run)
-            committed = _Committed(run, prepared)
-            parts = writer.PartWriter.recover(run, background=True, on_durable=committed)
             _complete(run, prepared, dispatcher, parts, committed, watch, clock)
         finally:
             if own:
                 dispatcher.close()
+        _anchor(run, prepared.config)
     return run.path
 
 
@@ -444,9 +487,22 @@ class _Committed:
         self.scoring_hash = prepared.digest.scoring
         self.scoring = Scoring(self.setup.spec, self.setup.context)
         self.refused: set[str] = set()  # workers whose scored rows carried another scoring hash
+        self.file_hashes: Mapping[str, str] = {}
+        self.checkpointer: Checkpointer | None = None
+
+    def attach(self, parts: writer.PartWriter, checkpointer: Checkpointer | None) -> None:
+        """The part writer whose parts these are (their files' hashes), and the run's checkpoints if any."""
+        self.file_hashes, self.checkpointer = parts.file_hashes, checkpointer
 
     def __call__(self, index: int, part: EncodedPart) -> None:
         failpoints.hit(f"after-part-{index}")
+        self._score(index, part)
+        if self.checkpointer is not None:  # the part's files are durable and hashed by now (this thread's)
+            names = [f"{layout.LOG}/{self.run.log_part(index).name}",
+                     f"{layout.OUTPUTS}/{self.run.output_part(index).name}"]  # fmt: skip
+            self.checkpointer.committed(part.heads, {name: self.file_hashes[name] for name in names})
+
+    def _score(self, index: int, part: EncodedPart) -> None:
         if part.scored is not None and part.scored.scoring_hash == self.scoring_hash:
             self.scoring.add_scored(part.scored.table())
             return
@@ -556,6 +612,7 @@ def _complete(
         del scores
         files.update(parts.file_hashes)
         files.update(writer.tokenizer_hashes(run))
+        files.update({p.relative_to(run.path).as_posix(): file_sha256(p) for p in run.checkpoint_files()})
         failpoints.hit("before-record")
         clock.lap("scoring")
         try:

@@ -49,6 +49,8 @@ VERIFY_FORMAT = "evalrun.verify/1"  # evalrun verify --json
 RESCORE_FORMAT = "evalrun.rescore/1"  # evalrun rescore --json
 REPLAY_FORMAT = "evalrun.replay/1"  # evalrun replay --json
 LEDGER_FORMAT = "evalrun.ledger/1"  # one line of an anchor ledger (evalrun anchor)
+CHECKPOINT_FORMAT = "evalrun.checkpoint/1"  # RUN_DIR/checkpoints/checkpoint-SEQ.json, committed during a run
+CHECKPOINT_PAYLOAD_TYPE = "application/vnd.evalrun.checkpoint+json"  # what a checkpoint's signature signs
 REBASELINE_FORMAT = "evalrun.rebaseline/1"  # RUN_DIR/rebaseline.json (evalrun rebaseline)
 CHECK_FORMAT = "evalrun.check/1"  # evalrun check --json
 CANARY_FORMAT = "evalrun.canary/1"  # a worker's batch-invariance canary (manifest workers[].canary, evalrun canary)
@@ -373,6 +375,37 @@ class LedgerEntry(RecordModel):
     digest: Hex64
     merkle_root: Hex64
     anchored_at: str  # ISO 8601, UTC (provenance: when the line was appended)
+
+
+# --- checkpoints (committed during a run) ------------------------------------------------------
+
+
+class Checkpoint(OptionalFields):
+    """What a run had committed at one moment of its generation, written while it runs: the parts durable by
+    then (each file's sha256), their episodes and the Merkle root over those episodes' heads, so that a run that
+    dies later has anchored evidence of what it had done. Checkpoints form a chain (``prev``: the
+    :func:`checkpoint_hash` of the one before, ``"0" * 64`` for the first); ``signature`` (an Ed25519 signature
+    of the DSSE pre-authentication encoding of the checkpoint without it) when ``EVALRUN_SIGNING_KEY`` is set.
+    See docs/design.md "Checkpoints"."""
+
+    format: Literal["evalrun.checkpoint/1"] = CHECKPOINT_FORMAT
+    seq: Count
+    prev: Hex64
+    digest: Hex64  # the run's digest
+    episodes: Count  # episodes in the parts listed
+    parts: dict[str, Hex64]  # every part file durable by then (log/ and outputs/) -> sha256
+    merkle_root: Hex64  # over the (episode id, head) of those episodes, as record.json's over all
+    created_at: str  # ISO 8601, UTC (provenance: when it was committed)
+    signature: Signature | None = None
+
+    def claims(self) -> dict[str, Any]:
+        """The checkpoint as hashed and signed: every field but the signature."""
+        return {k: v for k, v in self.as_record().items() if k != "signature"}
+
+
+def checkpoint_hash(checkpoint: Checkpoint) -> str:
+    """sha256 of the canonical JSON of the checkpoint's claims: the next one's ``prev``, its ledger entry's seal."""
+    return canonical_hash(checkpoint.claims())
 
 
 # --- rebaseline.json (evalrun rebaseline) ------------------------------------------------------

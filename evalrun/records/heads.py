@@ -55,6 +55,11 @@ class Heads:
     def __len__(self) -> int:
         return len(self._ids) // DIGEST_BYTES
 
+    def copy(self) -> Heads:
+        copied = Heads()
+        copied._ids, copied._leaves, copied.id_sum = bytearray(self._ids), bytearray(self._leaves), self.id_sum
+        return copied
+
     def _pairs(self) -> list[tuple[bytes, bytes]]:
         return sorted((self._ids[i : i + DIGEST_BYTES], self._leaves[i : i + DIGEST_BYTES])
                       for i in range(0, len(self._ids), DIGEST_BYTES))  # fmt: skip

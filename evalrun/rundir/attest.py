@@ -81,19 +81,42 @@ def _keyid(public_key: Any) -> str:
     return sha256_hex(raw)
 
 
+def signing_key() -> Path | None:
+    """The private key ``EVALRUN_SIGNING_KEY`` names: what signs a run's attestation and its checkpoints."""
+    key = os.environ.get(SIGNING_KEY_ENV)
+    return Path(key) if key else None
+
+
+def sign(key_path: Path, payload_type: str, payload: bytes) -> Signature:
+    """An Ed25519 signature of the DSSE pre-authentication encoding of ``payload``, with the key's id."""
+    key = _load_key(key_path, private=True)
+    signature = key.sign(pae(payload_type, payload))
+    return Signature(keyid=_keyid(key.public_key()), sig=base64.b64encode(signature).decode("ascii"))
+
+
+def signature_valid(public_key: Path, payload_type: str, payload: bytes, signatures: list[bytes]) -> bool:
+    """Whether one of ``signatures`` verifies over ``payload`` with the PEM Ed25519 public key."""
+    from cryptography.exceptions import InvalidSignature
+
+    key = _load_key(public_key, private=False)
+    message = pae(payload_type, payload)
+    for sig in signatures:
+        try:
+            key.verify(sig, message)
+            return True
+        except InvalidSignature:
+            continue
+    return False
+
+
 def write_attestation(run: layout.RunDir, record: Record, key_path: Path | None = None) -> Path:
     """Write the attestation for a finished run (record.json already written)."""
     statement = build_statement(run, record)
     document: Statement | Envelope = statement
     if key_path is not None:
-        key = _load_key(key_path, private=True)
         payload = canonical_json(statement.as_record()).encode("utf-8")
-        signature = key.sign(pae(PAYLOAD_TYPE, payload))
-        document = Envelope(
-            payloadType=PAYLOAD_TYPE,
-            payload=base64.b64encode(payload).decode("ascii"),
-            signatures=[Signature(keyid=_keyid(key.public_key()), sig=base64.b64encode(signature).decode("ascii"))],
-        )
+        document = Envelope(payloadType=PAYLOAD_TYPE, payload=base64.b64encode(payload).decode("ascii"),
+                            signatures=[sign(key_path, PAYLOAD_TYPE, payload)])  # fmt: skip
     path = run.path / ATTESTATION
     writer.write_json(path, document)
     return path
@@ -102,8 +125,7 @@ def write_attestation(run: layout.RunDir, record: Record, key_path: Path | None 
 def attest_finished_run(run_path: Path) -> Path:
     """Called by the runner after record.json: sign when ``EVALRUN_SIGNING_KEY`` names a key."""
     run = layout.RunDir(run_path)
-    key = os.environ.get(SIGNING_KEY_ENV)
-    return write_attestation(run, load_record(run), Path(key) if key else None)
+    return write_attestation(run, load_record(run), signing_key())
 
 
 def _fail(message: str) -> CheckFailed:
@@ -117,7 +139,8 @@ def check_attestation(run: layout.RunDir, record: Record, public_key: Path | Non
         if public_key is not None:
             raise _fail("missing, but a public key was given to check its signature")
         return "absent"
-    key = _load_key(public_key, private=False) if public_key is not None else None
+    if public_key is not None:
+        _load_key(public_key, private=False)  # a bad key file is named before the attestation is read
     try:
         document = json.loads(path.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -138,20 +161,11 @@ def check_attestation(run: layout.RunDir, record: Record, public_key: Path | Non
         if envelope.payloadType != PAYLOAD_TYPE:
             raise _fail(f"payloadType {envelope.payloadType!r}, expected {PAYLOAD_TYPE!r}")
         status = "signed, signature not checked"
-        if key is not None:
-            from cryptography.exceptions import InvalidSignature
-
-            message = pae(PAYLOAD_TYPE, payload)
-            for sig in signatures:
-                try:
-                    key.verify(sig, message)
-                    break
-                except InvalidSignature:
-                    continue
-            else:
+        if public_key is not None:
+            if not signature_valid(public_key, PAYLOAD_TYPE, payload, signatures):
                 raise _fail("no signature verifies with the given public key")
             status = "signature checked"
-    elif key is not None:
+    elif public_key is not None:
         raise _fail("not signed, but a public key was given")
     else:
         statement = document

@@ -42,6 +42,10 @@ TOKENIZER_FILES = (
     "vocab.json", "merges.txt", "tokenizer.model", "config.json", "generation_config.json",
 )  # fmt: skip
 PART_PATTERN = re.compile(r"^part-(\d{5})\.(parquet|jsonl)$")
+# What the run had committed at moments of its generation (records.formats.Checkpoint), written while it runs and
+# listed in record.json: CHECKPOINTS/checkpoint-SEQ.json
+CHECKPOINTS = "checkpoints"
+CHECKPOINT_PATTERN = re.compile(r"^checkpoint-(\d{6})\.json$")
 
 
 class RunDir:
@@ -61,6 +65,15 @@ class RunDir:
     report = property(lambda self: self.path / REPORT)
     logs = property(lambda self: self.path / LOGS)
     tokenizer = property(lambda self: self.path / TOKENIZER)
+    checkpoints = property(lambda self: self.path / CHECKPOINTS)
+
+    def checkpoint(self, seq: int) -> Path:
+        return self.checkpoints / f"checkpoint-{seq:06d}.json"
+
+    def checkpoint_files(self) -> list[Path]:
+        """The run's checkpoint files, in order (none when it has no checkpoints folder)."""
+        found = self.checkpoints.glob("checkpoint-*.json") if self.checkpoints.is_dir() else ()
+        return sorted(p for p in found if CHECKPOINT_PATTERN.match(p.name))
 
     def log_file(self, name: str) -> Path:
         """LOGS/<name>.log; a name that would not make a log file's name is a ValueError."""

@@ -190,7 +190,7 @@ def locked(run: RunDir) -> Iterator[None]:
 
 def remove_temporaries(run: RunDir) -> None:
     """Remove the temporary files a killed driver left (a failed write removes its own)."""
-    for folder in (run.path, run.outputs, run.log, run.logs):
+    for folder in (run.path, run.outputs, run.log, run.logs, run.checkpoints):
         for stray in list(folder.glob(".tmp-*")):
             stray.unlink()
 
