@@ -219,6 +219,7 @@ def test_settings_are_typed_frozen_and_give_back_the_composed_record() -> None:
     assert raw["determinism"].pop("require_invariant") is None  # the same
     assert [raw["engine"].pop(k) for k in SERVED_SETTINGS] == [None] * len(SERVED_SETTINGS)  # engine=openai's, the same
     assert raw.pop("judge_engine") is None  # the same
+    assert [raw["run"].pop(k) for k in ("checkpoint_every_parts", "ledger")] == [None, None]  # the same
     assert config.as_record() == raw
     assert validate(compose_config(["task=addition_mc", "task.kind=dataset"])).as_record()["task"]["kind"] == "dataset"
     assert config.decoding.stop == ("\n",) and config.task.choices.scoring == "both"
@@ -236,6 +237,7 @@ def test_the_hydra_schema_is_generated_from_the_settings_with_the_same_defaults(
     assert schema["determinism"].pop("require_invariant") is None  # the same
     assert [schema["engine"].pop(k) for k in SERVED_SETTINGS] == [None] * len(SERVED_SETTINGS)
     assert schema.pop("judge_engine") is None
+    assert [schema["run"].pop(k) for k in ("checkpoint_every_parts", "ledger")] == [None, None]
     assert schema == EvalConfig().as_record()
 
 
@@ -282,6 +284,7 @@ def test_the_default_config_records_what_the_golden_run_recorded() -> None:
     assert written["run"].pop("on_drift") is None  # added with worker provenance: the profile's default
     assert written["determinism"].pop("canary") is True  # added with the batch-invariance canary
     assert written.pop("report") is True  # added with the HTML report: its default
+    assert written["run"].pop("checkpoint_every_s") == 300.0  # added with checkpoints: its default
     assert written == recorded
 
 

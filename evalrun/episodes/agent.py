@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, ClassVar, Protocol
 
 from evalrun.chat import ChatFormat
@@ -349,6 +350,13 @@ class ScriptedAgent:
 @agent("scripted")
 def scripted_agent(engine: Engine) -> Agent:
     return ScriptedAgent()
+
+
+@agent("scripted_asking")
+def scripted_asking_agent(engine: Engine) -> Agent:
+    """The reference policy that asks the vendor's contact (invoice-desk's simulated person, whose reply draws
+    from the world's random effect) about the first line it flags before reporting: one more turn."""
+    return ScriptedAgent(partial(scripted_policy, ask_vendor=True))
 
 
 class ModelAgent:
