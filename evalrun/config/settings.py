@@ -398,7 +398,7 @@ class WorldConfig(Section):
     split: Literal["train", "test"] = "test"
     start: str = "2024-03-15T09:00:00Z"  # the simulated date-time every episode's clock starts at
     tick: float = 1.0  # simulated seconds the clock advances per read
-    agent: Literal["model", "scripted"] = "scripted"
+    agent: str = "scripted"  # a registered agent (evalrun.episodes.agent.AGENTS): scripted, scripted_asking, model
     reply_tokens: int = 256  # decoding.max_tokens of every model reply (the task's decoding setting)
     max_steps: int = 12  # turns before an episode is stopped (scored as it stands: no report, no pass)
     max_tokens: int = 4096  # tokens the model may generate over the episode
