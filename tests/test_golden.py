@@ -3,8 +3,9 @@ with today's code reproduces every head, the root and the scores, reported as a 
 gives the same scores bit for bit. Engine-free: replay answers every model call from the recorded log.
 
 Two kinds: single-turn runs from before the package regroup (commit 73bc763), and agent runs (commit 5c5b69c: the
-scripted agent and the model agent, in invoice-desk versions 1 and 2 and shift-planner), whose schedules hold
-model, tool, clock, uuid, env, observation and join entries, so a change to an entry kind, the tool-call format or
+scripted agent and the model agent, in invoice-desk versions 1 and 2 and shift-planner; commit 87bdc6d: the
+scripted_asking agent, whose question to the vendor's contact draws), whose schedules hold model, tool, clock,
+uuid, env, random, observation and join entries, so a change to an entry kind, the tool-call format or
 a world shows up here. The agent runs name a model directory of the checkout they were made in; elsewhere replay
 reads the tokenizer the run keeps (checked with the model directories moved away).
 """
@@ -25,8 +26,9 @@ from evalrun.rundir.reader import load_record, open_run
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
 AGENT_RUNS = ("invoice-desk-scripted-v1", "invoice-desk-v2-scripted-v1", "invoice-desk-model-v1",
-              "shift-planner-scripted-v1", "shift-planner-model-v1")  # fmt: skip
-RECORDED_COMMIT = {"addition-v1": "73bc763", "mc-v1": "73bc763", **dict.fromkeys(AGENT_RUNS, "5c5b69c")}
+              "shift-planner-scripted-v1", "shift-planner-model-v1", "invoice-desk-asking-v1")  # fmt: skip
+RECORDED_COMMIT = {"addition-v1": "73bc763", "mc-v1": "73bc763", **dict.fromkeys(AGENT_RUNS[:-1], "5c5b69c"),
+                   "invoice-desk-asking-v1": "87bdc6d"}  # fmt: skip
 
 # The dataset runs recorded absolute paths of the checkout they were made in; point them at this checkout.
 RELOCATE = {
@@ -69,10 +71,10 @@ def test_golden_runs_rescore_bit_for_bit(golden: tuple[Path, list[str]]) -> None
 
 
 def test_the_agent_goldens_hold_every_kind_of_schedule_entry() -> None:
-    """What the agent goldens pin: between them, every entry kind an agent episode records but ``random`` (no
-    shipped policy asks invoice-desk's vendor contact, the one tool that draws)."""
+    """What the agent goldens pin: between them, every entry kind an agent episode records (``random``: the
+    scripted_asking agent's question to invoice-desk's vendor contact, the one tool that draws)."""
     kinds = set()
     for name in AGENT_RUNS:
         for part in sorted((GOLDEN / name / "log").glob("part-*.jsonl")):
             kinds |= {json.loads(line)["kind"] for line in part.read_text(encoding="utf-8").splitlines()}
-    assert kinds >= {"header", "model", "tool", "clock", "uuid", "env", "observation", "join", "end"}
+    assert kinds >= {"header", "model", "tool", "clock", "uuid", "env", "random", "observation", "join", "end"}
