@@ -19,7 +19,7 @@ from evalrun.analysis.runs import digest_record, load_run
 from evalrun.cli import cli, main
 from evalrun.cli.render import render_summary, stdout_console
 from evalrun.config import load as load_config
-from evalrun.pipeline import dispatch, runner
+from evalrun.pipeline import dispatch, groups, runner
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
 ADDITION, MC = GOLDEN / "addition-v1", GOLDEN / "mc-v1"
@@ -235,6 +235,8 @@ def fake_runs(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[Path]:
     monkeypatch.setattr(runner, "open_for", lambda prepared: dispatcher)
     monkeypatch.setattr(runner, "execute", execute)
     monkeypatch.setattr(runner, "check_destination", lambda config: None)
+    monkeypatch.setattr(runner, "check_ledger", lambda config: None)
+    monkeypatch.setattr(groups, "plan_group", lambda config: None)  # one task per job
     monkeypatch.setattr(runner, "check_plugins", lambda config: None)
     monkeypatch.setattr(runner, "worker_spec", lambda config: "spec")
     monkeypatch.setattr(dispatch, "start_early", lambda spec, cluster: None)

@@ -219,9 +219,9 @@ def run(multirun: bool, overrides: tuple[str, ...]) -> None:
     console = render.stdout_console()
     finished: list[Path] = []
 
-    def shown(run_dir: Path) -> None:
+    def shown(run_dir: Path, report: bool) -> None:
         _print_results(console, run_dir)
-        if _report_wanted(run_dir):
+        if report:
             _write_run_report("evalrun run", run_dir)
 
     # The first job's workers start now, while every job's pins, dataset and plan are checked (on Ray they
@@ -242,10 +242,10 @@ def run(multirun: bool, overrides: tuple[str, ...]) -> None:
                 current = (key, runner.open_for(first))
             if plan is None:
                 finished.append(runner.execute(first, current[1]))
-                shown(finished[-1])
+                shown(finished[-1], first.config.report)
                 continue
             # a group (a tag, a,b): its tasks, each a run of its own in the group's directory, then its record
-            record = groups.run_group(plan, jobs_prepared, current[1], shown)
+            record = groups.run_group(plan, jobs_prepared, current[1], lambda d, r=plan.config.report: shown(d, r))
             render.render_group(console, record, title=f"group results: {plan.directory / layout.GROUP}")
             finished.append(plan.directory)
     finally:
