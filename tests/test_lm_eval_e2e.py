@@ -356,7 +356,7 @@ def test_a_group_killed_in_its_first_task_resumes_from_the_command_line_and_veri
     assert verify.returncode == 1 and "the group is incomplete (tasks finished: none)" in verify.stderr
     done = subprocess.run([sys.executable, "-m", "evalrun.cli", "resume", str(group), "run.progress=false"],
                           capture_output=True, text=True, timeout=600, env=env)  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-3000:])
     lines = done.stdout.strip().splitlines()
     assert lines[-1] == str(group) and any(line.startswith("addition_suite::choice   acc ") for line in lines)
     record = json.loads((group / "lm_eval_addition_gen" / "record.json").read_text())
