@@ -10,8 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from evalrun.audit.verify import verify_run
 from evalrun.cli import main
 from evalrun.errors import BadInput
+from evalrun.pipeline import runner
 from evalrun.pipeline.runner import load_run_config
 from evalrun.rundir.layout import RunDir
 from evalrun.rundir.reader import read_outputs
@@ -87,3 +89,51 @@ def test_a_complete_run_is_left_as_it_is_and_says_so(run_eval, capsys: pytest.Ca
     out, err = capsys.readouterr()
     assert out.strip().splitlines() == [str(run)] and "is complete already" in err
     assert {p: p.read_bytes() for p in sorted(run.rglob("*")) if p.is_file()} == before
+
+
+def _interrupted_before_record(run: Path) -> None:
+    """As if the driver died after its last part, before record.json and the attestation."""
+    (run / "record.json").unlink()
+    (run / "attestation.intoto.json").unlink()
+
+
+def test_a_resume_with_every_part_kept_starts_no_engine_and_records_that_it_resumed(
+    run_eval, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run = run_eval("limit=6", "cluster.batch_size=3")
+    expected = root(run)
+    _interrupted_before_record(run)
+    monkeypatch.setattr(runner, "open_for", lambda prepared: pytest.fail("an engine was started"))
+    assert runner.resume(run, []) == run
+    record = json.loads((run / "record.json").read_text())
+    assert record["merkle_root"] == expected and record["dispatch"]["resumed"] is True
+    assert record["dispatch"]["kept_parts"] == 2 and verify_run(run).episodes == 6
+
+
+def test_a_resume_that_keeps_no_part_still_records_that_it_resumed(run_eval, dispatcher) -> None:
+    run = run_eval("limit=4")
+    _interrupted_before_record(run)
+    for part in [*RunDir(run).output_parts(), *(run / "log").glob("part-*.jsonl")]:
+        part.unlink()
+    assert runner.resume(run, [], dispatcher) == run
+    record = json.loads((run / "record.json").read_text())
+    assert record["dispatch"]["resumed"] is True and record["dispatch"]["kept_parts"] == 0
+
+
+def test_a_damaged_kept_part_is_refused_naming_it_before_any_engine_starts(
+    run_eval, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """resume keeps only parts that verify: a kept part whose chain was edited is refused (exit 1, naming the file
+    and what to do), not sealed into a "complete" run that fails verify."""
+    run = run_eval("limit=6", "cluster.batch_size=3")
+    _interrupted_before_record(run)
+    log = run / "log" / "part-00001.jsonl"
+    text = log.read_text()
+    log.write_text(text.replace('"seed":', '"seed": ', 1) if '"seed":' in text else text[:-2] + "x\n")
+    monkeypatch.setattr(runner, "open_for", lambda prepared: pytest.fail("an engine was started"))
+    capsys.readouterr()
+    assert main(["resume", str(run)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "log/part-00001.jsonl" in err[0], err
+    assert f"resume keeps only parts that verify: remove {log} and {run / 'outputs' / 'part-00001.parquet'}" in err[0]
+    assert not (run / "record.json").exists()

@@ -24,7 +24,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from evalrun.audit.verify import _verify_part_fast, _verify_part_precise, verify_part, verify_run
+from evalrun.audit.verify import verify_run
 from evalrun.config.paths import BUILTIN_TASKS
 from evalrun.engines import (
     Completion,
@@ -34,6 +34,7 @@ from evalrun.engines import (
     SamplingSpec,
 )
 from evalrun.episodes import encode, kind_named
+from evalrun.episodes.checked import _verify_part_fast, _verify_part_precise, verify_part
 from evalrun.episodes.harness import EpisodeResult, encode_generator, record_episode, run_episodes
 from evalrun.episodes.plan import Episode, JudgeCall, episode_id
 from evalrun.errors import CheckFailed

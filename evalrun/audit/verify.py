@@ -39,45 +39,23 @@ import pyarrow.compute as pc
 from evalrun.audit.checkpoints import check_checkpoints
 from evalrun.audit.claims import check_rebaseline, check_sampling, check_score_values, check_seal, check_seeds
 from evalrun.audit.digest_check import check_digest
-from evalrun.episodes import EpisodeKind, kind_named, kind_of_manifest
+from evalrun.episodes import kind_of_manifest
+from evalrun.episodes.checked import PartResult, verify_part
 from evalrun.errors import CheckFailed
-from evalrun.records.canonical import canonical_json, file_sha256, sha256_hex
-from evalrun.records.entries import (
-    EndEntry,
-    ModelEntry,
-)
+from evalrun.records.canonical import canonical_json, file_sha256
 from evalrun.records.formats import Record
 from evalrun.records.heads import digest_bytes
-from evalrun.records.merkle import leaf_hash, root_of_leaf_hashes
-from evalrun.records.single_call import check_single_call_part
-from evalrun.records.view import ChainView
+from evalrun.records.merkle import root_of_leaf_hashes
 from evalrun.rundir import attest, layout
 from evalrun.rundir.reader import (
-    iter_chains,
     load_record,
     open_run,
     part_pairs,
     read_manifest,
-    read_output_part,
     read_scores,
     read_summary,
 )
 from evalrun.stats.summary import resummarize
-
-
-@dataclass(frozen=True)
-class PartResult:
-    heads: dict[str, str]
-    entries: int
-    output_tokens: int
-    # (episode_id, RFC 6962 leaf hash) sorted by episode id: the run's Merkle leaves, hashed where the part is
-    leaves: list[tuple[str, bytes]] = field(default_factory=list)
-    # sha256 of the part's files, of the very bytes checked (the whole-run check compares them to record.json)
-    file_hashes: dict[str, str] = field(default_factory=dict)
-    failed: frozenset[str] = frozenset()  # episodes whose chain ends with status error
-    # the policy's sampling records, canonical JSON with the per-episode seed set to "0" (checked against
-    # the manifest's decoding settings)
-    samplings: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -101,81 +79,6 @@ class VerifyReport:
 
 def _fail(where: str, message: str) -> CheckFailed:
     return CheckFailed(f"{where}: {message}")
-
-
-# --- one part: chains and output rows --------------------------------------------------------
-
-
-def verify_part(run_path: str, log_rel: str, out_rel: str, kind: str) -> PartResult:
-    """One part's checks; ``kind``: the run's kind of episode (its manifest's), which checks each output row
-    against its chain."""
-    root = Path(run_path)
-    try:
-        log_data, out_data = (root / log_rel).read_bytes(), (root / out_rel).read_bytes()
-    except OSError:
-        fast, hashes = None, {}
-    else:
-        fast = _verify_part_fast(log_data, out_data)
-        hashes = {log_rel: sha256_hex(log_data), out_rel: sha256_hex(out_data)}
-    part = fast if fast is not None else _verify_part_precise(root, log_rel, out_rel, kind_named(kind))
-    leaves = sorted((eid, leaf_hash(eid, head)) for eid, head in part.heads.items())
-    return PartResult(part.heads, part.entries, part.output_tokens, leaves, hashes, part.failed, part.samplings)
-
-
-def _verify_part_precise(root: Path, log_rel: str, out_rel: str, kind: EpisodeKind) -> PartResult:
-    """Every check, entry by entry; raises naming the first broken thing."""
-    chains = {}
-    entries_count = 0
-    samplings: set[str] = set()
-    for eid, entries, _lines, head, start in iter_chains(root / log_rel, log_rel):
-        for entry in entries:
-            if isinstance(entry, ModelEntry):
-                samplings.add(canonical_json({**entry.request.sampling.as_record(), "seed": "0"}))
-        if eid in chains:
-            raise _fail(f"{log_rel}:{start}", f"episode {eid}: a second chain in the same part")
-        chains[eid] = (entries, head, start)
-        entries_count += len(entries)
-    rows = read_output_part(root / out_rel, out_rel)
-    heads: dict[str, str] = {}
-    tokens = 0
-    failed = set()
-    for index, row in enumerate(rows):
-        eid = row["episode_id"]
-        where = f"{out_rel} row {index}"
-        if eid in heads:
-            raise _fail(where, f"episode {eid}: a second output row")
-        if eid not in chains:
-            raise _fail(where, f"episode {eid}: no chain in {log_rel}")
-        entries, head, start = chains[eid]
-        if row["head"] != head:
-            raise _fail(where, f"episode {eid}: head {row['head']} differs from its chain's head {head} "
-                               f"({log_rel}:{start})")  # fmt: skip
-        column = kind.row_mismatch(row, ChainView.of(entries))
-        if column is not None:
-            raise _fail(where, f"episode {eid}: column {column!r} differs from the chain ({log_rel}:{start})")
-        heads[eid] = head
-        tokens += row["output_tokens"]
-        end = entries[-1]
-        if isinstance(end, EndEntry) and end.status == "error":
-            failed.add(eid)
-    for eid, (_entries, _head, start) in chains.items():
-        if eid not in heads:
-            raise _fail(f"{log_rel}:{start}", f"episode {eid}: chain without an output row in {out_rel}")
-    return PartResult(heads=heads, entries=entries_count, output_tokens=tokens, failed=frozenset(failed),
-                      samplings=frozenset(samplings))  # fmt: skip
-
-
-# --- one part, fast path ---------------------------------------------------------------------
-
-
-def _verify_part_fast(log_data: bytes, out_data: bytes) -> PartResult | None:
-    """The common case (every chain a single call, :func:`evalrun.records.single_call.check_single_call_part`)
-    without parsing a line; None sends the part down the precise path."""
-    fast = check_single_call_part(log_data, out_data)
-    if fast is None:
-        return None
-    return PartResult(heads=fast.heads, entries=fast.entries, output_tokens=fast.output_tokens,
-                      samplings=fast.samplings)  # fmt: skip
 
 
 def _verify_parts(

@@ -89,6 +89,29 @@ def dispatcher_key(spec: WorkerSpec, cluster: ClusterConfig) -> str:
     return canonical_hash({"worker": spec.as_record(), "cluster": cluster.worker_settings()})
 
 
+class IdleDispatcher:
+    """What a resume whose every episode is kept dispatches to: no worker, no engine (nothing is left to run)."""
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+        self.stats = DispatchStats()
+
+    def workers(self) -> list[dict[str, Any]]:
+        return []
+
+    def map(self, batches: Iterable[list[Episode]], generator: dict[str, Any],
+            scoring: ScoringSetup | None = None) -> Iterator[BatchOutcome]:  # fmt: skip
+        for batch in batches:  # taken to the end: the plan pass counts the kept episodes as it goes
+            raise RuntimeError(f"a batch of {len(batch)} episodes to run, but every episode was kept")
+        yield from ()
+
+    def logs(self) -> CollectedLogs:
+        return CollectedLogs({}, {})
+
+    def close(self) -> None:
+        pass
+
+
 @dispatcher("inline")
 class InlineDispatcher:
     def __init__(self, spec: WorkerSpec, cluster: ClusterConfig) -> None:

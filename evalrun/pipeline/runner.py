@@ -26,10 +26,11 @@ from evalrun.engines import ENGINES, EngineDown, preflight, weights_pinned
 from evalrun.engines.pins import ResolvedModel, model_directory, resolve_model
 from evalrun.episodes import EPISODE_KINDS, EncodedPart, EpisodeKind, Planned, kind_of, model_files
 from evalrun.episodes.agent import AGENTS
+from evalrun.episodes.checked import verify_part
 from evalrun.errors import BadInput, CheckFailed, Interrupted, WriteFailed, first_line
 from evalrun.pipeline import canary, failpoints
 from evalrun.pipeline.checkpoints import Checkpointer
-from evalrun.pipeline.dispatch import DISPATCHERS, Dispatcher, dispatcher_key, open_dispatcher
+from evalrun.pipeline.dispatch import DISPATCHERS, Dispatcher, IdleDispatcher, dispatcher_key, open_dispatcher
 from evalrun.pipeline.environment import install_provenance
 from evalrun.pipeline.manifest import (
     Digest,
@@ -328,6 +329,20 @@ def load_config_file(path: Path, overrides: list[str]) -> EvalConfig:
     return validate(load_stored(path, overrides, groups=("cluster",)))
 
 
+def _check_kept(run: layout.RunDir, prepared: Prepared) -> None:
+    """Every part a resume keeps verifies (its chains, and its rows against them): a damaged one is refused
+    (CheckFailed naming the file), never sealed into a run that cannot verify."""
+    for out_part in run.output_parts():
+        out_rel = out_part.relative_to(run.path).as_posix()
+        log_rel = run.log_part(int(out_part.stem.split("-")[1])).relative_to(run.path).as_posix()
+        try:
+            verify_part(str(run.path), log_rel, out_rel, prepared.kind.name)
+        except CheckFailed as exc:
+            raise CheckFailed(f"{exc}; resume keeps only parts that verify: remove {run.path / log_rel} and "
+                              f"{run.path / out_rel} (their episodes run again), then `evalrun resume "
+                              f"{run.path}`") from None  # fmt: skip
+
+
 def check_unchanged(run: layout.RunDir, prepared: Prepared) -> None:
     """The run's recorded identity is what ``prepared`` would make now, or a BadInput naming the first field that
     changed (by its own field first, task.dataset_sha256, the digests that follow from it last)."""
@@ -359,11 +374,15 @@ def resume(run_path: Path, overrides: list[str] | None = None, dispatcher: Dispa
         clock = PhaseClock()
         committed = _Committed(run, prepared)
         parts = writer.PartWriter.recover(run, background=True, on_durable=committed)
-        committed.attach(parts, _checkpointer(run, prepared, parts))  # its checkpoints checked before an engine
-        dispatcher, own = _checked_dispatcher(prepared, dispatcher)
+        _check_kept(run, prepared)  # what it keeps, and its checkpoints, checked before any engine starts
+        committed.attach(parts, _checkpointer(run, prepared, parts))
+        if len(parts.kept_ids) == len(prepared.episodes):  # nothing left to run: no worker, no engine
+            dispatcher, own = IdleDispatcher(dispatcher_key(prepared.worker_spec, prepared.config.cluster)), False
+        else:
+            dispatcher, own = _checked_dispatcher(prepared, dispatcher)
         try:
             watch = _watch_workers(prepared.config, dispatcher, run)
-            _complete(run, prepared, dispatcher, parts, committed, watch, clock)
+            _complete(run, prepared, dispatcher, parts, committed, watch, clock, resumed=True)
         finally:
             if own:
                 dispatcher.close()
@@ -562,6 +581,7 @@ def _complete(
     committed: _Committed,
     watch: WorkerWatch,
     clock: PhaseClock,
+    resumed: bool = False,
 ) -> None:
     """Score the kept parts, run every planned episode the part writer does not have yet (``committed``
     takes the scored rows of each new part as it is committed), then write the scores, summarise and record."""
@@ -635,7 +655,7 @@ def _complete(
         dispatch={
             **dispatcher.stats.as_record(),
             **watch.as_record(),
-            "resumed": parts.kept_parts > 0,
+            "resumed": resumed,
             "kept_parts": parts.kept_parts,
         },
         ended_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
