@@ -115,3 +115,32 @@ def test_a_record_whose_seal_does_not_match_its_claims_fails(run: Path) -> None:
     write_attestation(open_run(run), load_record(open_run(run)), None)
     with pytest.raises(CheckFailed, match=r"record.json: seal f{64} is not the seal of the record's claims"):
         verify_run(run)
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("change", ["drift erased", "a worker's hardware", "retries"])
+def test_rewritten_dispatch_provenance_fails_the_seal_kept_elsewhere(run_eval, change: str) -> None:
+    """Everything record.json says is under the seal of a run made now: the workers, their drift and the retries
+    too. Rewritten and re-attested, the record fails plain verify; re-sealed as well, it fails --expect-seal (a
+    golden run made before keeps its older seal, which left them out: test_logs, test_golden)."""
+    run = run_eval("limit=2")
+    original = verify_run(run).seal
+    record = json.loads((run / layout.RECORD).read_text())
+    dispatch = record["dispatch"]
+    if change == "drift erased":  # (this run has none: one is written in, as erasing one would be written out)
+        dispatch["drift"] = [] if dispatch.get("drift") else [{"worker": "ray-1", "field": "hardware"}]
+    elif change == "a worker's hardware":
+        dispatch["workers"] = [{**w, "hardware": {"gpu": "a better one"}} for w in dispatch.get("workers") or [{}]]
+    else:
+        dispatch["retries"] = dispatch.get("retries", 0) + 1
+    (run / layout.RECORD).write_text(canonical_json(record) + "\n")
+    write_attestation(open_run(run), load_record(open_run(run)), None)
+    with pytest.raises(CheckFailed, match=r"record.json: seal .* is not the seal of the record's claims"):
+        verify_run(run)
+    forged = Record.model_validate({k: v for k, v in record.items() if k != "seal"})
+    forged = forged.model_copy(update={"seal": seal_of(forged)})
+    writer.write_json(layout.RunDir(run).record, forged)
+    write_attestation(open_run(run), forged, None)
+    assert verify_run(run).seal == forged.seal != original
+    with pytest.raises(CheckFailed, match=f"--expect-seal: the run's seal is {forged.seal}, not {original}"):
+        verify_run(run, expect_seal=original)

@@ -150,14 +150,15 @@ def test_every_worker_is_recorded_and_each_row_names_its_worker(both_live, tmp_p
     rows = set(read_outputs(RunDir(run), ["worker"]).column("worker").to_pylist())
     assert rows <= {w["worker"] for w in record["dispatch"]["workers"]} and rows <= set(names)
 
-    # phase timings: provenance beside the dispatch record, outside the seal
+    # phase timings: provenance beside the dispatch record, under the seal as all the record says
     timings = record["timings"]
     assert set(timings) == {"start-up", "generation", "writing", "scoring", "records", "engine_load", "canary"}
     assert set(timings["engine_load"]) == set(names) and all(v > 0 for v in timings["engine_load"].values())
     assert set(timings["canary"]) == set(names) and all(v > 0 for v in timings["canary"].values())
     assert all(timings[phase] >= 0 for phase in ("start-up", "writing", "scoring", "records"))
+    assert record["seal_format"] == "evalrun.seal/2" and seal_of(Record.model_validate(record)) == record["seal"]
     without = Record.model_validate({k: v for k, v in record.items() if k not in ("timings", "seal")})
-    assert seal_of(without) == record["seal"]
+    assert seal_of(without) != record["seal"]
     assert render.timings_line(timings).startswith("start-up ") and "engine load" in render.timings_line(timings)
 
 

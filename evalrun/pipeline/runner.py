@@ -45,7 +45,7 @@ from evalrun.pipeline.provenance import Drift, DriftStopped, WorkerWatch
 from evalrun.pipeline.runlogs import write_logs
 from evalrun.pipeline.worker import WorkerSpec
 from evalrun.records.canonical import differences, file_sha256
-from evalrun.records.formats import EpisodeCounts, Record, seal_of
+from evalrun.records.formats import SEAL_FORMAT_ALL, EpisodeCounts, Record, seal_of
 from evalrun.records.heads import Heads
 from evalrun.rundir import layout, ledger, reader, writer
 from evalrun.rundir.attest import attest_finished_run, signing_key
@@ -660,9 +660,9 @@ def _complete(
         },
         ended_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
     )
-    seal = seal_of(record)
     clock.lap("records")
     timings = clock.record(dispatcher.workers())
-    record = record.model_copy(update={"seal": seal, "timings": timings, "logs": logs})
+    record = record.model_copy(update={"timings": timings, "logs": logs, "seal_format": SEAL_FORMAT_ALL})
+    record = record.model_copy(update={"seal": seal_of(record)})  # over everything, provenance included
     writer.write_json(run.record, record)
     attest_finished_run(run.path)  # in-toto Statement over the record files (signed if EVALRUN_SIGNING_KEY)

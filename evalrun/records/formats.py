@@ -37,7 +37,8 @@ from evalrun.records.canonical import MAX_SAFE_INTEGER, canonical_hash
 
 SCHEDULE_FORMAT = "evalrun.schedule/1"  # an episode chain's header (the schedule the chain follows)
 RECORD_FORMAT = "evalrun.record/1"  # record.json
-SEAL_FORMAT = "evalrun.seal/1"  # the preimage of record.json's seal
+SEAL_FORMAT = "evalrun.seal/1"  # the preimage of record.json's seal, for records made before seal_format
+SEAL_FORMAT_ALL = "evalrun.seal/2"  # the preimage of a record's seal that covers every field (new runs')
 MANIFEST_FORMAT = "evalrun.manifest/1"  # manifest.json
 SUMMARY_FORMAT = "evalrun.summary/4"  # summary.json, as new runs write it
 # /1: clustered normal interval; /2: bounded for 0/1; /3: /2 and pass^k over repeats; /4: /3 and perplexity
@@ -173,7 +174,8 @@ class EpisodeCounts(RecordModel):
 
 
 PROVENANCE_FIELDS = ("dispatch", "ended_at", "timings", "logs")
-"""record.json's fields that legitimately differ between identical runs: under no hash and not in the seal."""
+"""record.json's fields that legitimately differ between identical runs; under the seal of a record whose
+``seal_format`` is evalrun.seal/2 (every run made since), outside it in earlier records."""
 
 
 class Record(OptionalFields):
@@ -191,22 +193,27 @@ class Record(OptionalFields):
     ended_at: str | None = None  # ISO 8601, UTC
     timings: dict[str, Any] | None = None  # seconds per phase of the invocation that finished the run
     logs: dict[str, Any] | None = None  # files: the logs/ files written; failed: log name -> why it is missing
+    # what the seal covers: evalrun.seal/2, every field (absent: evalrun.seal/1, all but the provenance fields)
+    seal_format: Literal["evalrun.seal/2"] | None = None
     seal: Hex64 | None = None  # :func:`seal_of` this record: the one value to keep elsewhere
 
     def claims(self) -> dict[str, Any]:
-        """What the run claims: every field but the seal and the provenance (dispatch, ended_at, timings, logs)."""
-        return {k: v for k, v in self.as_record().items() if k not in ("seal", *PROVENANCE_FIELDS)}
+        """What the seal covers: every field but the seal; in a record without ``seal_format`` (made before it)
+        not the provenance either (dispatch, ended_at, timings, logs)."""
+        left_out = ("seal",) if self.seal_format == SEAL_FORMAT_ALL else ("seal", *PROVENANCE_FIELDS)
+        return {k: v for k, v in self.as_record().items() if k not in left_out}
 
 
 def seal_of(record: Record) -> str:
-    """The run's seal: sha256 of the canonical JSON of ``{"format": SEAL_FORMAT, "claims": ...}``.
+    """The run's seal: sha256 of the canonical JSON of ``{"format": SEAL_FORMAT..., "claims": ...}``.
 
-    The claims hold the Merkle root over the episodes' heads, the digest, the counts and the sha256
-    of every file of the run (config, manifest, every part, scores, summary), so a change to any
-    figure a run claims changes the seal; provenance (retries, times) does not. See docs/design.md
-    "Record".
+    The claims hold the Merkle root over the episodes' heads, the digest, the counts, the sha256 of every file of
+    the run (config, manifest, every part, scores, summary, checkpoints) and, under evalrun.seal/2, the
+    provenance too (the workers, drift, retries and restarts in ``dispatch``, times, logs): a forger who rewrites
+    any of it changes the seal. See docs/design.md "Record".
     """
-    return canonical_hash({"format": SEAL_FORMAT, "claims": record.claims()})
+    version = SEAL_FORMAT_ALL if record.seal_format == SEAL_FORMAT_ALL else SEAL_FORMAT
+    return canonical_hash({"format": version, "claims": record.claims()})
 
 
 # --- summary.json ------------------------------------------------------------------------------
