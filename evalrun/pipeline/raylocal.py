@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import signal
 import time
@@ -88,12 +89,23 @@ def default_temp_dir() -> Path:
     return Path(os.environ.get("RAY_TMPDIR", "/tmp")) / "ray"
 
 
+AUTH_NOTICE_LOGGER = "ray._private.authentication.authentication_token_setup"
+
+
 def start_local(**init_kwargs: Any) -> None:
     """``ray.init`` for a local instance: first stop what killed drivers left, then mark the new session."""
     import ray  # heavy: only a Ray dispatcher needs it
 
     clean_orphans(default_temp_dir())
-    ray.init(**init_kwargs)
+    # Ray turns token authentication on for a new local instance and warns on the terminal each time that it did
+    # (RAY_AUTH_MODE unset): its default, not a problem of the run, so that notice is kept off the terminal
+    notice = logging.getLogger(AUTH_NOTICE_LOGGER)
+    level = notice.level
+    notice.setLevel(logging.ERROR)
+    try:
+        ray.init(**init_kwargs)
+    finally:
+        notice.setLevel(level)
     node = ray._private.worker._global_node  # the session this driver started (Ray has no public accessor)
     if node is not None:
         mark_session(Path(node.get_session_dir_path()))
