@@ -25,7 +25,6 @@ from evalrun.config import EngineConfig, EvalConfig, ModelConfig, load_stored, p
 from evalrun.engines import ENGINES, EngineDown, preflight, weights_pinned
 from evalrun.engines.pins import ResolvedModel, model_directory, resolve_model
 from evalrun.episodes import EPISODE_KINDS, EncodedPart, EpisodeKind, Planned, kind_of, model_files
-from evalrun.episodes.agent import AGENTS
 from evalrun.episodes.checked import verify_part
 from evalrun.errors import BadInput, CheckFailed, Interrupted, WriteFailed, first_line
 from evalrun.pipeline import canary, failpoints
@@ -120,8 +119,6 @@ def check_plugins(config: EvalConfig) -> None:
     SCORERS.check(config.task.scorer.name)
     for name in config.task.scorer.normalize:
         NORMALIZERS.check(name)
-    if config.task.world is not None:
-        AGENTS.check(config.task.world.agent)
 
 
 def prepare(config: EvalConfig) -> Prepared:
