@@ -35,7 +35,7 @@ from evalrun.pipeline.runner import prepare
 from evalrun.records.chain import chain_head
 from evalrun.records.entries import EndEntry, HeaderEntry, ObservationEntry, parse_line
 from evalrun.worlds import WORLDS, WorldTask
-from evalrun.worlds.actions import format_calls
+from evalrun.worlds.actions import ToolCall, format_calls
 from evalrun.worlds.invoice_desk import InvoiceDesk, InvoiceDeskV2
 from evalrun.worlds.scripted import scripted_policy
 from evalrun.worlds.suite import suite_from_mapping, world_tasks
@@ -282,3 +282,34 @@ def test_parallel_calls_run_at_once_and_are_recorded_alike_whatever_the_thread_t
     recorded = {r.episode.episode_id: r.log_lines for r in runs[0]}
     replayed, divergences = replay(episodes, recorded)
     assert not divergences and [r.head for r in replayed] == [r.head for r in runs[0]]
+
+
+def test_a_clock_that_crosses_midnight_and_a_dst_change_records_the_same_chain_in_any_time_zone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The world clock is UTC (task.start is ISO 8601, a time without a zone UTC; dates are its UTC dates): an
+    episode whose simulated time runs from 23:30 New York time past midnight and past the daylight-saving change
+    (2024-03-10 07:00 UTC) records the same chain under TZ=America/New_York as under UTC."""
+    (task,) = suite()[:1]
+    tasks = [replace(task, start="2024-03-10T04:30:00Z", tick=1200.0)]  # 20 simulated minutes a call
+
+    def policy(text: str, steps: Any) -> list[ToolCall]:  # the clock read ten turns in a row, then the reference
+        return [ToolCall("today")] if len(steps) < 10 else scripted_policy(text, steps[10:])
+
+    chains = {}
+    try:
+        for zone in ("UTC", "America/New_York"):
+            monkeypatch.setenv("TZ", zone)
+            time.tzset()
+            (result,) = run_agent_episodes(plan(tasks, max_steps=20), ScriptedAgent(policy), GENERATOR)
+            chains[zone] = result.log_lines
+    finally:
+        monkeypatch.undo()
+        time.tzset()
+    assert chains["UTC"] == chains["America/New_York"]
+    reads = [json.loads(line)["response"]["seconds"] for line in chains["UTC"] if json.loads(line)["kind"] == "clock"]
+    # ten reads, then the reference policy's: past New York's midnight (05:00 UTC) and its DST change (07:00 UTC)
+    assert len(reads) == 11 and reads[0] < 1710046800 < 1710054000 < reads[-1]
+    entries = [json.loads(line) for line in chains["UTC"]]
+    dates = {e["content"]["date"] for e in entries if e["kind"] == "observation" and set(e["content"]) == {"date"}}
+    assert dates == {"2024-03-10"}  # the UTC date all along (New York's was 2024-03-09 until 05:00 UTC)
