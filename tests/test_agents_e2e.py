@@ -19,7 +19,12 @@ from evalrun.config import load
 from evalrun.errors import CheckFailed
 from evalrun.pipeline.dispatch import Dispatcher
 from evalrun.pipeline.runner import execute, prepare
+from evalrun.records.canonical import file_sha256
+from evalrun.records.formats import Record, seal_of
+from evalrun.rundir import writer
+from evalrun.rundir.attest import write_attestation
 from evalrun.rundir.reader import load_record, open_run
+from evalrun.worlds.invoice_desk import InvoiceDesk
 
 AGENT = ("task=invoice_desk", "limit=8", "seeds.repeats=2")
 
@@ -106,3 +111,34 @@ def test_planning_run_scores_against_frozen_references_and_records_them(run_eval
     replayed = replay_run(run, [])
     assert not replayed.divergences and replayed.root_matches and replayed.scores_identical
     assert rescore_run(run, []).bytes_identical
+
+
+def test_the_scoring_digest_covers_the_verifiers_source_and_the_libraries(
+    agent_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A verifier edited without a version bump changes the scoring digest (its source's hash is in the world's
+    recorded versions and the scoring context); a manifest whose recorded verifier source was rewritten fails
+    verify naming the part; numpy's and pyarrow's versions are scoring inputs too."""
+    manifest = json.loads((agent_run / "manifest.json").read_text())
+    scoring = manifest["digest_inputs"]["scoring"]
+    assert set(scoring["libraries"]) == {"numpy", "pyarrow"}
+    source = manifest["task"]["world"]["versions"]["verifier_source"]
+    assert scoring["context"]["verifier"]["verifier_source"] == source == InvoiceDesk.verifier_source_sha256()
+    config = load(["run.progress=false", *AGENT])
+    before = prepare(config).digest
+    monkeypatch.setattr(InvoiceDesk, "verifier_source_sha256", classmethod(lambda cls: "0" * 64))  # an edit
+    after = prepare(config).digest
+    assert after.scoring != before.scoring and after.digest != before.digest
+    forged = Path(shutil.copytree(agent_run, tmp_path / "forged"))
+    manifest["task"]["world"]["versions"]["verifier_source"] = "0" * 64
+    (forged / "manifest.json").write_text(json.dumps(manifest))
+    run = open_run(forged)  # a careful forger: every hash, the seal and the attestation made to match
+    record = load_record(run)
+    files = {rel: file_sha256(forged / rel) for rel in record.files}
+    resealed = Record.model_validate({**record.as_record(), "files": files, "manifest_sha256": files["manifest.json"]})
+    resealed = resealed.model_copy(update={"seal": seal_of(resealed)})
+    writer.write_json(run.record, resealed)
+    write_attestation(run, resealed, None)
+    # named where it was recorded first: the world's record (its versions) that the prompt-pack part hashes too
+    with pytest.raises(CheckFailed, match=r"manifest.json: digest_inputs.prompt_pack.world differs from task.world"):
+        verify_run(forged)

@@ -492,6 +492,7 @@ def test_versions_side_by_side() -> None:
         "tools": "1",
         "tools_hash": tools_hash(one.tools()),
         "verifier": "1",
+        "verifier_source": one.verifier_source_sha256(),
     }
     assert two.versions()["world"] == "2"
     assert episode(task(12, version="2")).scores["pass"] == 1.0

@@ -30,7 +30,7 @@ FROM_INPUTS = "recomputed from digest_inputs"
 FROM_MANIFEST = "recomputed from the manifest"
 NOT_RECORDED = "not recomputable: no recorded inputs"
 
-SCORING_FIELDS = frozenset({"scorer", "version", "params", "sources", "python", "context"})
+SCORING_FIELDS = frozenset({"scorer", "version", "params", "sources", "python", "libraries", "context"})
 NO_CONTEXT = ScoringContext().as_record()
 CONTEXT_SOURCES = {"choice_scoring": "task.choices.scoring", "rubric": "task.rubric", "verifier": "task.world.versions",
                    "references": "task.references",
@@ -115,6 +115,8 @@ def _check_scoring_inputs(manifest: dict[str, Any], recorded: dict[str, Any], sc
         raise manifest_failure("digest_inputs.scoring.python differs from python")
     if not isinstance(recorded.get("sources"), dict):
         raise manifest_failure("digest_inputs.scoring.sources is not an object")
+    if "libraries" in recorded and not isinstance(recorded["libraries"], dict):  # runs made before: none recorded
+        raise manifest_failure("digest_inputs.scoring.libraries is not an object")
     expected = kind_of_manifest(manifest).recorded_scoring_record(manifest)
     context = recorded.get("context", NO_CONTEXT)
     if expected == NO_CONTEXT and "context" in recorded:

@@ -66,6 +66,8 @@ def verifier_identity(versions: dict[str, Any], references: Any = None) -> dict[
     """What decides a world's verifier's scores: the world's versions, and the frozen reference set it
     scores against (name, version, index hash; docs/design.md "Frozen references") for a world with one."""
     identity: dict[str, Any] = {key: str(versions.get(key)) for key in ("name", "world", "verifier")}
+    if "verifier_source" in versions:  # its source's hash (runs made before it was recorded: left out)
+        identity["verifier_source"] = str(versions["verifier_source"])
     if references is not None:  # left out otherwise: the identities of worlds without references are unchanged
         identity["references"] = references
     return identity

@@ -20,18 +20,21 @@ observation. An exception out of ``call`` is a bug of the world (or :class:`Netw
 from __future__ import annotations
 
 import contextlib
+import inspect
 import threading
 import uuid as uuid_module
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from functools import cache
+from pathlib import Path
 from random import Random
 from typing import Any, ClassVar, Literal, Protocol, cast
 
 from evalrun.config.registry import Registry
 from evalrun.errors import BadInput
-from evalrun.records.canonical import canonical_hash
+from evalrun.records.canonical import canonical_hash, file_sha256
 from evalrun.records.seeds import derive_rng, derive_seed
 from evalrun.worlds.guard import world_guard
 
@@ -427,14 +430,30 @@ class World(ABC):
 
     @classmethod
     def versions(cls) -> dict[str, str]:
-        """What the episode header records: world name and version, tool-set version and hash, verifier version."""
+        """World name and version, tool-set version and hash, verifier version (what the episode header records),
+        and the sha256 of the verifier's source (:meth:`verifier_source_sha256`), which the scoring digest covers
+        so that a verifier edited without a version bump changes it."""
         return {
             "name": cls.name,
             "world": cls.version,
             "tools": cls.tools_version,
             "tools_hash": tools_hash(cls().tools()),
             "verifier": cls.verifier_version,
+            "verifier_source": cls.verifier_source_sha256(),
         }
+
+    @classmethod
+    def verifier_source_sha256(cls) -> str:
+        """sha256 over the source files the verifier is read from: the world's module and the module defining its
+        ``verifier`` (by file name, so a moved checkout hashes the same)."""
+        return _sources_sha256(
+            frozenset(Path(inspect.getsourcefile(obj) or "").resolve() for obj in (cls, cls.verifier))
+        )
+
+
+@cache
+def _sources_sha256(files: frozenset[Path]) -> str:  # read once a process: the header of every episode has it
+    return canonical_hash({path.name: file_sha256(path) for path in sorted(files)})
 
 
 # -------------------------------------------------------------------------------------------- registry
