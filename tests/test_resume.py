@@ -89,6 +89,12 @@ def test_a_complete_run_is_left_as_it_is_and_says_so(run_eval, capsys: pytest.Ca
     out, err = capsys.readouterr()
     assert out.strip().splitlines() == [str(run)] and "is complete already" in err
     assert {p: p.read_bytes() for p in sorted(run.rglob("*")) if p.is_file()} == before
+    summary = json.loads((run / "summary.json").read_text())  # a forged figure: refused, never shown as the results
+    summary["overall"]["exact_match"]["mean"] = 0.99
+    (run / "summary.json").write_text(json.dumps(summary))
+    assert main(["resume", str(run)]) == 1
+    out, err = capsys.readouterr()
+    assert out == "" and "summary.json: its sha256 differs from record.json: the run was altered" in err
 
 
 def _interrupted_before_record(run: Path) -> None:

@@ -301,7 +301,7 @@ def resume(run_dir: Path, overrides: tuple[str, ...]) -> None:
     served engine's transport (engine.base_url=URL for a server that moved, engine.max_concurrency, ...). Prints
     the results table and the report's path (as `evalrun run` does), then the run directory as the last line of
     stdout. A run that is complete already (its record and attestation written) is left as it is: nothing runs,
-    and stderr says so.
+    and stderr says so; if a file it lists no longer has its recorded sha256, exit 1 naming it.
     """
     if "=" in str(run_dir):
         raise BadInput("RUN_DIR", "usage: evalrun resume RUN_DIR [cluster.KEY=VALUE ...]")
@@ -311,6 +311,7 @@ def resume(run_dir: Path, overrides: tuple[str, ...]) -> None:
         _resume_group(run_dir, list(overrides))
         return
     if (run_dir / layout.RECORD).is_file() and (run_dir / layout.ATTESTATION).is_file():
+        runner.check_finished(layout.RunDir(run_dir))  # an altered finished run is refused, not passed as complete
         click.echo(f"evalrun resume: {run_dir} is complete already (record.json and its attestation are written): "
                    "nothing to resume; `evalrun verify` checks it", err=True)  # fmt: skip
         click.echo(str(run_dir))

@@ -326,6 +326,18 @@ def load_config_file(path: Path, overrides: list[str]) -> EvalConfig:
     return validate(load_stored(path, overrides, groups=("cluster",)))
 
 
+def check_finished(run: layout.RunDir) -> None:
+    """A finished run's files are the ones its record lists, with their sha256: a CheckFailed names the first that
+    is not (an edited summary, a part), so resume never presents an altered run as complete."""
+    record = reader.load_record(run)
+    for rel, expected in sorted(record.files.items()):
+        path = run.path / rel
+        if not path.is_file() or file_sha256(path) != expected:
+            state = "missing" if not path.is_file() else "its sha256 differs from record.json"
+            raise CheckFailed(f"{rel}: {state}: the run was altered after it finished; `evalrun verify {run.path}` "
+                              "says what else; a run that fails verify is no result (run it again)")  # fmt: skip
+
+
 def _check_kept(run: layout.RunDir, prepared: Prepared) -> None:
     """Every part a resume keeps verifies (its chains, and its rows against them): a damaged one is refused
     (CheckFailed naming the file), never sealed into a run that cannot verify."""
