@@ -11,6 +11,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from helpers.forgery import reseal
 
 from evalrun.audit.replay import replay_run
 from evalrun.audit.rescore import rescore_run
@@ -19,10 +20,6 @@ from evalrun.config import load
 from evalrun.errors import CheckFailed
 from evalrun.pipeline.dispatch import Dispatcher
 from evalrun.pipeline.runner import execute, prepare
-from evalrun.records.canonical import file_sha256
-from evalrun.records.formats import Record, seal_of
-from evalrun.rundir import writer
-from evalrun.rundir.attest import write_attestation
 from evalrun.rundir.reader import load_record, open_run
 from evalrun.worlds.invoice_desk import InvoiceDesk
 
@@ -132,13 +129,7 @@ def test_the_scoring_digest_covers_the_verifiers_source_and_the_libraries(
     forged = Path(shutil.copytree(agent_run, tmp_path / "forged"))
     manifest["task"]["world"]["versions"]["verifier_source"] = "0" * 64
     (forged / "manifest.json").write_text(json.dumps(manifest))
-    run = open_run(forged)  # a careful forger: every hash, the seal and the attestation made to match
-    record = load_record(run)
-    files = {rel: file_sha256(forged / rel) for rel in record.files}
-    resealed = Record.model_validate({**record.as_record(), "files": files, "manifest_sha256": files["manifest.json"]})
-    resealed = resealed.model_copy(update={"seal": seal_of(resealed)})
-    writer.write_json(run.record, resealed)
-    write_attestation(run, resealed, None)
+    reseal(forged)  # a careful forger: every hash, the seal and the attestation made to match
     # named where it was recorded first: the world's record (its versions) that the prompt-pack part hashes too
     with pytest.raises(CheckFailed, match=r"manifest.json: digest_inputs.prompt_pack.world differs from task.world"):
         verify_run(forged)

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from helpers.forgery import reseal
 
 from evalrun.audit.ledger import read_ledger, verify_anchored
 from evalrun.audit.verify import verify_run
@@ -20,12 +21,10 @@ from evalrun.config import load
 from evalrun.errors import BadInput, CheckFailed
 from evalrun.pipeline.dispatch import Dispatcher
 from evalrun.pipeline.runner import check_before_engine, resume
-from evalrun.records.canonical import canonical_json, file_sha256
-from evalrun.records.formats import Record, checkpoint_hash, seal_of
-from evalrun.rundir import layout, writer
-from evalrun.rundir.attest import write_attestation
+from evalrun.records.canonical import canonical_json
+from evalrun.records.formats import checkpoint_hash
+from evalrun.rundir import layout
 from evalrun.rundir.checkpoints import read_checkpoints
-from evalrun.rundir.reader import load_record
 
 pytestmark = pytest.mark.e2e
 
@@ -87,7 +86,7 @@ def test_a_run_killed_after_its_third_checkpoint_keeps_them_and_resumed_verifies
         checkpoint = json.loads(path.read_text())
         path.write_text(canonical_json(change(checkpoint)) + ("\n" if change(checkpoint) != checkpoint else " \n"))
         if "sha256 differs" not in named:
-            _rehash(forged)  # a careful forger: every hash, the seal and the attestation made to match
+            reseal(forged)  # a careful forger: every hash, the seal and the attestation made to match
         with pytest.raises(CheckFailed, match=named):
             verify_anchored(forged, ledger)
         shutil.rmtree(forged)
@@ -136,13 +135,3 @@ def test_bad_checkpoint_settings_are_refused_before_any_engine_loads(override: s
     with pytest.raises(BadInput) as raised:
         check_before_engine(load([override]))
     assert raised.value.where == named
-
-
-def _rehash(path: Path) -> None:
-    run = layout.RunDir(path)
-    record = load_record(run)
-    forged = Record.model_validate({**record.as_record(), "files": {rel: file_sha256(path / rel) for rel in
-                                                                    record.files}})  # fmt: skip
-    forged = forged.model_copy(update={"seal": seal_of(forged)})
-    writer.write_json(run.record, forged)
-    write_attestation(run, forged, None)

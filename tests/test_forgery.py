@@ -13,10 +13,11 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from helpers.forgery import reseal as rehash
 
 from evalrun.audit.verify import verify_run
 from evalrun.errors import CheckFailed
-from evalrun.records.canonical import canonical_json, file_sha256
+from evalrun.records.canonical import canonical_json
 from evalrun.records.formats import Record, seal_of
 from evalrun.rundir import layout, writer
 from evalrun.rundir.attest import write_attestation
@@ -29,22 +30,6 @@ GOLDEN = Path(__file__).resolve().parent / "golden" / "addition-v1"
 @pytest.fixture
 def run(tmp_path: Path) -> Path:
     return Path(shutil.copytree(GOLDEN, tmp_path / "run"))
-
-
-def rehash(path: Path) -> str:
-    """What a careful forger does after editing files: every listed hash, the digest, the seal and the
-    attestation made to match. Returns the new seal."""
-    rundir = layout.RunDir(path)
-    record = load_record(rundir)
-    manifest = json.loads(rundir.manifest.read_text())
-    files = {rel: file_sha256(path / rel) for rel in record.files}
-    forged = Record.model_validate({**record.as_record(), "files": files, "manifest_sha256": files[layout.MANIFEST],
-                                    "digest": manifest["digest"]["digest"]})  # fmt: skip
-    forged = forged.model_copy(update={"seal": seal_of(forged)})
-    writer.write_json(rundir.record, forged)
-    write_attestation(rundir, forged, None)
-    assert forged.seal is not None
-    return forged.seal
 
 
 def edit_manifest(path: Path, change: Callable[[dict], None]) -> None:

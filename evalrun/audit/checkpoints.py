@@ -12,7 +12,7 @@ from evalrun.records.formats import Record, checkpoint_hash
 from evalrun.records.merkle import root_of_leaf_hashes
 from evalrun.rundir import layout
 from evalrun.rundir.checkpoints import checkpoint_name, read_checkpoints, signature_status
-from evalrun.rundir.ledger import Ledger
+from evalrun.rundir.ledger import Ledger, run_name
 from evalrun.rundir.reader import read_config
 
 
@@ -62,7 +62,7 @@ def check_anchored_checkpoints(run: layout.RunDir, ledger: Ledger, record: Recor
     """The run's checkpoints against the ledger: each one anchored there with its hash, the run's digest and its
     root; every checkpoint of the run the ledger anchors still in the run. When the ledger anchors none, they
     must all be there if the run was made with this ledger as ``run.ledger``."""
-    name = run.path.resolve().name
+    name = run_name(run.path)
     anchored = {line.entry.run: line for line in ledger.lines if line.entry.run.startswith(f"{name}/checkpoint-")}
     found = read_checkpoints(run)
     configured = read_config(run).get("run", {}).get("ledger")

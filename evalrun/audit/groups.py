@@ -22,8 +22,6 @@ from evalrun.rundir import layout
 from evalrun.rundir.reader import read_summary
 from evalrun.tasks.lm_eval_groups import Group
 
-GROUP_VIEWS = ("report.html",)  # a view of the group a user may write beside it (never part of the record)
-
 
 @dataclass(frozen=True)
 class GroupVerifyReport:
@@ -53,7 +51,7 @@ def verify_group(path: Path, public_key: Path | None = None, jobs: int = 0) -> G
     names = [m["task"] for m in members]
     if names != [leaf.name for leaf in group.leaves()]:
         raise _fail(record_path, f"members {names} are not the group's tasks {[x.name for x in group.leaves()]}")
-    allowed = {*names, layout.GROUP, layout.CONFIG, *GROUP_VIEWS}
+    allowed = {*names, layout.GROUP, layout.CONFIG, layout.REPORT}  # a report: a view, never part of it
     strays = sorted(p.name for p in path.iterdir() if p.name not in allowed)
     if strays:
         raise _fail(path / strays[0], "not part of the group's record")

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from evalrun.config import EvalConfig, to_yaml
+from evalrun.episodes.lm_eval import DEFAULT_NAME
 from evalrun.errors import BadInput
 from evalrun.pipeline.dispatch import Dispatcher
 from evalrun.pipeline.runner import (
@@ -34,12 +35,12 @@ from evalrun.records.canonical import canonical_hash
 from evalrun.rundir import layout
 from evalrun.rundir.reader import load_record, read_summary
 from evalrun.rundir.writer import write_atomic, write_json
+from evalrun.scoring.lm_eval import metric_name
 from evalrun.stats.groups import group_mean, group_stderr
 from evalrun.stats.summary import is_perplexity
 from evalrun.tasks.lm_eval_groups import NO_FILTER, Group, find_group
 
 GROUP_FORMAT = "evalrun.group/1"
-DEFAULT_NAME = "lm_eval"  # conf/task/lm_eval.yaml's task name: the YAML's own names the run
 _PLAIN_NAME = re.compile(r"[A-Za-z0-9_.\-]+")
 
 
@@ -58,9 +59,6 @@ class GroupPlan:
         if not path.is_file():
             self.directory.mkdir(parents=True, exist_ok=True)
             write_atomic(path, to_yaml(self.config).encode("utf-8"))
-
-    def is_last(self, run_dir: Path) -> bool:
-        return run_dir == self.directory / self.members[-1].task.name
 
 
 def plan_group(config: EvalConfig) -> GroupPlan | None:
@@ -114,12 +112,7 @@ def _directory(config: EvalConfig, name: str) -> Path:
     if config.run.dir:
         return Path(config.run.dir)
     stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
-    root, plain = Path(config.run.root), re.sub(r"[^A-Za-z0-9_.\-]", "_", name)
-    path, k = root / f"{plain}-{stamp}", 1
-    while path.exists():
-        k += 1
-        path = root / f"{plain}-{stamp}-{k}"
-    return path
+    return layout.free_path(Path(config.run.root), f"{re.sub(r'[^A-Za-z0-9_.-]', '_', name)}-{stamp}")
 
 
 def run_group(plan: GroupPlan, prepared: Sequence[Prepared], dispatcher: Dispatcher,
@@ -192,7 +185,7 @@ def group_results(group: Group, summaries: Mapping[str, Mapping[str, Any]]) -> d
         for aggregate in each.aggregates:
             filters = aggregate.filters if aggregate.filters is not None else _discovered(aggregate.metric, overall)
             for pipeline in filters:
-                key = aggregate.metric if pipeline == NO_FILTER else f"{aggregate.metric}/{pipeline}"
+                key = metric_name(aggregate.metric, pipeline)
                 values, sizes, stderrs, have, missing = [], [], [], [], []
                 for name in leaves:
                     estimate = overall[name].get(key)

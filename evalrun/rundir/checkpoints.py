@@ -15,12 +15,13 @@ from evalrun.errors import CheckFailed
 from evalrun.records.canonical import canonical_json
 from evalrun.records.formats import CHECKPOINT_PAYLOAD_TYPE, Checkpoint, first_error
 from evalrun.rundir import attest, layout, writer
+from evalrun.rundir.ledger import run_name
 
 
 def checkpoint_name(run_path: Path, seq: int) -> str:
     """The name a run's checkpoint is anchored under in a ledger: ``RUN/checkpoint-SEQ`` (RUN the directory's
     name, as the run itself is anchored)."""
-    return f"{run_path.resolve().name}/checkpoint-{seq:06d}"
+    return f"{run_name(run_path)}/checkpoint-{seq:06d}"
 
 
 def write_checkpoint(run: layout.RunDir, checkpoint: Checkpoint, key_path: Path | None) -> Checkpoint:

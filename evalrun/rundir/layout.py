@@ -116,6 +116,16 @@ def check_destination(field: str, path: Path, exact: bool) -> None:
         raise BadInput(field, f"{base} {why}; choose another {field} or make it writable")
 
 
+def free_path(root: Path, name: str) -> Path:
+    """``root/name``, or ``root/name-k`` with the first k >= 2 that is not taken: where a new run (or group of
+    runs) goes."""
+    path, k = root / name, 1
+    while path.exists():
+        k += 1
+        path = root / f"{name}-{k}"
+    return path
+
+
 def create_run_dir(root: Path, name: str, exact: Path | None = None) -> RunDir:
     """A new, empty run directory: ``exact`` if given (it must not hold a run), else ``root/name[-k]``."""
     if exact is not None:
@@ -123,11 +133,7 @@ def create_run_dir(root: Path, name: str, exact: Path | None = None) -> RunDir:
             raise BadInput("run.dir", f"{exact} already exists and is not empty")
         path = exact
     else:
-        path = root / name
-        k = 1
-        while path.exists():
-            k += 1
-            path = root / f"{name}-{k}"
+        path = free_path(root, name)
     try:
         path.mkdir(parents=True, exist_ok=True)
         (path / OUTPUTS).mkdir()
