@@ -14,6 +14,7 @@ from evalrun.config.compose import compose_config, expand_multirun, load, load_s
 from evalrun.config.overrides import Override, apply_overrides, parse_overrides
 from evalrun.config.paths import BUILTIN_TASKS, CONF_DIR, REPO_ROOT
 from evalrun.config.settings import (
+    CPU_ISA_LEVELS,
     TRUNCATE_LEFT,
     ChoicesConfig,
     ClusterConfig,
@@ -33,6 +34,7 @@ from evalrun.config.validate import check_dataset, validate
 __all__ = [
     "BUILTIN_TASKS",
     "CONF_DIR",
+    "CPU_ISA_LEVELS",
     "REPO_ROOT",
     "TRUNCATE_LEFT",
     "ChoicesConfig",

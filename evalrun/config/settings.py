@@ -40,6 +40,8 @@ AUTO = "auto"
 MASTER_SEED_EXPECTED = "a non-negative integer or auto (integers below 2**53)"
 
 Dtype = Literal["float32", "bfloat16", "float16", "auto"]
+# engine.cpu_isa: the instruction set a CPU worker's kernels may use, newest first (evalrun/pipeline/cpu_isa.py)
+CPU_ISA_LEVELS = ("native", "avx512", "avx2", "default")
 ChoiceScoring = Literal["letter", "loglikelihood", "both"]
 ChatFormatName = Literal["auto", "chat", "plain"]
 ToolFormatName = Literal["auto", "json", "native"]
@@ -218,6 +220,9 @@ class EngineConfig(Section):
     cpu_kvcache_gib: int = 1
     seed: int = 0
     device: str | None = None  # engine=hf only: cpu | cuda | cuda:N (None: cuda where available, else cpu)
+    # engine=vllm or hf on CPU: the instruction set the worker's kernels may use (CPU_ISA_LEVELS), or a list, one per
+    # worker in turn (a mixed cluster on one machine); null: native, what the processor has
+    cpu_isa: str | tuple[str, ...] | None = field(default=None, metadata=LEFT_OUT_WHEN_NULL)
     # engine=openai only (evalrun/engines/openai.py), each left out of the record while null:
     # http://HOST:PORT/v1, or a list of servers of the same model (each request to the least loaded)
     base_url: str | tuple[str, ...] | None = field(default=None, metadata=LEFT_OUT_WHEN_NULL)
@@ -251,6 +256,7 @@ class EngineConfig(Section):
             raise BadInput(where, "engine=hf supports tensor_parallel_size=1 and enable_prefix_caching=false only")
         if self.device is not None and (self.name != "hf" or not re.fullmatch(r"cpu|cuda(:\d+)?", self.device)):
             raise _fail(f"{where}.device", "null, or cpu | cuda | cuda:N with engine=hf", self.device)
+        self._check_cpu_isa(where)
         if not 0 < self.gpu_memory_utilization <= 1:
             raise _fail(f"{where}.gpu_memory_utilization", "a number in (0, 1]", self.gpu_memory_utilization)
         served = ("base_url", "served_model", "api_key_env", "serve", "max_concurrency", "timeout_s", "max_retries",
@@ -277,6 +283,33 @@ class EngineConfig(Section):
             raise BadInput(f"{where}.base_url", "engine.serve=true starts its own server: give one or the other")
         if self.timeout_s is not None and not self.timeout_s > 0:
             raise _fail(f"{where}.timeout_s", "a number of seconds > 0", self.timeout_s)
+
+    def cpu_isa_levels(self) -> tuple[str, ...]:
+        """The levels ``cpu_isa`` names, in order (one, or one per worker in turn)."""
+        if self.cpu_isa is None:
+            return ("native",)
+        return (self.cpu_isa,) if isinstance(self.cpu_isa, str) else tuple(self.cpu_isa)
+
+    def capped(self) -> bool:
+        """Whether some worker's kernels are capped below what the processor has (``cpu_isa`` not all native)."""
+        return any(level != "native" for level in self.cpu_isa_levels())
+
+    def _check_cpu_isa(self, where: str) -> None:
+        levels = self.cpu_isa_levels()
+        if not levels:
+            raise _fail(f"{where}.cpu_isa", f"a level ({' | '.join(CPU_ISA_LEVELS)}) or a list of them", [])
+        for i, level in enumerate(levels):
+            if level not in CPU_ISA_LEVELS:
+                at = "" if isinstance(self.cpu_isa, str) else f".{i}"
+                raise _fail(f"{where}.cpu_isa{at}", " | ".join(CPU_ISA_LEVELS), level)
+        if self.capped() and (self.name not in ("vllm", "hf") or self.serve):
+            raise BadInput(
+                f"{where}.cpu_isa",
+                f"caps the kernels of an engine in the worker's process (vllm or hf), "
+                f"and the engine is {self.name}" + (" serving" if self.serve else ""),
+            )
+        if self.capped() and self.device not in (None, "cpu"):
+            raise BadInput(f"{where}.cpu_isa", f"caps CPU kernels, and engine.device is {self.device}")
 
 
 @dataclass(frozen=True)
@@ -645,6 +678,10 @@ class EvalConfig(Section):
             raise _fail("limit", "an integer >= 1 or null", self.limit)
         self.engine.check()
         self.cluster.check()
+        if self.engine.capped() and self.cluster.name == "inline":
+            raise BadInput("engine.cpu_isa", "a capped instruction set is set once per process, before torch loads: it "
+                                             "needs workers in processes of their own (cluster=local or ray), "
+                                             "and cluster=inline runs the engine in the driver's")  # fmt: skip
         self.determinism.check()
         self.run.check()
         self.task.check()
@@ -656,6 +693,12 @@ class EvalConfig(Section):
             if self.task.rubric is None:
                 raise BadInput("judge_engine", "a judge engine runs a rubric's judges: the task has no task.rubric")
             self.judge_engine.check("judge_engine")
+            if self.judge_engine.cpu_isa is not None:
+                raise BadInput(
+                    "judge_engine.cpu_isa",
+                    "the judges' engine runs in the worker's process, "
+                    "whose instruction set engine.cpu_isa sets: expected null",
+                )
 
     def with_decoding(self, overrides: Mapping[str, Any]) -> EvalConfig:
         """This config with a prompt pack's decoding settings over the decoding group's, checked again."""

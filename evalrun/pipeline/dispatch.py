@@ -16,6 +16,7 @@ does not raise: the harness records its episode as failed).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import pickle
 import time
 from collections import deque
@@ -28,6 +29,7 @@ from evalrun.config.registry import Registry
 from evalrun.engines import logs
 from evalrun.episodes.plan import Episode
 from evalrun.errors import first_line
+from evalrun.pipeline import cpu_isa
 from evalrun.pipeline.raylocal import start_local
 from evalrun.pipeline.worker import BatchOutcome, CollectedLogs, EngineWorker, WorkerSpec, pack_batch
 from evalrun.records.canonical import canonical_hash
@@ -162,7 +164,8 @@ class RayDispatcher:
         gpus = cluster.gpus_per_worker
         if gpus is None:
             gpus = spec.engine.tensor_parallel_size if ray.cluster_resources().get("GPU", 0) > 0 else 0
-        self._actor_class = ray.remote(EngineWorker).options(num_cpus=cluster.cpus_per_worker, num_gpus=gpus)
+        self._actor_class = ray.remote(EngineWorker)
+        self._actor_options: dict[str, Any] = {"num_cpus": cluster.cpus_per_worker, "num_gpus": gpus}
         self._max_in_flight = cluster.max_in_flight
         self._max_restarts = cluster.max_worker_restarts
         self._max_attempts = cluster.max_batch_attempts
@@ -194,7 +197,14 @@ class RayDispatcher:
             slot.info, slot.live = info, True
 
     def _new_actor(self, index: int) -> Any:
-        return self._actor_class.remote(self._spec, f"ray-{index}")
+        """Worker ``index``'s actor; one of a capped instruction set (engine.cpu_isa) in a process started with its
+        variables, which its libraries read once, on load (evalrun.pipeline.cpu_isa)."""
+        level = cpu_isa.for_worker(self._spec.engine.cpu_isa_levels(), index)
+        options = dict(self._actor_options)
+        if level != cpu_isa.NATIVE:
+            options["runtime_env"] = {"env_vars": cpu_isa.environment(level)}
+        spec = dataclasses.replace(self._spec, cpu_isa=level)
+        return self._actor_class.options(**options).remote(spec, f"ray-{index}")
 
     def workers(self) -> list[dict[str, Any]]:
         self.ready()

@@ -18,6 +18,7 @@ from typing import Any
 
 from evalrun.config import REPO_ROOT
 from evalrun.errors import BadInput
+from evalrun.pipeline import cpu_isa
 from evalrun.records.formats import PINNED_IMAGE_PATTERN
 
 TRACKED_LIBRARIES = (
@@ -26,24 +27,30 @@ TRACKED_LIBRARIES = (
 )  # fmt: skip
 
 
-def _cpu_model() -> str:
+def _cpuinfo() -> str:
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
+        return Path("/proc/cpuinfo").read_text()
     except OSError:
-        pass
+        return ""
+
+
+def _cpu_model(cpuinfo: str) -> str:
+    for line in cpuinfo.splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
     return platform.processor() or platform.machine()
 
 
 @functools.cache
 def hardware_fingerprint() -> dict[str, Any]:
-    """CPU model and, where CUDA is present, GPU name, driver and CUDA version."""
+    """CPU model and instruction-set flags and, where CUDA is present, GPU name, driver and CUDA version."""
     import torch
 
+    cpuinfo = _cpuinfo()
     info: dict[str, Any] = {
         "machine": platform.machine(),
-        "cpu": _cpu_model(),
+        "cpu": _cpu_model(cpuinfo),
+        "cpu_flags": cpu_isa.cpu_flags(cpuinfo),
         "cpu_count": os.cpu_count(),
         "gpu": None,
     }

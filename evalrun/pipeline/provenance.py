@@ -3,9 +3,9 @@ itself, and drift, a worker that differs from the run's first worker in what can
 
 A worker's report (``EngineWorker.info()``) is provenance: it is kept out of every hash chain. Its
 fingerprint is the part that can change what a model computes: engine name and version, library
-versions, Python, hardware (CPU model; GPU model, capability, driver and CUDA version) and the
-determinism settings honoured. Counts (cores, GPUs) and names (host, pid) are left out: they
-differ between identical workers.
+versions, Python, hardware (CPU model, flags and the instruction set its kernels ran with; GPU model,
+capability, driver and CUDA version) and the determinism settings honoured. Counts (cores, GPUs) and names
+(host, pid) are left out: they differ between identical workers.
 """
 
 from __future__ import annotations
@@ -53,10 +53,18 @@ def fingerprint(info: Mapping[str, Any]) -> dict[str, Any]:
         "hardware": {
             "machine": hardware.get("machine"),
             "cpu": hardware.get("cpu"),
+            "cpu_flags": hardware.get("cpu_flags"),
+            "isa": _isa_fingerprint(hardware.get("isa")),
             "gpu": None if gpu is None else {k: gpu.get(k) for k in GPU_FIELDS},
         },
         "determinism": dict((info.get("determinism") or {}).get("honoured") or {}),
     }
+
+
+def _isa_fingerprint(isa: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """What of a worker's instruction set chooses its kernels: the level, torch's and vLLM's kernels (the variables
+    as the process had them are shown in its report, not compared: a level sets them)."""
+    return None if isa is None else {k: isa.get(k) for k in ("asked", "aten", "vllm_kernels")}
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ from evalrun.engines.pins import ResolvedModel, model_directory, resolve_model
 from evalrun.episodes import EPISODE_KINDS, EncodedPart, EpisodeKind, Planned, kind_of, model_files
 from evalrun.episodes.checked import verify_part
 from evalrun.errors import BadInput, CheckFailed, Interrupted, WriteFailed, first_line
-from evalrun.pipeline import canary, failpoints
+from evalrun.pipeline import canary, cpu_isa, failpoints
 from evalrun.pipeline.checkpoints import Checkpointer
 from evalrun.pipeline.dispatch import DISPATCHERS, Dispatcher, IdleDispatcher, dispatcher_key, open_dispatcher
 from evalrun.pipeline.environment import install_provenance
@@ -75,6 +75,8 @@ def worker_spec(config: EvalConfig) -> WorkerSpec:
     """The engine worker a config needs, from the config alone: its model's directory is found, not hashed,
     so that the engine can load while :func:`prepare` checks the pins (docs/design.md "Start-up and exit")."""
     judge = config.judge_model
+    if config.cluster.name == "local":  # the workers run on this machine: its processor is theirs
+        cpu_isa.check_runs_here(config.engine.cpu_isa_levels())
     return WorkerSpec(
         model_path=str(_directory(config.model)),
         model_dtype=config.model.dtype,

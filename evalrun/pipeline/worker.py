@@ -23,7 +23,7 @@ from evalrun.config import DeterminismConfig, EngineConfig
 from evalrun.engines import ClosingEngine, ServedEngine, ServedReport, build_engine, logs
 from evalrun.episodes import EncodedPart, Engines, Planned, Provenance, kind_of_episodes
 from evalrun.errors import BadInput
-from evalrun.pipeline import determinism
+from evalrun.pipeline import cpu_isa, determinism
 from evalrun.pipeline.canary import CanaryResult, canary_at_start
 from evalrun.pipeline.environment import hardware_fingerprint, library_versions, python_version
 from evalrun.records.canonical import canonical_json
@@ -53,6 +53,9 @@ class WorkerSpec:
     # (Ray sets OMP_NUM_THREADS to them). None: torch's default, one per core, whose spinning threads slowed
     # an inline engine 10x on a machine whose cores other processes share (docs/nondeterminism.md "What it costs").
     threads: int | None = None
+    # the instruction set this worker's kernels may use (one of engine.cpu_isa's levels, chosen per worker by the
+    # dispatcher, which starts the worker's process with its variables; evalrun.pipeline.cpu_isa)
+    cpu_isa: str = cpu_isa.NATIVE
 
     def as_record(self) -> dict[str, Any]:
         factory = self.engine_factory
@@ -66,6 +69,7 @@ class WorkerSpec:
             "judge_model_dtype": self.judge_model_dtype,
             **({"judge_engine": self.judge_engine.as_record()} if self.judge_engine is not None else {}),
             "threads": self.threads,
+            **({"cpu_isa": self.cpu_isa} if self.cpu_isa != cpu_isa.NATIVE else {}),
         }
 
 
@@ -116,6 +120,7 @@ class EngineWorker:
         # order with what C++ code prints; inline, the driver's choice (-v or not) stands.
         self._own_process = _in_ray_actor()
         self._log = logs.route(stderr_is_a_log=self._own_process)
+        cpu_isa.apply(spec.cpu_isa)  # before torch's first kernel: a capped level is chosen once per process
         settings = spec.determinism.as_record()
         # a vLLM server the engine starts (engine.serve) inherits this process's environment: the determinism
         # settings made for vLLM (VLLM_CPU_ATTN_SPLIT_KV, VLLM_BATCH_INVARIANT) reach it; torch's flags stay here
@@ -127,10 +132,12 @@ class EngineWorker:
                 "VLLM_BATCH_INVARIANT); torch's deterministic algorithms and seeds are set in this process only"
             )
         self.determinism["honoured"]["torch_threads"] = _set_threads(spec.threads)  # kernels split work by threads
-        self.hardware = canonical_json(hardware_fingerprint())
         started = time.perf_counter()
         self.engine = _build_engine(spec)
         self.engine_load_s = round(time.perf_counter() - started, 3)  # provenance: the engine's own start
+        # read once the engine is built: the kernel library it loaded is part of the hardware it ran on
+        uses_vllm = spec.engine_factory is None and spec.engine.name == "vllm" and not spec.engine.serve
+        self.hardware = canonical_json({**hardware_fingerprint(), "isa": cpu_isa.in_effect(spec.cpu_isa, uses_vllm)})
         # before the judge engine and any episode: the canary is about this engine as the run finds it
         self.canary, not_run = canary_at_start(self.engine, spec.determinism.canary, spec.engine_factory is not None)
         if not_run is not None:

@@ -9,6 +9,7 @@ gets its report, with the failure at the top); only a directory that is no run a
 from __future__ import annotations
 
 import json
+import statistics
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -341,6 +342,40 @@ def identity_sections(
     )
 
 
+def workers_served(manifest: Mapping[str, Any], outputs: pa.Table, scores: pa.Table) -> FieldGroup:
+    """Which episodes each worker served, with the instruction set its kernels ran with (``engine.cpu_isa``; a
+    mixed cluster's workers differ there) and its episodes' mean of every metric: where the workers drifted,
+    what each one's share of the run scored."""
+    episodes_of: dict[str, list[str]] = defaultdict(list)
+    for eid, worker in zip(outputs.column("episode_id").to_pylist(), outputs.column("worker").to_pylist(),
+                           strict=True):  # fmt: skip
+        episodes_of[worker].append(eid)
+    values: dict[tuple[str, str], list[float]] = defaultdict(list)
+    worker_of = {eid: worker for worker, eids in episodes_of.items() for eid in eids}
+    for eid, metric, value in zip(*scores.select(["episode_id", "metric", "value"]).to_pydict().values(),
+                                  strict=True):  # fmt: skip
+        if eid in worker_of and value is not None:
+            values[(worker_of[eid], metric)].append(value)
+    fields = []
+    recorded = [w for w in manifest.get("workers") or [] if isinstance(w, Mapping)]
+    names = [str(w.get("worker")) for w in recorded] + sorted(
+        set(episodes_of) - {str(w.get("worker")) for w in recorded}
+    )
+    for name in names:
+        worker = next((w for w in recorded if str(w.get("worker")) == name), {})
+        isa = _get(worker, "hardware", "isa") or {}
+        isa_text = (f"isa {shown(isa.get('asked'))} (aten {shown(isa.get('aten'))}, vllm kernels "
+                    f"{shown(isa.get('vllm_kernels'))})" if isa else "isa —")  # fmt: skip
+        served = episodes_of.get(name, [])
+        means = "; ".join(f"{metric} {statistics.fmean(v):.4f}" for (w, metric), v in sorted(values.items())
+                          if w == name)  # fmt: skip
+        first = f" ({', '.join(sorted(served)[:3])}{', …' if len(served) > 3 else ''})" if served else ""
+        fields.append(Field(f"worker {name}", f"{isa_text}; {len(served)} episodes{first}" + (f"; {means}" if means
+                                                                                               else "")))  # fmt: skip
+    return FieldGroup("Workers: episodes served", tuple(fields), "each worker's instruction set as it reported it, "
+                      "the episodes it served (the outputs' worker column) and their mean scores")  # fmt: skip
+
+
 # --- scores ------------------------------------------------------------------------------------
 
 
@@ -563,10 +598,10 @@ def gather_run(path: Path, rows: int = ROWS, transcript_limit: int = TRANSCRIPTS
             problems.append(_problem(exc))
     kind = kind_of_manifest(manifest)
     try:
-        outputs = read_outputs(run_dir, [*TABLE_COLUMNS, FINAL_STATE])
+        outputs = read_outputs(run_dir, [*TABLE_COLUMNS, FINAL_STATE, "worker"])
     except CheckFailed as exc:
         problems.append(_problem(exc))
-        outputs = OUTPUT_SCHEMA.empty_table().select([*TABLE_COLUMNS, FINAL_STATE])
+        outputs = OUTPUT_SCHEMA.empty_table().select([*TABLE_COLUMNS, FINAL_STATE, "worker"])
     scores = scores if scores is not None else SCORES_SCHEMA.empty_table()
     warnings = output_warnings(outputs)
     table = episode_table(outputs, scores, rows)
@@ -584,7 +619,8 @@ def gather_run(path: Path, rows: int = ROWS, transcript_limit: int = TRANSCRIPTS
             problems.append(f"transcripts: {exc}")
     return RunData(
         path=path, name=path.name, digest=_get(manifest, "digest", "digest"), verification=checked,
-        identity=identity_sections(manifest, record, run), estimates=estimates(summary),
+        identity=(*identity_sections(manifest, record, run), workers_served(manifest, outputs, scores)),
+        estimates=estimates(summary),
         trials=trial_means(scores), episodes=table, kind=kind.name, transcribed=kind.transcribed, transcripts=found,
         problems=tuple(problems), warnings=tuple(warnings),
         canary_failures=tuple(canary_failure_lines(manifest, record)),
