@@ -11,6 +11,7 @@ paired test, and the unpaired interval beside it.
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -74,7 +75,14 @@ class FieldDiff:
     b: Any
 
 
+# A worker's hardware as it reported it (workers.N.hardware.*: its CPU flags, the instruction set its kernels ran
+# with, its GPU): the driver's own (hardware.*) is not the workers' on a cluster, or where engine.cpu_isa caps them
+_WORKER_HARDWARE = re.compile(r"workers\.\d+\.hardware\.")
+
+
 def _category(field: str) -> str:
+    if _WORKER_HARDWARE.match(field):
+        return "hardware"
     for prefix, category in CATEGORIES:
         if field == prefix.rstrip(".") or field.startswith(prefix):
             return category
