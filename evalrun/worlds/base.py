@@ -36,6 +36,7 @@ from evalrun.config.registry import Registry
 from evalrun.errors import BadInput
 from evalrun.records.canonical import canonical_hash, file_sha256
 from evalrun.records.seeds import derive_rng, derive_seed
+from evalrun.rundir import references
 from evalrun.worlds.guard import world_guard
 
 JSON = Any  # a JSON value: None, bool, int, float, str, list, dict with str keys
@@ -459,6 +460,22 @@ def _sources_sha256(files: frozenset[Path]) -> str:  # read once a process: the 
 # -------------------------------------------------------------------------------------------- registry
 
 WORLDS: Registry[type[World]] = Registry("world", field="world")
+
+
+def check_computed_references(world: type[World], tasks: Sequence[WorldTask], root: Path | None,
+                              compute: Callable[[WorldTask], dict[str, Any]], key: str) -> dict[str, str]:  # fmt: skip
+    """A world's check of references its own code computes (ground truths, expected outcomes): every task's is
+    there, untouched, made for the world the task generates (``instance_sha256``), and its ``key`` still what
+    ``compute`` gives (else the world changed without a new version); BadInput otherwise, before any model
+    loads. The set's record for the manifest."""
+    index = references.load_index(world.name, world.version, root)
+    for task in tasks:
+        computed = compute(task)
+        stored = references.load_reference(index, task.item_id, computed["instance_sha256"])
+        if stored.get(key) != computed[key]:
+            raise BadInput(f"{index.path(task.item_id)}: {key}", f"frozen {stored.get(key)}, the world's code now "
+                           f"computes {computed[key]}: a changed world needs a new version")  # fmt: skip
+    return index.record()
 
 
 def world_key(name: str, version: str) -> str:

@@ -40,6 +40,7 @@ from evalrun.worlds.base import (
     ToolSpec,
     World,
     WorldTask,
+    check_computed_references,
     format_date,
     object_schema,
     register_world,
@@ -374,17 +375,8 @@ class InvoiceDesk(World):
 
     @classmethod
     def check_references(cls, tasks: Sequence[WorldTask], root: Path | None = None) -> dict[str, str] | None:
-        """Every task's frozen ground truth is there, untouched, made for the world the task generates,
-        and still what the world's code computes (else the world changed without a new version);
-        BadInput otherwise, before any model loads. The set's record for the manifest."""
-        index = references.load_index(cls.name, cls.version, root)
-        for task in tasks:
-            computed = truth_reference(task)
-            stored = references.load_reference(index, task.item_id, computed["instance_sha256"])
-            if stored.get("truth") != computed["truth"]:
-                raise BadInput(f"{index.path(task.item_id)}: truth", f"frozen {stored.get('truth')}, the world's code "
-                               f"now computes {computed['truth']}: a changed world needs a new version")  # fmt: skip
-        return index.record()
+        """Every task's frozen ground truth, checked against what the world's code computes."""
+        return check_computed_references(cls, tasks, root, truth_reference, "truth")
 
     def __init__(self) -> None:
         super().__init__()

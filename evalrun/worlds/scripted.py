@@ -1,5 +1,6 @@
 """``agent=scripted``: a deterministic reference policy for ``invoice-desk`` (``shift-planner``: see
-:mod:`evalrun.worlds.scripted_planner`), and a driver to run it.
+:mod:`evalrun.worlds.scripted_planner`; ``support-desk``: :mod:`evalrun.worlds.scripted_support`), and a driver
+to run it.
 
 The policy is a pure function of what an agent sees, the task text and the turns so far, so it can
 stand in for a model anywhere (the harness, replay tests) and its episodes are training transcripts
@@ -21,6 +22,7 @@ from evalrun.worlds.base import Effects, World, WorldTask
 from evalrun.worlds.guard import world_guard
 from evalrun.worlds.invoice_desk import DUPLICATES, GOALS, PRICE_DIFFERENCES
 from evalrun.worlds.scripted_planner import PlanKind, is_planner_task, planner_policy
+from evalrun.worlds.scripted_support import is_support_task, support_policy
 
 Policy = Callable[[str, Sequence[Step]], list[ToolCall]]
 MAX_STEPS = 12
@@ -94,9 +96,12 @@ def scripted_policy(task_text: str, history: Sequence[Step], *, ask_vendor: bool
                     plan: PlanKind = "optimal") -> list[ToolCall]:  # fmt: skip
     """The next calls. ``ask_vendor=True`` asks the vendor about the first flagged line before
     reporting (one more turn, and a random draw of the simulated person to record). A shift-planner
-    task goes to :func:`~evalrun.worlds.scripted_planner.planner_policy` with ``plan``."""
+    task goes to :func:`~evalrun.worlds.scripted_planner.planner_policy` with ``plan``, a support-desk task to
+    :func:`~evalrun.worlds.scripted_support.support_policy`."""
     if is_planner_task(task_text):
         return planner_policy(task_text, history, plan=plan)
+    if is_support_task(task_text):
+        return support_policy(task_text, history)
     family = task_family(task_text)
     asked, listed, invoices, orders = _seen(history)
     if "list_invoices:" not in asked:
