@@ -347,9 +347,11 @@ def workers_served(manifest: Mapping[str, Any], outputs: pa.Table, scores: pa.Ta
     mixed cluster's workers differ there) and its episodes' mean of every metric: where the workers drifted,
     what each one's share of the run scored."""
     episodes_of: dict[str, list[str]] = defaultdict(list)
-    for eid, worker in zip(outputs.column("episode_id").to_pylist(), outputs.column("worker").to_pylist(),
-                           strict=True):  # fmt: skip
+    items_of: dict[str, set[str]] = defaultdict(set)
+    for eid, item, worker in zip(*outputs.select(["episode_id", "item_id", "worker"]).to_pydict().values(),
+                                 strict=True):  # fmt: skip
         episodes_of[worker].append(eid)
+        items_of[worker].add(str(item))
     values: dict[tuple[str, str], list[float]] = defaultdict(list)
     worker_of = {eid: worker for worker, eids in episodes_of.items() for eid in eids}
     for eid, metric, value in zip(*scores.select(["episode_id", "metric", "value"]).to_pydict().values(),
@@ -358,18 +360,18 @@ def workers_served(manifest: Mapping[str, Any], outputs: pa.Table, scores: pa.Ta
             values[(worker_of[eid], metric)].append(value)
     fields = []
     recorded = [w for w in manifest.get("workers") or [] if isinstance(w, Mapping)]
-    names = [str(w.get("worker")) for w in recorded] + sorted(
-        set(episodes_of) - {str(w.get("worker")) for w in recorded}
-    )
+    names = [str(w.get("worker")) for w in recorded]
+    names += sorted(set(episodes_of) - set(names))  # a replacement joins after the start: not in the manifest
     for name in names:
         worker = next((w for w in recorded if str(w.get("worker")) == name), {})
         isa = _get(worker, "hardware", "isa") or {}
-        isa_text = (f"isa {shown(isa.get('asked'))} (aten {shown(isa.get('aten'))}, vllm kernels "
-                    f"{shown(isa.get('vllm_kernels'))})" if isa else "isa —")  # fmt: skip
+        kernels = f", vllm kernels {isa['vllm_kernels']}" if isa.get("vllm_kernels") else ""
+        isa_text = f"isa {shown(isa.get('asked'))} (aten {shown(isa.get('aten'))}{kernels})" if isa else "isa —"
         served = episodes_of.get(name, [])
         means = "; ".join(f"{metric} {statistics.fmean(v):.4f}" for (w, metric), v in sorted(values.items())
                           if w == name)  # fmt: skip
-        first = f" ({', '.join(sorted(served)[:3])}{', …' if len(served) > 3 else ''})" if served else ""
+        items = sorted(items_of.get(name, ()), key=lambda i: (len(i), i))
+        first = f" (items {', '.join(items[:5])}{', …' if len(items) > 5 else ''})" if items else ""
         fields.append(Field(f"worker {name}", f"{isa_text}; {len(served)} episodes{first}" + (f"; {means}" if means
                                                                                                else "")))  # fmt: skip
     return FieldGroup("Workers: episodes served", tuple(fields), "each worker's instruction set as it reported it, "
