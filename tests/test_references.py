@@ -244,7 +244,8 @@ def test_a_changed_rule_without_a_new_version_is_refused(monkeypatch: pytest.Mon
     from evalrun.worlds import invoice_desk
 
     computed = invoice_desk.truth_reference
-    monkeypatch.setattr(invoice_desk, "truth_reference", lambda task: {**computed(task), "truth": []})
+    changed = staticmethod(lambda task: {**computed(task), "truth": []})
+    monkeypatch.setattr(invoice_desk.InvoiceDesk, "compute_reference", changed)
     with pytest.raises(BadInput, match=r"truth: frozen .* now computes \[\]"):
         prepare(load(["task=invoice_desk", "limit=2"]))
     assert {p.field for p in check_reference_set("invoice-desk", "1").problems} == {"truth"}

@@ -462,20 +462,34 @@ def _sources_sha256(files: frozenset[Path]) -> str:  # read once a process: the 
 WORLDS: Registry[type[World]] = Registry("world", field="world")
 
 
-def check_computed_references(world: type[World], tasks: Sequence[WorldTask], root: Path | None,
-                              compute: Callable[[WorldTask], dict[str, Any]], key: str) -> dict[str, str]:  # fmt: skip
-    """A world's check of references its own code computes (ground truths, expected outcomes): every task's is
-    there, untouched, made for the world the task generates (``instance_sha256``), and its ``key`` still what
-    ``compute`` gives (else the world changed without a new version); BadInput otherwise, before any model
-    loads. The set's record for the manifest."""
-    index = references.load_index(world.name, world.version, root)
-    for task in tasks:
-        computed = compute(task)
-        stored = references.load_reference(index, task.item_id, computed["instance_sha256"])
-        if stored.get(key) != computed[key]:
-            raise BadInput(f"{index.path(task.item_id)}: {key}", f"frozen {stored.get(key)}, the world's code now "
-                           f"computes {computed[key]}: a changed world needs a new version")  # fmt: skip
-    return index.record()
+class ComputedReferences:
+    """A world whose references its own code computes (invoice-desk's ground truths, support-desk's expected
+    outcomes): ``compute_reference`` makes a task's record (``instance_sha256`` and ``reference_key`` among its
+    fields), frozen by ``evalrun references build`` and checked here. Listed before :class:`World` in the bases."""
+
+    name: ClassVar[str]
+    version: ClassVar[str]
+    reference_key: ClassVar[str]
+    compute_reference: ClassVar[Callable[[WorldTask], dict[str, Any]]]
+
+    @classmethod
+    def frozen_reference(cls, task: WorldTask) -> dict[str, Any] | None:
+        return cls.compute_reference(task)
+
+    @classmethod
+    def check_references(cls, tasks: Sequence[WorldTask], root: Path | None = None) -> dict[str, str] | None:
+        """Every task's frozen reference is there, untouched, made for the world the task generates, and its
+        ``reference_key`` still what the world's code computes (else the world changed without a new version);
+        BadInput otherwise, before any model loads. The set's record for the manifest."""
+        key = cls.reference_key
+        index = references.load_index(cls.name, cls.version, root)
+        for task in tasks:
+            computed = cls.compute_reference(task)
+            stored = references.load_reference(index, task.item_id, computed["instance_sha256"])
+            if stored.get(key) != computed[key]:
+                raise BadInput(f"{index.path(task.item_id)}: {key}", f"frozen {stored.get(key)}, the world's code "
+                               f"now computes {computed[key]}: a changed world needs a new version")  # fmt: skip
+        return index.record()
 
 
 def world_key(name: str, version: str) -> str:

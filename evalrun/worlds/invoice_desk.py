@@ -24,7 +24,6 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import date, timedelta
-from pathlib import Path
 from random import Random
 from typing import Any, ClassVar
 
@@ -35,12 +34,12 @@ from evalrun.rundir import references
 from evalrun.worlds.base import (
     JSON,
     TODAY,
+    ComputedReferences,
     Handler,
     ToolError,
     ToolSpec,
     World,
     WorldTask,
-    check_computed_references,
     format_date,
     object_schema,
     register_world,
@@ -356,7 +355,7 @@ def truth_reference(task: WorldTask) -> dict[str, Any]:
 
 
 @register_world
-class InvoiceDesk(World):
+class InvoiceDesk(ComputedReferences, World):
     """``invoice-desk`` version 1."""
 
     name: ClassVar[str] = NAME
@@ -369,14 +368,8 @@ class InvoiceDesk(World):
         {"list_invoices", "search_invoices", "get_invoice", "get_purchase_order", "ask_vendor", "today"}
     )  # all but submit_report, which ends the episode
 
-    @classmethod
-    def frozen_reference(cls, task: WorldTask) -> dict[str, Any] | None:
-        return truth_reference(task)
-
-    @classmethod
-    def check_references(cls, tasks: Sequence[WorldTask], root: Path | None = None) -> dict[str, str] | None:
-        """Every task's frozen ground truth, checked against what the world's code computes."""
-        return check_computed_references(cls, tasks, root, truth_reference, "truth")
+    reference_key: ClassVar[str] = "truth"
+    compute_reference = staticmethod(truth_reference)
 
     def __init__(self) -> None:
         super().__init__()

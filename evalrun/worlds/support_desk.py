@@ -48,7 +48,6 @@ import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import date, timedelta
-from pathlib import Path
 from random import Random
 from typing import Any, ClassVar
 
@@ -59,12 +58,12 @@ from evalrun.rundir import references
 from evalrun.worlds.base import (
     JSON,
     TODAY,
+    ComputedReferences,
     Handler,
     ToolError,
     ToolSpec,
     World,
     WorldTask,
-    check_computed_references,
     format_date,
     object_schema,
     register_world,
@@ -842,7 +841,7 @@ TOOLS = (
 
 
 @register_world
-class SupportDesk(World):
+class SupportDesk(ComputedReferences, World):
     """``support-desk`` version 1."""
 
     name: ClassVar[str] = NAME
@@ -855,14 +854,8 @@ class SupportDesk(World):
         {"find_customer_by_email", "find_customer_by_name_zip", "get_order", "get_product", "today"}
     )  # the lookups: the rest change the database or the conversation
 
-    @classmethod
-    def frozen_reference(cls, task: WorldTask) -> dict[str, Any] | None:
-        return truth_reference(task)
-
-    @classmethod
-    def check_references(cls, tasks: Sequence[WorldTask], root: Path | None = None) -> dict[str, str] | None:
-        """Every task's frozen expected outcome, checked against what the world's code computes."""
-        return check_computed_references(cls, tasks, root, truth_reference, "expected")
+    reference_key: ClassVar[str] = "expected"
+    compute_reference = staticmethod(truth_reference)
 
     def __init__(self) -> None:
         super().__init__()
