@@ -41,8 +41,8 @@ ENVIRONMENT: dict[str, dict[str, str]] = {
                 "MKL_ENABLE_INSTRUCTIONS": "SSE4_2", "MKL_CBWR": "COMPATIBLE"},
 }  # fmt: skip
 LEVELS = CPU_ISA_LEVELS  # NATIVE and ENVIRONMENT's, as the config accepts them
-# the vLLM kernel library each level loads (vllm/platforms/cpu.py import_kernels), and what torch then reports
-VLLM_KERNELS = {"avx512": "_C_AVX512", "avx2": "_C_AVX2", "default": "_C_AVX2"}
+# vLLM's kernel libraries (vllm/platforms/cpu.py import_kernels: a capped level loads _C_AVX512 or _C_AVX2), and
+# what torch reports at each level
 VLLM_LIBRARIES = ("_C", "_C_AVX512", "_C_AVX2")  # _C: AVX-512 with BF16 (and AMX where present)
 ATEN_CAPABILITY = {"avx512": "AVX512", "avx2": "AVX2", "default": "DEFAULT"}
 VARIABLES = tuple(ENVIRONMENT["avx2"])
@@ -82,10 +82,11 @@ def runs_here() -> tuple[str, ...]:
 def check_runs_here(levels: tuple[str, ...]) -> None:
     """BadInput naming ``engine.cpu_isa`` when a level is one this machine's processor does not run (workers on
     this machine: checked before any engine loads; a Ray cluster's node checks its own as its worker starts)."""
-    missing = [level for level in levels if level not in runs_here()]
+    here = runs_here()
+    missing = [level for level in levels if level not in here]
     if missing:
         raise BadInput("engine.cpu_isa", f"this machine's processor has no {missing[0].upper()}: expected one of "
-                                         f"the levels it runs ({' | '.join(runs_here())})")  # fmt: skip
+                                         f"the levels it runs ({' | '.join(here)})")  # fmt: skip
 
 
 def apply(level: str) -> None:
@@ -98,16 +99,17 @@ def apply(level: str) -> None:
         return
     import torch
 
-    if level not in runs_here():
+    here = runs_here()
+    if level not in here:
         raise RuntimeError(f"engine.cpu_isa={level}: this processor has no {level.upper()} (the levels it runs: "
-                           f"{', '.join(runs_here())})")  # fmt: skip
+                           f"{', '.join(here)})")  # fmt: skip
     os.environ.update(environment(level))
 
     found = torch.backends.cpu.get_cpu_capability()
     if found != ATEN_CAPABILITY[level]:
         raise RuntimeError(
             f"engine.cpu_isa={level}: torch's CPU kernels in this process are {found}, not "
-            f"{ATEN_CAPABILITY[level]} (chosen before the setting was made, or this processor lacks them)"
+            f"{ATEN_CAPABILITY[level]} (chosen before the setting was made)"
         )
     if level == "default":
         # Inductor (torch.compile's CPU code, which vLLM uses even with enforce_eager for its logprob ranks) takes
