@@ -48,6 +48,7 @@ from evalrun.records.entries import (
     RandomRequest,
     ToolEntry,
     ToolRequest,
+    UserEntry,
     UuidEntry,
     UuidRequest,
     UuidValue,
@@ -198,12 +199,17 @@ def entry_bodies(draw: st.DrawFn, tag: str) -> tuple[type, dict[str, Any]]:
                                 **_request_fields(request), "response": draw(scored)}  # fmt: skip
         request = generation_request(draw(texts), draw(samplings()))
         return JudgeEntry, {**fields, **_request_fields(request), "response": draw(completion)}
+    if tag == "user":
+        request = generation_request(draw(texts), draw(samplings()))
+        return UserEntry, {"call": call, "tool": draw(small_ints), **_request_fields(request),
+                           "response": draw(completion)}  # fmt: skip
     if tag == "failed":
         if draw(st.booleans()):
             request = loglikelihood_request(draw(texts), draw(texts))
         else:
             request = generation_request(draw(texts), draw(samplings()))
-        return FailedCallEntry, {"call": call, **_request_fields(request), "error": draw(texts)}
+        user = {"role": "user", "tool": draw(small_ints)} if draw(st.booleans()) else {}  # a simulated user's refusal
+        return FailedCallEntry, {"call": call, **_request_fields(request), "error": draw(texts), **user}
     if tag == "tool":
         arguments = draw(st.dictionaries(texts, json_values, max_size=4))
         return ToolEntry, {"call": call, **_request_fields(ToolRequest(name=draw(texts), arguments=arguments))}
@@ -236,9 +242,10 @@ any_body = st.sampled_from(sorted(ENTRY_TYPES)).flatmap(entry_bodies)
 
 
 def test_every_kind_is_defined() -> None:
-    assert set(ENTRY_TYPES) == {"header", "model", "loglikelihood", "judge", "failed", "tool", "observation", "clock",
-                                "random", "uuid", "env", "join", "end"}  # fmt: skip
-    assert set(ENTRY_TYPES) - {"loglikelihood", "judge", "failed"} == ENTRY_KINDS  # all three are written as "model"
+    assert set(ENTRY_TYPES) == {"header", "model", "loglikelihood", "judge", "user", "failed", "tool", "observation",
+                                "clock", "random", "uuid", "env", "join", "end"}  # fmt: skip
+    # all four are written as "model"
+    assert set(ENTRY_TYPES) - {"loglikelihood", "judge", "user", "failed"} == ENTRY_KINDS
 
 
 @settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -20,7 +20,10 @@ Kinds written today (their names and fields are fixed by the runs already record
   the request's canonical JSON, what a replay matches) and ``response``.
 * ``end``: the number of model calls and the status (``ok``; ``error`` with the reason in ``error``).
 * A ``model`` line with ``error`` instead of ``response`` (:class:`FailedCallEntry`): a call the
-  engine refused, or that was refused before it (a prompt longer than the model's context).
+  engine refused, or that was refused before it (a prompt longer than the model's context); ``role: "user"``
+  when it was a simulated person's turn.
+* A simulated person's turn played by a model (:class:`UserEntry`, ``role: "user"``): a generation call made
+  during the agent's tool call ``tool`` that spoke to the person; its response is the person's reply.
 
 Kinds for agent episodes, defined here so that their encoding is fixed before they are written.
 An *effect* is anything from outside the episode that a replay must serve from the record: each
@@ -289,15 +292,38 @@ class EndEntry(Entry, OptionalFields):
     stop: Literal["done", "max_steps", "max_tokens"] | None = None
 
 
-class FailedCallEntry(Entry):
+class FailedCallEntry(Entry, OptionalFields):
     """A model call the engine refused (or that was refused before it, e.g. a prompt longer than the
-    context): the request as it would have been sent, and the reason instead of a response."""
+    context): the request as it would have been sent, and the reason instead of a response. ``role`` is
+    ``user`` for a simulated person's turn (with its ``tool`` call), absent for the policy's."""
 
     kind: Literal["model"] = "model"
     call: Count
     request: GenerationRequestRecord | LoglikelihoodRequestRecord
     request_hash: Hex64
     error: str
+    role: Literal["user"] | None = None
+    tool: Count | None = None
+
+    @model_validator(mode="after")
+    def _user_turn_names_its_tool_call(self) -> FailedCallEntry:
+        if (self.role is None) != (self.tool is None):
+            raise ValueError("a simulated person's refused turn names its tool call, and only it")
+        return self
+
+
+class UserEntry(Entry):
+    """A simulated person's turn played by a model (``task.world.user=model``): a generation made while the
+    agent's tool call ``tool`` spoke to the person (support-desk's ``send_message``); the response is the
+    person's reply, which the tool's observation then carries. Numbered with the episode's other model calls."""
+
+    kind: Literal["model"] = "model"
+    role: Literal["user"] = "user"
+    call: Count
+    tool: Count
+    request: GenerationRequestRecord
+    request_hash: Hex64
+    response: CompletionResponse
 
 
 class ToolEntry(Entry):
@@ -370,6 +396,7 @@ ENTRY_TYPES: dict[str, type[Entry]] = {
     "model": ModelEntry,
     "loglikelihood": LoglikelihoodEntry,
     "judge": JudgeEntry,
+    "user": UserEntry,
     "failed": FailedCallEntry,
     "tool": ToolEntry,
     "observation": ObservationEntry,
@@ -382,7 +409,7 @@ ENTRY_TYPES: dict[str, type[Entry]] = {
 }
 """Typed forms by tag; the tag is the ``kind`` written, except that ``model`` lines are told apart as above."""
 
-MODEL_CALLS = (ModelEntry, LoglikelihoodEntry, JudgeEntry, FailedCallEntry)
+MODEL_CALLS = (ModelEntry, LoglikelihoodEntry, JudgeEntry, UserEntry, FailedCallEntry)
 """The typed forms of ``model`` lines."""
 
 ENTRY_KINDS = frozenset(t.model_fields["kind"].default for t in ENTRY_TYPES.values())
@@ -397,10 +424,10 @@ def entry_tag(value: Any) -> str | None:
         return _TAG_OF_TYPE.get(type(value))
     kind = value.get("kind")
     if kind == "model":
-        if "role" in value:
-            return "judge"
         if "error" in value and "response" not in value:
             return "failed"
+        if "role" in value:
+            return "user" if value["role"] == "user" else "judge"
         request = value.get("request")
         return "loglikelihood" if isinstance(request, dict) and "op" in request else "model"
     return kind if isinstance(kind, str) else None

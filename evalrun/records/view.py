@@ -6,13 +6,14 @@ policy acts in turns: a turn is a model call (absent for a scripted agent's turn
 reply, each with the effects it read and the observation it returned, the observation answering a reply
 that was not a tool-call reply, and the join of calls that ran together. The reads a world made while it
 was generated (outside any tool call) stand before the first turn. A judge's calls and a multiple-choice
-option's scores are model calls of the episode but no turn of its policy.
+option's scores are model calls of the episode but no turn of its policy; nor is a simulated person's turn
+played by a model (``role: user``), which belongs to the tool call that spoke to the person.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from evalrun.records.entries import (
     MODEL_CALLS,
@@ -29,21 +30,29 @@ from evalrun.records.entries import (
     ObservationEntry,
     RandomEntry,
     ToolEntry,
+    UserEntry,
     UuidEntry,
 )
 
 EffectEntry = ClockEntry | RandomEntry | UuidEntry | EnvEntry
 EFFECT_ENTRIES = (ClockEntry, RandomEntry, UuidEntry, EnvEntry)
-ModelCall = ModelEntry | LoglikelihoodEntry | JudgeEntry | FailedCallEntry
+ModelCall = ModelEntry | LoglikelihoodEntry | JudgeEntry | UserEntry | FailedCallEntry
+
+
+def is_user_turn(entry: Entry) -> bool:
+    """Whether a model call was a simulated person's turn (a reply, or a refused one), not the policy's."""
+    return isinstance(entry, UserEntry) or (isinstance(entry, FailedCallEntry) and entry.role == "user")
 
 
 @dataclass(frozen=True)
 class ToolCallView:
-    """One tool call: its request, the effects it read (in the order it read them) and its result."""
+    """One tool call: its request, the effects it read (in the order it read them), the simulated person's turn
+    it led to (a model's reply, or its refusal; None: no person played by a model answered) and its result."""
 
     request: ToolEntry
     reads: tuple[EffectEntry, ...] = ()
     result: ObservationEntry | None = None
+    user: UserEntry | FailedCallEntry | None = None
 
 
 @dataclass(frozen=True)
@@ -91,6 +100,11 @@ class ChainView:
         return tuple(e for e in self.model_calls if isinstance(e, LoglikelihoodEntry))
 
     @property
+    def user_turns(self) -> tuple[UserEntry, ...]:
+        """A simulated person's replies played by a model, in call order."""
+        return tuple(e for e in self.model_calls if isinstance(e, UserEntry))
+
+    @property
     def judgements(self) -> tuple[JudgeEntry, ...]:
         return tuple(e for e in self.model_calls if isinstance(e, JudgeEntry))
 
@@ -120,7 +134,12 @@ class ChainView:
         for entry in entries[1:]:
             if isinstance(entry, MODEL_CALLS):
                 calls.append(entry)
-                if isinstance(entry, ModelEntry | FailedCallEntry):
+                if is_user_turn(entry):
+                    assert isinstance(entry, UserEntry | FailedCallEntry)
+                    if current is not None:
+                        current.calls = [replace(c, user=entry) if c.request.call == entry.tool else c
+                                         for c in current.calls]  # fmt: skip
+                elif isinstance(entry, ModelEntry | FailedCallEntry):
                     current = _Turn(entry)
                     turns.append(current)
             elif isinstance(entry, ToolEntry):
@@ -141,7 +160,7 @@ class ChainView:
                     current.unread = entry
                 elif current is not None:
                     current.calls = [
-                        ToolCallView(c.request, tuple(pending.pop(entry.call, ())), entry)
+                        ToolCallView(c.request, tuple(pending.pop(entry.call, ())), entry, c.user)
                         if c.request.call == entry.call else c
                         for c in current.calls
                     ]  # fmt: skip
