@@ -35,7 +35,9 @@ from typing import Any, ClassVar, Literal, Protocol, cast
 from evalrun.config.registry import Registry
 from evalrun.errors import BadInput
 from evalrun.records.canonical import canonical_hash, file_sha256
+from evalrun.records.entries import HeaderEntry
 from evalrun.records.seeds import derive_rng, derive_seed
+from evalrun.records.view import ToolCallView
 from evalrun.rundir import references
 from evalrun.worlds.guard import world_guard
 
@@ -137,6 +139,19 @@ class ToolResult:
 
 class ToolError(Exception):
     """Raised by a tool handler for a bad request (unknown id, ...): becomes an error ToolResult."""
+
+
+# ---------------------------------------------------------------------------------------- simulated users
+
+
+@dataclass(frozen=True)
+class UserTurn:
+    """A simulated user's turn, for a model to play (``task.world.user=model``): what the world seeded of the
+    user (``facts``: persona and goal, which the user's prompt pack renders) and the conversation so far as
+    ``(speaker, text)`` pairs, speaker ``user`` or ``agent``, the agent's message being answered last."""
+
+    facts: Mapping[str, Any]
+    messages: tuple[tuple[str, str], ...]
 
 
 # -------------------------------------------------------------------------------------------- effects
@@ -302,6 +317,13 @@ class World(ABC):
     verifier: ClassVar[Verifier]  # the module-level verify function, as a staticmethod
     # Tools that only read the world: a reply's calls of them may run at once (without the lock).
     concurrent_tools: ClassVar[frozenset[str]] = frozenset()
+    # Tools whose result is a simulated user's reply (support-desk's send_message). The world's own user answers
+    # them in :meth:`call`; a user played by a model (``task.world.user=model``) answers between :meth:`ask_user`
+    # and :meth:`user_replied`, which the world implements through :meth:`user_turn` and :meth:`user_reply`.
+    user_tools: ClassVar[frozenset[str]] = frozenset()
+    # The prompt pack a model plays the world's user with, unless the task names another (task.world.user_prompt);
+    # None: the world has no user a model can play
+    user_pack: ClassVar[Path | None] = None
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -364,6 +386,15 @@ class World(ABC):
                 self._local.effects = None
 
     def _answer(self, name: str, arguments: Any) -> ToolResult:
+        if (refused := self._refusal(name, arguments)) is not None:
+            return refused
+        try:
+            return ToolResult.ok(self.handlers()[name](**arguments))
+        except ToolError as exc:
+            return ToolResult.error(str(exc))
+
+    def _refusal(self, name: str, arguments: Any) -> ToolResult | None:
+        """The error result of a call that cannot be made (after the end, an unknown tool, bad arguments)."""
         if self._done:
             return ToolResult.error("the episode is over: the report was submitted")
         spec = next((s for s in self.tools() if s.name == name), None)
@@ -371,10 +402,50 @@ class World(ABC):
             return ToolResult.error(f"unknown tool {name!r}; the tools are {[s.name for s in self.tools()]}")
         if problem := check_arguments(spec, arguments):
             return ToolResult.error(problem)
-        try:
-            return ToolResult.ok(self.handlers()[name](**arguments))
-        except ToolError as exc:
-            return ToolResult.error(str(exc))
+        return None
+
+    # -- a simulated user played by a model
+
+    def ask_user(self, name: str, arguments: Any, effects: Effects | None = None) -> ToolResult | UserTurn:
+        """The first half of a call of one of :attr:`user_tools` when a model plays the user: the call checked as
+        :meth:`call` checks it (a bad one is its error result, and the user is not asked), then the world's
+        :meth:`user_turn`: what the model playing the user is shown."""
+        if self._task is None:
+            raise RuntimeError(f"{self.name}: call before reset")
+        with self._lock:
+            self._local.effects = effects
+            try:
+                if (refused := self._refusal(name, arguments)) is not None:
+                    return refused
+                try:
+                    return self.user_turn(name, dict(arguments))
+                except ToolError as exc:
+                    return ToolResult.error(str(exc))
+            finally:
+                self._local.effects = None
+
+    def user_replied(self, text: str, ended: bool, effects: Effects | None = None) -> ToolResult:
+        """The second half: the user's reply (``ended``: the user ended the conversation) taken by the world's
+        :meth:`user_reply`, whose content is the tool call's result."""
+        with self._lock:
+            self._local.effects = effects
+            try:
+                return ToolResult.ok(self.user_reply(text, ended))
+            finally:
+                self._local.effects = None
+
+    def user_turn(self, name: str, arguments: dict[str, Any]) -> UserTurn:
+        """A call of a user tool, taken (the agent's message recorded), and the user's turn it asks for."""
+        raise NotImplementedError(f"{self.name} has no user a model can play")
+
+    def user_reply(self, text: str, ended: bool) -> JSON:
+        """The user's reply taken (the conversation ends when ``ended``, or when the world says so): the result."""
+        raise NotImplementedError(f"{self.name} has no user a model can play")
+
+    @classmethod
+    def user_said(cls, content: JSON) -> str | None:
+        """What the user said in a user tool's ok result (the Inspect export's user message); None: nothing."""
+        return None
 
     @property
     def effects(self) -> Effects:
@@ -506,6 +577,20 @@ def register_world(cls: type[World]) -> type[World]:
 def world_class(name: str, version: str) -> type[World]:
     """The registered world ``name`` at ``version``; BadInput naming the known ones if there is none."""
     return WORLDS.get(world_key(name, version), field="world")
+
+
+def user_said(header: HeaderEntry, call: ToolCallView) -> str | None:
+    """What an agent episode's simulated user said answering ``call``, read from the call's result as the world's
+    :meth:`World.user_said` reads it; None for a call that did not speak to the user, an error result, or a world
+    this code does not know (the report's and the Inspect export's conversation view)."""
+    named, result = header.world, call.result
+    if named is None or result is None or result.status != "ok":
+        return None
+    try:
+        cls = world_class(named.name, named.world)
+    except BadInput:
+        return None
+    return cls.user_said(result.content) if call.request.request.name in cls.user_tools else None
 
 
 def make_world(task: WorldTask) -> World:

@@ -48,6 +48,7 @@ import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import date, timedelta
+from pathlib import Path
 from random import Random
 from typing import Any, ClassVar
 
@@ -62,6 +63,7 @@ from evalrun.worlds.base import (
     Handler,
     ToolError,
     ToolSpec,
+    UserTurn,
     World,
     WorldTask,
     format_date,
@@ -685,6 +687,38 @@ class ScriptedCustomer:
         self.ended, self.outcome = True, outcome
         return lines[self.customer.style]
 
+    def take_reply(self, said_goodbye: bool, orders: Iterable[Mapping[str, Any]], told: Sequence[str]) -> None:
+        """A reply a model playing this customer wrote (``task.world.user=model``), counted like one of its own:
+        the conversation ends when the reply says goodbye, the outcome read as the scripted customer reads it
+        (``done``: its request carried out; ``refused``: the agent said it cannot be; else ``gave up``), or when
+        its patience runs out (``gave up``)."""
+        self.messages += 1
+        if said_goodbye:
+            met = goal_met(self.shop, orders)
+            self.ended, self.outcome = True, "done" if met else "refused" if any(map(refuses, told)) else "gave up"
+        elif self.messages >= PATIENCE:
+            self.ended, self.outcome = True, "gave up"
+
+    def facts(self) -> dict[str, Any]:
+        """What a model playing this customer is told of itself (its prompt pack renders them): the persona, the
+        request in its words, and the facts it reveals when asked (the goal's order, items, their condition, the
+        wanted variant or address); never the policy, nor whether the request is allowed."""
+        goal, me = self.shop.goal, self.customer
+        wanted = None
+        if goal.kind == EXCHANGE:
+            found = self.shop.variant(goal.new_item_ids[0])
+            assert found is not None
+            wanted = f"the {found[0].name} in {found[1].variant}"
+        address = goal.new_address
+        return {
+            "name": me.name, "first_name": me.first, "last_name": me.last,
+            "email": me.email if me.knows_email else None, "zip": me.zip, "style": me.style,
+            "kind": goal.kind, "request": self.request(), "opening": self.opening(), "order_id": goal.order_id,
+            "items": _items_text(self._goal_lines()),
+            "used": goal.used if goal.kind in (RETURN, EXCHANGE) else None, "wanted": wanted,
+            "new_address": None if address is None else f"{address['street']}, {address['city']}, {address['zip']}",
+        }  # fmt: skip
+
     def _answers(self, asked: str, settled: bool) -> str:
         """The facts the questions in ``asked`` (folded) ask for, in a fixed order; once its request is carried
         out (``settled``), only who it is and which order (a question about the request is a question no more)."""
@@ -856,6 +890,8 @@ class SupportDesk(ComputedReferences, World):
 
     reference_key: ClassVar[str] = "expected"
     compute_reference = staticmethod(truth_reference)
+    user_tools: ClassVar[frozenset[str]] = frozenset({"send_message"})
+    user_pack: ClassVar[Path | None] = Path(__file__).parent / "users" / "support-desk-customer.yaml"
 
     def __init__(self) -> None:
         super().__init__()
@@ -977,6 +1013,29 @@ class SupportDesk(ComputedReferences, World):
             self._ended_by = "customer"
             self.finish()
         return {"from": f"{self.customer.customer.name} (customer)", "reply": reply, "ended": self.customer.ended}
+
+    # -- the customer played by a model (task.world.user=model): send_message in two halves
+
+    def user_turn(self, name: str, arguments: dict[str, Any]) -> UserTurn:
+        message = str(arguments["message"])
+        if not message.strip():
+            raise ToolError("the message is empty")
+        self._messages.append(message)
+        self._conversation.append({"role": "agent", "text": message})
+        said = tuple(("user" if turn["role"] == "customer" else "agent", turn["text"]) for turn in self._conversation)
+        return UserTurn(self.customer.facts(), said)
+
+    def user_reply(self, text: str, ended: bool) -> JSON:
+        self._conversation.append({"role": "customer", "text": text})
+        self.customer.take_reply(ended, self._orders, self._messages)
+        if self.customer.ended:
+            self._ended_by = "customer"
+            self.finish()
+        return {"from": f"{self.customer.customer.name} (customer)", "reply": text, "ended": self.customer.ended}
+
+    @classmethod
+    def user_said(cls, content: JSON) -> str | None:
+        return content.get("reply") if isinstance(content, dict) and isinstance(content.get("reply"), str) else None
 
     def transfer_to_human(self, summary: str) -> JSON:
         self._actions.append({"tool": "transfer_to_human", "summary": summary})
