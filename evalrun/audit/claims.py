@@ -40,18 +40,31 @@ def check_seal(record: Record, expect_seal: str | None) -> str:
     return seal
 
 
-def check_sampling(manifest: dict[str, Any], samplings: Iterable[str]) -> None:
-    """Every policy generation's sampling settings, as the chains recorded them, are the manifest's."""
+def check_sampling(manifest: dict[str, Any], samplings: Iterable[str], user_samplings: Iterable[str] = ()) -> None:
+    """Every policy generation's sampling settings, as the chains recorded them, are the manifest's; a model-played
+    simulated user's are the user decoding its world records (``task.world.user.decoding``)."""
     decoding = manifest.get("decoding")
     if not isinstance(decoding, dict):
         raise _fail(layout.MANIFEST, "decoding: expected the run's decoding settings")
+    _check_samplings(decoding, samplings, "decoding", "the chains' requests")
+    users = sorted(user_samplings)
+    if users:
+        task = manifest.get("task") if isinstance(manifest.get("task"), dict) else {}
+        user = (task.get("world") or {}).get("user") if isinstance(task.get("world"), dict) else None
+        if not isinstance(user, dict) or not isinstance(user.get("decoding"), dict):
+            raise _fail(layout.MANIFEST, "task.world.user: the chains hold a simulated user's model calls, the "
+                                         "manifest records no user played by a model")  # fmt: skip
+        _check_samplings(user["decoding"], users, "task.world.user.decoding", "the simulated user's requests")
+
+
+def _check_samplings(decoding: dict[str, Any], samplings: Iterable[str], name: str, what: str) -> None:
     for text in sorted(samplings):
         recorded = json.loads(text)
         for key in SAMPLING_SETTINGS:
             claimed = list(decoding.get(key)) if key == "stop" else decoding.get(key)
             if recorded.get(key) != claimed:
-                raise _fail(layout.MANIFEST, f"decoding.{key} is {claimed!r}, the chains' requests were sampled "
-                                             f"with {recorded.get(key)!r}")  # fmt: skip
+                raise _fail(layout.MANIFEST, f"{name}.{key} is {claimed!r}, {what} were sampled with "
+                                             f"{recorded.get(key)!r}")  # fmt: skip
 
 
 def check_seeds(run: layout.RunDir, manifest: dict[str, Any]) -> None:

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from evalrun.chat import ModelChat
-from evalrun.config import EvalConfig, load_stored, validate
+from evalrun.config import EvalConfig, load_stored, validate, without_recorded_sources
 from evalrun.engines.replay import Divergence, RecordedCall, ReplayEngine
 from evalrun.episodes import Engines, ModelFiles, Provenance, kind_of, replay_episodes
 from evalrun.errors import CheckFailed
@@ -191,9 +191,7 @@ def load_recording(
 def replay_config(run: layout.RunDir, overrides: list[str]) -> EvalConfig:
     """The run's resolved config over the current schema, with overrides; the model is not needed."""
     cfg = load_stored(run.config, overrides)
-    cfg.model.path = None  # replay serves recorded responses: the weights need not be here
-    if cfg.judge_model is not None:
-        cfg.judge_model.path = None
+    without_recorded_sources(cfg)
     return validate(cfg)
 
 
@@ -213,11 +211,16 @@ def recorded_model_files(run: layout.RunDir, manifest: dict[str, Any]) -> ModelF
     """The run's model as planning reads it: its directory when it is here, else the tokenizer files the run
     kept (``RUN/tokenizer``: rendering, token counts and tool parsing need no more), and the chat template
     and special tokens the run recorded (``model.chat``; of the directory for a run recorded before); the
-    judges' model (``judge_model``) likewise, from its directory or its recorded chat template."""
-    judge = manifest.get("judge_model")
+    judges' model (``judge_model``) and the model playing a world's simulated user (``user_model``) likewise, from
+    its directory or its recorded chat template."""
+    judge, user = manifest.get("judge_model"), manifest.get("user_model")
     judges = _recorded_files(judge, "judge_model", None) if isinstance(judge, dict) else None
+    users = None
+    if isinstance(user, dict):
+        identity = manifest.get("identity") if isinstance(manifest.get("identity"), dict) else {}
+        users = replace(_recorded_files(user, "user_model", None), pins=identity.get("user_model"))
     model = manifest.get("model") if isinstance(manifest.get("model"), dict) else {}
-    return replace(_recorded_files(model, "model", run), judge=judges)
+    return replace(_recorded_files(model, "model", run), judge=judges, user=users)
 
 
 def _recorded_files(model: dict[str, Any], section: str, run: layout.RunDir | None) -> ModelFiles:

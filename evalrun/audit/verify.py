@@ -291,7 +291,8 @@ def _verify_run(
     manifest, digest_parts = check_manifest(run, record.as_record())
     if isinstance(manifest.get("episodes"), int) and manifest["episodes"] != written:
         raise _fail(layout.MANIFEST, f"plans {manifest['episodes']} episodes, the run holds {written}")
-    check_sampling(manifest, frozenset().union(*(p.samplings for p in results)))
+    check_sampling(manifest, frozenset().union(*(p.samplings for p in results)),
+                   frozenset().union(*(p.user_samplings for p in results)))  # fmt: skip
     check_seeds(run, manifest)
     rebaseline = check_rebaseline(run, manifest, root, seal)
     scores = "not present"

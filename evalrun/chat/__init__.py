@@ -93,6 +93,9 @@ class ModelFiles:
     chat: ModelChat | None
     where: str = "model.path"  # the field or record it comes from, for error messages
     judge: ModelFiles | None = None  # a rubric's judges' model when it is another (judge_model)
+    user: ModelFiles | None = None  # the model playing a world's simulated user when it is another (user_model)
+    # what the manifest's identity records of the model (id, revision, files by sha256, pinned); None where not known
+    pins: Mapping[str, Any] | None = None
 
     @property
     def judges(self) -> ModelFiles:

@@ -29,7 +29,7 @@ from evalrun.config.settings import (
     SeedsConfig,
     TaskConfig,
 )
-from evalrun.config.validate import check_dataset, validate
+from evalrun.config.validate import check_dataset, validate, without_recorded_sources
 
 __all__ = [
     "BUILTIN_TASKS",
@@ -59,4 +59,5 @@ __all__ = [
     "parse_overrides",
     "to_yaml",
     "validate",
+    "without_recorded_sources",
 ]

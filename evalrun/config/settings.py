@@ -37,6 +37,7 @@ NOT_A_SETTING = {"setting": False}  # field metadata: resolved by validation, no
 LEFT_OUT_WHEN_NULL = {"left_out_when_null": True}
 OR_AUTO = {"or_auto": True}  # field metadata: may be composed as "auto", which validation resolves to a value
 AUTO = "auto"
+MODEL_USER = "model"  # task.world.user: a model plays the world's simulated user
 MASTER_SEED_EXPECTED = "a non-negative integer or auto (integers below 2**53)"
 
 Dtype = Literal["float32", "bfloat16", "float16", "auto"]
@@ -141,6 +142,9 @@ def _typed(tp: Any, value: Any, where: str) -> Any:
 
 
 def _null_or_empty(value: Any) -> bool:
+    """A null value, an empty mapping, or a section whose every setting is left out (a record without it)."""
+    if isinstance(value, Section):
+        value = value.as_record()
     return value is None or (isinstance(value, dict) and not value)
 
 
@@ -418,6 +422,45 @@ class WorldSplitsConfig(Section):
 
 
 @dataclass(frozen=True)
+class UserDecodingConfig(Section):
+    """How a model playing a world's simulated user samples, over its prompt pack's decoding (each null: the
+    pack's). Left out of every record while all are null."""
+
+    where: ClassVar[str] = "task.world.user_decoding"
+
+    temperature: float | None = field(default=None, metadata=LEFT_OUT_WHEN_NULL)
+    top_p: float | None = field(default=None, metadata=LEFT_OUT_WHEN_NULL)
+    top_k: int | None = field(default=None, metadata=LEFT_OUT_WHEN_NULL)
+    max_tokens: int | None = field(default=None, metadata=LEFT_OUT_WHEN_NULL)
+    stop: tuple[str, ...] | None = field(default=None, metadata=LEFT_OUT_WHEN_NULL)
+
+    def check(self) -> None:
+        """The settings given, checked as ``decoding``'s are, named as this section's."""
+        try:
+            DecodingConfig().with_overrides(self.as_record())
+        except BadInput as exc:
+            raise BadInput(exc.where.replace("decoding.", f"{self.where}.", 1), exc.message) from None
+
+
+@dataclass(frozen=True)
+class HeldConfig(Section):
+    """One side of a conversation held fixed (docs/design.md "Holding one side fixed"): ``side`` (``user``: the
+    simulated user's recorded replies are served while the agent runs live; ``agent``: the converse) served from the
+    finished run ``run``, episode by episode (matched by task, item, seed and repeat), reply by reply in order."""
+
+    where: ClassVar[str] = "task.world.held"
+
+    side: Literal["agent", "user"] | None = field(default=None, metadata=LEFT_OUT_WHEN_NULL)
+    run: str | None = field(default=None, metadata=LEFT_OUT_WHEN_NULL)  # the run directory the side is served from
+
+    def check(self) -> None:
+        if (self.side is None) != (self.run is None):
+            missing = "run" if self.run is None else "side"
+            raise BadInput(f"{self.where}.{missing}", "a held side names both the side (agent or user) and the run "
+                                                      "its replies are served from")  # fmt: skip
+
+
+@dataclass(frozen=True)
 class WorldConfig(Section):
     """An agent task: episodes in a seeded offline world (evalrun/worlds), one per family and world
     seed of the split, acted in by ``agent`` (docs/design.md "Agent episodes")."""
@@ -443,6 +486,17 @@ class WorldConfig(Section):
     # auto (null): native when the model's chat template takes tools, else json
     tool_format: ToolFormatName | None = field(default=None, metadata=LEFT_OUT_WHEN_NULL)
     tool_parser: str | None = field(default=None, metadata=LEFT_OUT_WHEN_NULL)  # hermes, llama3_json, mistral, ...
+    # who plays the world's simulated user (evalrun/episodes/users.py): scripted (the world's own code; null means
+    # it) or model (the run's model, or user_model on user_engine, shown the user prompt pack)
+    user: str | None = field(default=None, metadata=LEFT_OUT_WHEN_NULL)
+    user_prompt: str | None = field(default=None, metadata=LEFT_OUT_WHEN_NULL)  # a user prompt pack (null: the world's)
+    user_decoding: UserDecodingConfig = field(default_factory=UserDecodingConfig, metadata=LEFT_OUT_WHEN_NULL)
+    held: HeldConfig = field(default_factory=HeldConfig, metadata=LEFT_OUT_WHEN_NULL)
+
+    @property
+    def model_user(self) -> bool:
+        """A model plays the world's simulated user."""
+        return self.user == MODEL_USER
 
     def check(self) -> None:
         for key in ("reply_tokens", "max_steps", "max_tokens"):
@@ -452,6 +506,19 @@ class WorldConfig(Section):
             raise _fail("task.world.stop", "non-empty stop strings", list(self.stop))
         if not self.family:
             raise _fail("task.world.family", "at least one task family", list(self.family))
+        if not self.model_user:
+            for key in ("user_prompt", "user_decoding"):
+                if not _null_or_empty(getattr(self, key)):
+                    raise BadInput(f"task.world.{key}", "sets how a model plays the simulated user: expected "
+                                                        "task.world.user=model")  # fmt: skip
+        self.user_decoding.check()
+        self.held.check()
+        if self.held.side == "user" and not self.model_user:
+            raise BadInput("task.world.held.side", "user: the simulated user's replies are held, and only a model's "
+                                                   "are recorded: expected task.world.user=model")  # fmt: skip
+        if self.held.side == "agent" and self.agent != "model":
+            raise BadInput("task.world.held.side", "agent: the agent's replies are held, and only a model's are "
+                                                   "recorded: expected task.world.agent=model")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -641,6 +708,15 @@ class RunConfig(Section):
             raise _fail("run.ledger", "a ledger file's path or null", self.ledger)
 
 
+def _check_second_engine(engine: EngineConfig, where: str, what: str) -> None:
+    """A worker's second engine (the judges', the simulated user's), checked as ``where``: it shares the worker's
+    process, so it cannot set an instruction set of its own."""
+    engine.check(where)
+    if engine.cpu_isa is not None:
+        raise BadInput(f"{where}.cpu_isa", f"{what} runs in the worker's process, whose instruction set "
+                                           "engine.cpu_isa sets: expected null")  # fmt: skip
+
+
 @dataclass(frozen=True)
 class EvalConfig(Section):
     """A composed and checked configuration: the settings, and the task files they name, resolved."""
@@ -663,12 +739,20 @@ class EvalConfig(Section):
     # ``judge_engine.base_url``); None: the run's engine settings (a served run's judges on a server of their own
     # model when ``judge_model`` differs).
     judge_engine: EngineConfig | None = field(default=None, metadata=LEFT_OUT_WHEN_NULL)
+    # The model that plays a world's simulated user under task.world.user=model (``+model@user_model=NAME``); None: the
+    # run's own model
+    user_model: ModelConfig | None = field(default=None, metadata=LEFT_OUT_WHEN_NULL)
+    # The engine it runs on (``+engine@user_engine=NAME``, e.g. ``openai`` with its server as user_engine.base_url);
+    # None: the run's engine settings
+    user_engine: EngineConfig | None = field(default=None, metadata=LEFT_OUT_WHEN_NULL)
 
     # Resolved by evalrun.config.validate (absolute, checked to exist); not settings.
     dataset_path: Path = field(default=Path(), kw_only=True, metadata=NOT_A_SETTING)
     prompt_path: Path = field(default=Path(), kw_only=True, metadata=NOT_A_SETTING)  # template file or pack dir
     rubric_path: Path | None = field(default=None, kw_only=True, metadata=NOT_A_SETTING)
     chat_template_path: Path | None = field(default=None, kw_only=True, metadata=NOT_A_SETTING)
+    user_prompt_path: Path | None = field(default=None, kw_only=True, metadata=NOT_A_SETTING)  # task.world.user_prompt
+    held_run_path: Path | None = field(default=None, kw_only=True, metadata=NOT_A_SETTING)  # task.world.held.run
 
     def check(self) -> None:
         """Every check of values that needs no file: a BadInput names the first field at fault."""
@@ -692,13 +776,17 @@ class EvalConfig(Section):
         if self.judge_engine is not None:
             if self.task.rubric is None:
                 raise BadInput("judge_engine", "a judge engine runs a rubric's judges: the task has no task.rubric")
-            self.judge_engine.check("judge_engine")
-            if self.judge_engine.cpu_isa is not None:
-                raise BadInput(
-                    "judge_engine.cpu_isa",
-                    "the judges' engine runs in the worker's process, "
-                    "whose instruction set engine.cpu_isa sets: expected null",
-                )
+            _check_second_engine(self.judge_engine, "judge_engine", "the judges' engine")
+        self._check_user()
+
+    def _check_user(self) -> None:
+        """A user model and engine play a world's simulated user: only under task.world.user=model."""
+        world = self.task.world
+        for key in ("user_model", "user_engine"):
+            if getattr(self, key) is not None and (world is None or not world.model_user):
+                raise BadInput(key, "plays a world's simulated user: expected task.world.user=model")
+        if self.user_engine is not None:
+            _check_second_engine(self.user_engine, "user_engine", "the simulated user's engine")
 
     def with_decoding(self, overrides: Mapping[str, Any]) -> EvalConfig:
         """This config with a prompt pack's decoding settings over the decoding group's, checked again."""

@@ -25,6 +25,17 @@ def _resolve_path(value: str, field_name: str, *, must_be: str = "file") -> Path
     return path
 
 
+def without_recorded_sources(cfg: DictConfig) -> None:
+    """A run's composed config, less what a replay finds in the run itself: the model directories (every response is
+    served from the record) and a held side's run (its replies are in the run's own chains)."""
+    for section in ("model", "judge_model", "user_model"):
+        if cfg.get(section) is not None:
+            cfg[section].path = None
+    world = cfg.task.get("world")
+    if world is not None and world.get("held") is not None:
+        world.held.side, world.held.run = None, None
+
+
 def check_dataset(path: Path, id_field: str, target_field: str, choices_field: str | None = None) -> int:
     """Check a JSON Lines dataset line by line; returns the item count. Errors name file and line.
 
@@ -88,13 +99,20 @@ def validate(cfg: DictConfig) -> EvalConfig:
         settings = replace(settings, seeds=replace(settings.seeds, master_generated=True))
     settings.check()
     task = settings.task
-    for name, model in (("model", settings.model), ("judge_model", settings.judge_model)):
+    for name, model in (("model", settings.model), ("judge_model", settings.judge_model),
+                        ("user_model", settings.user_model)):  # fmt: skip
         if model is not None and model.path:
             _resolve_path(str(Path(model.path)), f"{name}.path", must_be="dir")
     if task.chat_template is not None:
         chat_template_path = _resolve_path(task.chat_template, "task.chat_template")
         settings = replace(settings, chat_template_path=chat_template_path)
     if task.world is not None:  # an agent task: its world is checked where worlds are known (the plan)
+        world = task.world
+        if world.user_prompt is not None:
+            settings = replace(settings, user_prompt_path=_resolve_path(world.user_prompt, "task.world.user_prompt"))
+        if world.held.run is not None:
+            held = _resolve_path(world.held.run, "task.world.held.run", must_be="dir")
+            settings = replace(settings, held_run_path=held)
         return settings
     if task.path is not None:  # an lm-eval task YAML (or a directory of them): read by its kind, evalrun/tasks/lm_eval
         given = Path(task.path).expanduser()

@@ -71,6 +71,18 @@ def first_difference(expected: Any, got: Any, where: str = "request") -> tuple[s
     return where, repr(expected), repr(got)
 
 
+def recorded_completion(response: dict[str, Any], prompt_tokens: int = 0) -> Completion:
+    """A generation's recorded response (a ``CompletionResponse`` record) served again as the engine gave it."""
+    return Completion(
+        text=response["text"],
+        token_ids=tuple(response["token_ids"]),
+        logprobs=tuple(None if v is None else float(v) for v in response["logprobs"]),
+        finish_reason=response["finish_reason"],
+        prompt_tokens=prompt_tokens,
+        server=response.get("server"),  # what the server said then: served as the text is
+    )
+
+
 class ReplayEngine:
     def __init__(self, calls: dict[tuple[str, int], RecordedCall], failed: dict[str, str] | None = None) -> None:
         self.calls = calls
@@ -111,15 +123,7 @@ class ReplayEngine:
 
     def _serve(self, request: GenerationRequest) -> Completion:
         recorded = self._recorded(request.episode_id, request.call, request_fields(request.prompt, request.sampling))
-        r = self._response(recorded)
-        return Completion(
-            text=r["text"],
-            token_ids=tuple(r["token_ids"]),
-            logprobs=tuple(None if v is None else float(v) for v in r["logprobs"]),
-            finish_reason=r["finish_reason"],
-            prompt_tokens=recorded.prompt_tokens,
-            server=r.get("server"),  # what the server said then: a replay serves it as it serves the text
-        )
+        return recorded_completion(self._response(recorded), recorded.prompt_tokens)
 
     @staticmethod
     def _response(recorded: RecordedCall) -> dict[str, Any]:

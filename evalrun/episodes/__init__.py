@@ -35,10 +35,20 @@ from evalrun.scoring.parts import PartScorer, ScoredPart
 from evalrun.tasks.rubric import Rubric
 
 
-def model_files(model: ResolvedModel, judge: ResolvedModel | None = None) -> ModelFiles:
-    """What planning reads of the run's resolved model (and of its judges' model, when it is another)."""
+def model_files(model: ResolvedModel, judge: ResolvedModel | None = None,
+                user: ResolvedModel | None = None) -> ModelFiles:  # fmt: skip
+    """What planning reads of the run's resolved model (and of its judges' model and of the model playing a world's
+    simulated user, when they are others)."""
     judges = ModelFiles(judge.path, judge.chat, f"judge_model.path {judge.path}") if judge is not None else None
-    return ModelFiles(model.path, model.chat, f"model.path {model.path}", judges)
+    users = None
+    if user is not None:
+        users = ModelFiles(user.path, user.chat, f"user_model.path {user.path}", pins=model_identity(user))
+    return ModelFiles(model.path, model.chat, f"model.path {model.path}", judges, users)
+
+
+def model_identity(model: ResolvedModel) -> dict[str, Any]:
+    """What a run's identity records of a model: its id, revision, files by sha256, and whether they are pinned."""
+    return {"id": model.id, "revision": model.revision, "files": model.files, "pinned": model.pinned}
 
 
 @dataclass(frozen=True)
@@ -72,11 +82,18 @@ class EncodedPart:
 @dataclass
 class Engines:
     """What a kind runs its episodes on in one worker: the run's engine, the judges' engine (the run's own
-    when there is no judge model), and a place for what a kind builds once per worker (an agent, say)."""
+    when there is no judge model), the engine of a model playing a world's simulated user (None: the run's own),
+    and a place for what a kind builds once per worker (an agent, say)."""
 
     engine: Engine
     judge: Engine
     built: dict[str, Any] = field(default_factory=dict)
+    user: Engine | None = None
+
+    @property
+    def users(self) -> Engine:
+        """The engine a simulated user played by a model runs on."""
+        return self.user or self.engine
 
     def once(self, key: str, build: Callable[[], Any]) -> Any:
         if key not in self.built:

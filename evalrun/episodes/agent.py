@@ -17,10 +17,11 @@ call, so a worker with 256 live episodes makes one engine call per turn, not 256
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from collections.abc import Generator as AbcGenerator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, Protocol, TypeVar
 
 from evalrun.chat import ChatFormat
 from evalrun.chat.reasoning import ReasoningParser
@@ -38,6 +39,7 @@ from evalrun.episodes.harness import (
     split_reasoning,
 )
 from evalrun.episodes.plan import episode_id, sampling_spec
+from evalrun.episodes.users import Held, HeldReplies, UserReply, UserRequest, Users, UserSetup, UserSide, user_seed
 from evalrun.records.canonical import Canonical, canonical_hash, sha256_hex
 from evalrun.records.chain import ChainBuilder
 from evalrun.records.entries import (
@@ -49,6 +51,7 @@ from evalrun.records.entries import (
     EnvEntry,
     EnvRequest,
     EnvValue,
+    FailedCallEntry,
     HeaderEntry,
     JoinEntry,
     ModelEntry,
@@ -58,6 +61,7 @@ from evalrun.records.entries import (
     RandomRequest,
     ToolEntry,
     ToolRequest,
+    UserEntry,
     UuidEntry,
     UuidRequest,
     UuidValue,
@@ -109,20 +113,29 @@ class AgentEpisode:
     chat: ChatFormat | None = None  # how a model agent's messages become its prompt; None: plain ``role:`` lines
     tools: ToolFormat = JSON_TOOLS  # how the tools are shown and the replies read
     reasoning: ReasoningParser | None = None  # splits each reply into thinking and answer (tools read the answer)
+    user: UserSide | None = None  # how a model plays the world's simulated user (None: the world's own user)
+    held: Held | None = None  # a side of the conversation served from a recorded run (task.world.held)
 
     @property
     def item_id(self) -> str:
         return self.world_task.item_id
 
+    def held_side(self, side: str) -> Held | None:
+        """The recorded replies of ``side`` (agent or user) when that side is held, else None."""
+        return self.held if self.held is not None and self.held.side == side else None
+
 
 def plan_agent_episodes(task_name: str, tasks: Sequence[WorldTask], decoding: DecodingConfig, seeds: SeedsConfig,
                         agent: str, budget: AgentBudget, chat: ChatFormat | None = None,
-                        tools: ToolFormat = JSON_TOOLS,
-                        reasoning: ReasoningParser | None = None) -> list[AgentEpisode]:  # fmt: skip
+                        tools: ToolFormat = JSON_TOOLS, reasoning: ReasoningParser | None = None,
+                        user: UserSetup | None = None,
+                        held: HeldReplies | None = None) -> list[AgentEpisode]:  # fmt: skip
     """Episodes of every world task for every seed of the set and repeat, ids and sampling seeds
     derived as for single-turn episodes (docs/design.md "Seeds"): the same config gives the same
     episodes anywhere. The world is generated from the world task's own seed, so every seed and
-    repeat of the set meets the same world and only the model's sampling differs."""
+    repeat of the set meets the same world and only the model's sampling differs. A user played by a model
+    samples with a seed of its own (:func:`evalrun.episodes.users.user_seed`); a held side's recorded replies
+    are the episode's of the same task, item, seed and repeat in the held run."""
     episodes = []
     for seed in seeds.set:
         for repeat in range(seeds.repeats):
@@ -130,8 +143,10 @@ def plan_agent_episodes(task_name: str, tasks: Sequence[WorldTask], decoding: De
                 sampling_seed = derive_seed(seeds.master, "sampling", task_name, task.item_id, seed, repeat)
                 sampling = sampling_spec(decoding, sampling_seed)
                 eid = episode_id(task_name, task.item_id, seed, repeat, {"sampling": str(sampling.seed)})
+                side = user.side(user_seed(sampling.seed)) if user is not None else None
+                recorded = held.of(task_name, task.item_id, seed, repeat) if held is not None else None
                 episodes.append(AgentEpisode(eid, task_name, task, seed, repeat, sampling, agent, budget, chat, tools,
-                                             reasoning))  # fmt: skip
+                                             reasoning, side, recorded))  # fmt: skip
     return episodes
 
 
@@ -148,15 +163,26 @@ class AgentTask:
     references: dict[str, str] | None = None  # the frozen reference set the world scores against, if any
     tools: ToolFormat = JSON_TOOLS  # how a model agent is shown the tools and its replies are read
     reasoning: ReasoningParser | None = None  # splits a model agent's replies into thinking and answer
+    user: UserSetup | None = None  # how a model plays the world's simulated user (None: the world's own user)
+    held: HeldReplies | None = None  # a side served from a recorded run (task.world.held)
 
     @property
     def budget(self) -> AgentBudget:
         return AgentBudget(self.config.max_steps, self.config.max_tokens)
 
     def as_record(self) -> dict[str, Any]:
-        """What the manifest's ``task.world`` and the prompt-pack digest part record of the task."""
+        """What the manifest's ``task.world`` and the prompt-pack digest part record of the task. The held run is
+        named by its records (root, seal, digest), not its path; the user's settings by what they resolve to."""
+        settings = self.config.as_record()
+        settings.pop("held", None)
+        for key in ("user", "user_prompt", "user_decoding"):
+            settings.pop(key, None)
         return {
-            **self.config.as_record(),
+            **settings,
+            # a user played by a model: its pack, decoding and model; only then, so the records of the others are
+            # unchanged
+            **({"user": self.user.as_record()} if self.user is not None else {}),
+            **({"held": self.held.as_record()} if self.held is not None else {}),
             "items": len(self.tasks),
             "versions": self.versions,
             "system_prompt_sha256": self.system_prompt_sha256,
@@ -195,10 +221,11 @@ def planned_world_tasks(world: WorldConfig, limit: int | None = None) -> list[Wo
 
 
 def load_agent_task(task: TaskConfig, limit: int | None, chat: ChatFormat | None, tools: ToolFormat = JSON_TOOLS,
-                    reasoning: ReasoningParser | None = None) -> AgentTask:  # fmt: skip
+                    reasoning: ReasoningParser | None = None, user: UserSetup | None = None,
+                    held: HeldReplies | None = None) -> AgentTask:  # fmt: skip
     """The suite of ``task.world`` (a BadInput names the field), its tasks (the first ``limit``), their
     frozen references checked (worlds with references), and for ``agent=model`` the chat format its
-    prompts are rendered with."""
+    prompts are rendered with; ``user`` and ``held`` as the world kind loaded them."""
     world = task.world
     assert world is not None
     tasks = planned_world_tasks(world, limit)
@@ -208,7 +235,7 @@ def load_agent_task(task: TaskConfig, limit: int | None, chat: ChatFormat | None
         name=task.name, config=world, tasks=tuple(tasks), versions=cls.versions(),
         system_prompt_sha256=sha256_hex(system_prompt(cls().tools())),
         chat=chat if world.agent == "model" else None, references=references, tools=tools,
-        reasoning=reasoning if world.agent == "model" else None,
+        reasoning=reasoning if world.agent == "model" else None, user=user, held=held,
     )  # fmt: skip
 
 
@@ -378,9 +405,17 @@ class ModelAgent:
             requests.append(GenerationRequest(prompt, t.episode.sampling, t.episode.episode_id, t.call,
                                               add_special_tokens=t.episode.chat is None,
                                               conversation=conversation))  # fmt: skip
-        self.engine_calls += 1
-        self.model_calls += len(requests)
-        outcomes = generate_each(self.engine, requests)
+        live = [i for i, t in enumerate(turns) if t.episode.held_side("agent") is None]
+        outcomes: list[Completion | str] = [""] * len(turns)
+        if live:
+            self.engine_calls += 1
+            self.model_calls += len(live)
+            for i, outcome in zip(live, generate_each(self.engine, [requests[i] for i in live]), strict=True):
+                outcomes[i] = outcome
+        for i, t in enumerate(turns):
+            held = t.episode.held_side("agent")
+            if held is not None:  # the agent held fixed: its recorded reply of this turn, whatever it was shown
+                outcomes[i] = held.serve(len(t.steps))
         replies = []
         for t, r, o in zip(turns, requests, outcomes, strict=True):
             if isinstance(o, Completion):
@@ -417,6 +452,12 @@ class AgentResult:
     task_text: str = ""
 
 
+T = TypeVar("T")
+AsksUsers = AbcGenerator[UserRequest, UserReply, T]
+"""A step of an episode that may wait for its simulated user: it yields each user turn a model must play and is
+sent the reply (:func:`run_agent_episodes` batches the waiting turns of every episode)."""
+
+
 @dataclass
 class _Live:
     episode: AgentEpisode
@@ -426,8 +467,9 @@ class _Live:
     source: EffectSource
     task_text: str = ""
     steps: list[Step] = field(default_factory=list)
-    model_calls: int = 0
-    tokens: int = 0
+    model_calls: int = 0  # the agent's and a model-played user's, numbered together
+    user_turns: int = 0
+    tokens: int = 0  # the agent's
     stop: str | None = None
     error: str | None = None
 
@@ -436,12 +478,15 @@ class _Live:
 
 
 def run_agent_episodes(episodes: Sequence[AgentEpisode], agent: Agent, generator: dict[str, Any] | Canonical,
-                       sources: Callable[[AgentEpisode], EffectSource] | None = None) -> list[AgentResult]:  # fmt: skip
+                       sources: Callable[[AgentEpisode], EffectSource] | None = None,
+                       users: Users | None = None) -> list[AgentResult]:  # fmt: skip
     """Run ``episodes`` to their end in lockstep; results in episode order.
 
     ``sources`` gives each episode's effect source (default: live); a replay passes the schedule.
     Every live episode waits for its agent at every turn (tools answer at once), so each turn is
-    one :meth:`Agent.act` over all of them: one engine call for a model agent.
+    one :meth:`Agent.act` over all of them: one engine call for a model agent. A user played by a model
+    (``users``, for episodes whose ``user`` says so) answers within a turn's tool calls: the turns waiting
+    in every episode are one :meth:`Users.respond`, until no episode waits, then the agents act again.
     """
     typed_generator = Generator.model_validate_json(encode_generator(generator))
     live: list[_Live] = []
@@ -454,12 +499,30 @@ def run_agent_episodes(episodes: Sequence[AgentEpisode], agent: Agent, generator
             finished[e.episode_id] = state
     while live:
         replies = agent.act([s.turn() for s in live])
-        for state, reply in zip(live, replies, strict=True):
-            _advance(state, reply)
+        _step_all([_advance(state, reply) for state, reply in zip(live, replies, strict=True)], users)
         for state in [s for s in live if s.stop is not None or s.error is not None]:
             finished[state.episode.episode_id] = state
         live = [s for s in live if s.stop is None and s.error is None]
     return [_finish(finished[e.episode_id]) for e in episodes]
+
+
+def _step_all(steps: list[AsksUsers[None]], users: Users | None) -> None:
+    """Run every episode's step to its end, each user turn they wait for played in one batch per round."""
+    waiting = [(step, request) for step in steps if (request := _next(step, None)) is not None]
+    while waiting:
+        if users is None:
+            raise RuntimeError("an episode asks a simulated user played by a model, and the worker has none")
+        replies = users.respond([request for _step, request in waiting])
+        waiting = [(step, request) for (step, _), reply in zip(waiting, replies, strict=True)
+                   if (request := _next(step, reply)) is not None]  # fmt: skip
+
+
+def _next(step: AsksUsers[None], reply: UserReply | None) -> UserRequest | None:
+    """The next user turn ``step`` waits for once sent ``reply`` (None: start it), or None when it has ended."""
+    try:
+        return step.send(reply) if reply is not None else next(step)
+    except StopIteration:
+        return None
 
 
 def _start(episode: AgentEpisode, generator: Generator, source: EffectSource) -> _Live:
@@ -489,7 +552,7 @@ def _start(episode: AgentEpisode, generator: Generator, source: EffectSource) ->
     return state
 
 
-def _advance(state: _Live, reply: Reply) -> None:
+def _advance(state: _Live, reply: Reply) -> AsksUsers[None]:
     """Record one reply and everything it leads to; set ``stop`` or ``error`` when the episode ends."""
     recorder = state.recorder
     model_call = state.model_calls
@@ -510,10 +573,13 @@ def _advance(state: _Live, reply: Reply) -> None:
         state.steps.append(Step((), (result,), reply=reply.text))
     else:
         try:
-            state.steps.append(_run_calls(state, parsed, reply.text))
+            step = yield from _run_calls(state, parsed, reply.text)
         except Exception as exc:  # NetworkUsed, or a bug of the world: the episode fails, loudly
             state.error = f"{type(exc).__name__}: {exc}"
             return
+        if step is None:  # a simulated user's turn failed the episode (state.error says why)
+            return
+        state.steps.append(step)
     budget = state.episode.budget
     if state.world.done:
         state.stop = "done"
@@ -523,10 +589,12 @@ def _advance(state: _Live, reply: Reply) -> None:
         state.stop = "max_tokens"
 
 
-def _run_calls(state: _Live, calls: list[ToolCall], text: str) -> Step:
+def _run_calls(state: _Live, calls: list[ToolCall], text: str) -> AsksUsers[Step | None]:
     """The calls of one reply: tool entries, then each call's effects and observation in call order
     (the join order, never the order threads finish), then a join entry for parallel calls. Calls
-    of tools the world lists as concurrent run at once, each on its own thread and effects."""
+    of tools the world lists as concurrent run at once, each on its own thread and effects. A call that speaks
+    to a simulated user played by a model waits for the user's turn (yielded) between its two halves, its model
+    call recorded between its effects and its observation; None when that turn failed the episode."""
     recorder, world = state.recorder, state.world
     numbers = []
     for call in calls:
@@ -539,19 +607,68 @@ def _run_calls(state: _Live, calls: list[ToolCall], text: str) -> Step:
         with world_guard():  # this thread's world code
             return world.call(calls[i].name, dict(calls[i].arguments), effects), effects.reads
 
+    def record(number: int, result: ToolResult, reads: Sequence[Read]) -> None:
+        recorder.flush(reads, number)
+        recorder.append(ObservationEntry, call=number, status=result.status, content=result.content)
+
+    results: list[ToolResult] = []
     if len(calls) > 1 and all(c.name in world.concurrent_tools for c in calls):
         with ThreadPoolExecutor(max_workers=len(calls), thread_name_prefix="tool") as pool:
             outcomes = list(pool.map(run, range(len(calls))))
+        for number, (result, reads) in zip(numbers, outcomes, strict=True):
+            record(number, result, reads)
+            results.append(result)
     else:
-        outcomes = [run(i) for i in range(len(calls))]
-    results: list[ToolResult] = []
-    for number, (result, reads) in zip(numbers, outcomes, strict=True):
-        recorder.flush(reads, number)
-        recorder.append(ObservationEntry, call=number, status=result.status, content=result.content)
-        results.append(result)
+        for i, number in enumerate(numbers):
+            if state.episode.user is not None and calls[i].name in world.user_tools:
+                answered = yield from _ask_user(state, calls[i], number)
+                if answered is None:
+                    return None
+                result, reads, entry = answered
+                recorder.flush(reads, number)
+                if entry is not None:
+                    recorder.append(UserEntry, **entry)
+                recorder.append(ObservationEntry, call=number, status=result.status, content=result.content)
+            else:
+                result, reads = run(i)
+                record(number, result, reads)
+            results.append(result)
     if len(calls) > 1:
         recorder.append(JoinEntry, calls=numbers)
     return Step(tuple(calls), tuple(results), reply=None if text == format_calls(calls) else text)
+
+
+def _ask_user(state: _Live, call: ToolCall, number: int
+              ) -> AsksUsers[tuple[ToolResult, list[Read], dict[str, Any] | None] | None]:  # fmt: skip
+    """A call of a user tool when a model plays the user: the world takes the agent's message (or refuses the call:
+    its error result, and no user turn), the user's turn is yielded, and the world takes the reply. The result, the
+    call's reads and the fields of the user's model entry (None: the user was not asked); None when the engine
+    refused the user's request (the episode fails with its failed model call, role user, as the chain's last entry
+    before the end)."""
+    world, side = state.world, state.episode.user
+    assert side is not None
+    effects = RecordingEffects(state.seeded.fork(number), state.source, number)
+    with world_guard():
+        asked = world.ask_user(call.name, dict(call.arguments), effects)
+    if isinstance(asked, ToolResult):  # a bad call: the user is not asked
+        return asked, effects.reads, None
+    request = UserRequest(state.episode.episode_id, state.model_calls, state.user_turns, number, side,
+                          state.episode.held_side("user"), asked)  # fmt: skip
+    state.model_calls += 1
+    state.user_turns += 1
+    reply: UserReply = yield request
+    if reply.refused is not None or reply.completion is None:
+        state.recorder.flush(effects.reads, number)
+        state.recorder.chain.append(FailedCallEntry, call=request.call, role="user", tool=number,
+                                    request=generation_request(reply.request.prompt, reply.request.sampling),
+                                    error=reply.refused or "no reply")  # fmt: skip
+        state.error = f"the simulated user's model call {request.call} was refused: {reply.refused}"
+        return None
+    with world_guard():
+        result = world.user_replied(reply.text, reply.ended, effects)
+    entry = {"call": request.call, "tool": number, "response": completion_record(reply.completion),
+             "request": generation_request(reply.request.prompt, reply.request.sampling)}  # fmt: skip
+    return result, effects.reads, entry
 
 
 def _finish(state: _Live) -> AgentResult:

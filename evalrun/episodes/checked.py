@@ -9,9 +9,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from evalrun.episodes import EpisodeKind, kind_named
+from evalrun.episodes.users import user_seed
 from evalrun.errors import CheckFailed
 from evalrun.records.canonical import canonical_json, sha256_hex
-from evalrun.records.entries import EndEntry, ModelEntry
+from evalrun.records.entries import EndEntry, Entry, HeaderEntry, ModelEntry, UserEntry
 from evalrun.records.merkle import leaf_hash
 from evalrun.records.single_call import check_single_call_part
 from evalrun.records.view import ChainView
@@ -35,6 +36,8 @@ class PartResult:
     # the policy's sampling records, canonical JSON with the per-episode seed set to "0" (checked against
     # the manifest's decoding settings)
     samplings: frozenset[str] = frozenset()
+    # likewise a model-played simulated user's (checked against the user decoding its world records)
+    user_samplings: frozenset[str] = frozenset()
 
 
 # --- one part: chains and output rows --------------------------------------------------------
@@ -53,7 +56,8 @@ def verify_part(run_path: str, log_rel: str, out_rel: str, kind: str) -> PartRes
         hashes = {log_rel: sha256_hex(log_data), out_rel: sha256_hex(out_data)}
     part = fast if fast is not None else _verify_part_precise(root, log_rel, out_rel, kind_named(kind))
     leaves = sorted((eid, leaf_hash(eid, head)) for eid, head in part.heads.items())
-    return PartResult(part.heads, part.entries, part.output_tokens, leaves, hashes, part.failed, part.samplings)
+    return PartResult(part.heads, part.entries, part.output_tokens, leaves, hashes, part.failed, part.samplings,
+                      part.user_samplings)  # fmt: skip
 
 
 def _verify_part_precise(root: Path, log_rel: str, out_rel: str, kind: EpisodeKind) -> PartResult:
@@ -61,10 +65,14 @@ def _verify_part_precise(root: Path, log_rel: str, out_rel: str, kind: EpisodeKi
     chains = {}
     entries_count = 0
     samplings: set[str] = set()
+    user_samplings: set[str] = set()
     for eid, entries, _lines, head, start in iter_chains(root / log_rel, log_rel):
         for entry in entries:
             if isinstance(entry, ModelEntry):
                 samplings.add(canonical_json({**entry.request.sampling.as_record(), "seed": "0"}))
+            elif isinstance(entry, UserEntry):
+                _check_user_seed(entries[0], entry, f"{log_rel}:{start + entry.seq}")
+                user_samplings.add(canonical_json({**entry.request.sampling.as_record(), "seed": "0"}))
         if eid in chains:
             raise _fail(f"{log_rel}:{start}", f"episode {eid}: a second chain in the same part")
         chains[eid] = (entries, head, start)
@@ -96,7 +104,17 @@ def _verify_part_precise(root: Path, log_rel: str, out_rel: str, kind: EpisodeKi
         if eid not in heads:
             raise _fail(f"{log_rel}:{start}", f"episode {eid}: chain without an output row in {out_rel}")
     return PartResult(heads=heads, entries=entries_count, output_tokens=tokens, failed=frozenset(failed),
-                      samplings=frozenset(samplings))  # fmt: skip
+                      samplings=frozenset(samplings), user_samplings=frozenset(user_samplings))  # fmt: skip
+
+
+def _check_user_seed(header: Entry, entry: UserEntry, where: str) -> None:
+    """A simulated user's sampling seed derives from its episode's sampling seed (docs/design.md "Seeds")."""
+    assert isinstance(header, HeaderEntry)
+    expected = str(user_seed(int(header.seeds.sampling)))
+    if entry.request.sampling.seed != expected:
+        raise _fail(where, f"episode {entry.episode}: the simulated user's call {entry.call} samples with seed "
+                           f"{entry.request.sampling.seed}, which does not derive from the episode's sampling seed "
+                           f"({expected})")  # fmt: skip
 
 
 # --- one part, fast path ---------------------------------------------------------------------

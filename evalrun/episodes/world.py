@@ -14,6 +14,7 @@ import pyarrow as pa
 from evalrun.chat import chat_format
 from evalrun.chat.reasoning import reasoning_parser
 from evalrun.config import EvalConfig
+from evalrun.config.settings import MODEL_USER
 from evalrun.engines.pins import ResolvedModel
 from evalrun.episodes import EncodedPart, Engines, FreezeOptions, ModelFiles, Provenance, episode_kind
 from evalrun.episodes.agent import (
@@ -31,6 +32,7 @@ from evalrun.episodes.agent import (
 )
 from evalrun.episodes.encode import agent_output_rows, encode_agent_part
 from evalrun.episodes.recorded import as_dict, section, without
+from evalrun.episodes.users import USERS, Users, UserSetup, load_held, user_setup
 from evalrun.errors import BadInput
 from evalrun.records.canonical import Canonical, sha256_hex
 from evalrun.records.outputs import FAILED_FINISH_REASON, first_mismatch
@@ -39,6 +41,8 @@ from evalrun.scoring import ScoringContext
 from evalrun.scoring.context import verifier_identity
 from evalrun.scoring.parts import PartScorer
 from evalrun.tasks.rubric import Rubric
+from evalrun.tasks.user_pack import load_user_pack
+from evalrun.worlds import world_class
 from evalrun.worlds.reference_sets import BuildReport, build_references
 from evalrun.worlds.solver import SolverSettings
 from evalrun.worlds.tool_formats import JSON_TOOLS, resolve_tool_format
@@ -74,6 +78,37 @@ def _agent(engines: Engines, name: str) -> Agent:
     return engines.once(f"agent:{name}", lambda: AGENTS.get(name)(engines.engine))
 
 
+def _users(engines: Engines, episodes: Sequence[AgentEpisode]) -> Users | None:
+    """The worker's simulated users of ``task.world.user``, built once per worker on the user's engine (None: the
+    world's own users answer in the world)."""
+    if not episodes or episodes[0].user is None:
+        return None
+    return engines.once(f"user:{MODEL_USER}", lambda: USERS.get(MODEL_USER)(engines.users))
+
+
+def _user_setup(config: EvalConfig, model: ModelFiles) -> UserSetup | None:
+    """How a model plays the world's simulated user (``task.world.user=model``): the world's own prompt pack or
+    ``task.world.user_prompt``'s, the chat format of the model playing it (the user model's, else the run's), and
+    which model that is; None for the world's own user. A world without a user a model can play is a BadInput."""
+    world = config.task.world
+    assert world is not None
+    USERS.check(world.user or "scripted")
+    if not world.model_user:
+        return None
+    cls = world_class(world.name, world.version)
+    if not cls.user_tools or cls.user_pack is None:
+        raise BadInput("task.world.user", f"model: {world.name} has no simulated user a model can play")
+    pack = load_user_pack(config.user_prompt_path or cls.user_pack)
+    files = model.user or model
+    if files.chat is None and files.directory is None:
+        raise BadInput("user_model.path" if model.user is not None else "model.path",
+                       f"the model playing the simulated user renders its prompts with its chat template: its "
+                       f"directory ({files.where}) is not here and the run recorded no chat template")  # fmt: skip
+    chat = chat_format(None, files.chat, None, None, files.where)
+    played_by = dict(model.user.pins) if model.user is not None and model.user.pins is not None else "run"
+    return user_setup(pack, chat, world.user_decoding.as_record(), played_by)
+
+
 @episode_kind("world")
 class WorldKind:
     name = "world"
@@ -98,12 +133,15 @@ class WorldKind:
             tools = resolve_tool_format(world.tool_format, world.tool_parser, chat, model.directory, model.where)
             reasoning = reasoning_parser(config.task.reasoning_parser, model.directory, model.where,
                                          config.task.chat_template_kwargs)  # fmt: skip
-        return config, load_agent_task(config.task, config.limit, chat, tools, reasoning)
+        user = _user_setup(config, model)
+        held = load_held(config.held_run_path, world.held.side) if config.held_run_path and world.held.side else None
+        return config, load_agent_task(config.task, config.limit, chat, tools, reasoning, user, held)
 
     def plan(self, config: EvalConfig, task: AgentTask, model: ModelFiles) -> Sequence[AgentEpisode]:
         assert config.task.world is not None
         return plan_agent_episodes(task.name, task.tasks, config.decoding, config.seeds, config.task.world.agent,
-                                   task.budget, task.chat, task.tools, task.reasoning)  # fmt: skip
+                                   task.budget, task.chat, task.tools, task.reasoning, task.user,
+                                   task.held)  # fmt: skip
 
     def scoring_context(self, config: EvalConfig, task: AgentTask, model: ResolvedModel,
                         judge_model: ResolvedModel | None) -> ScoringContext:  # fmt: skip
@@ -125,7 +163,10 @@ class WorldKind:
     # --- dispatch ---
 
     def run(self, engines: Engines, episodes: list[AgentEpisode], generator: dict[str, Any] | Canonical) -> list[Any]:
-        return run_agent_episodes(episodes, _agent(engines, episodes[0].agent), generator) if episodes else []
+        if not episodes:
+            return []
+        return run_agent_episodes(episodes, _agent(engines, episodes[0].agent), generator,
+                                  users=_users(engines, episodes))  # fmt: skip
 
     def run_batches(self, engines: Engines, batches: Iterable[list[AgentEpisode]],
                     generator: dict[str, Any] | Canonical) -> Iterator[list[Any]]:  # fmt: skip
@@ -146,7 +187,8 @@ class WorldKind:
         """The world rebuilt from its seed, the model's replies (a replay engine) and every effect served from
         the chain."""
         schedule = ScheduleSource(episode.episode_id, recorded)
-        (result,) = run_agent_episodes([episode], _agent(engines, episode.agent), generator, lambda _e: schedule)
+        (result,) = run_agent_episodes([episode], _agent(engines, episode.agent), generator, lambda _e: schedule,
+                                       _users(engines, [episode]))  # fmt: skip
         return result
 
     def rubric(self, task: AgentTask) -> Rubric | None:

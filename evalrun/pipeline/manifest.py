@@ -15,7 +15,7 @@ from typing import Any
 
 from evalrun.config import EvalConfig, SeedsConfig
 from evalrun.engines.pins import ResolvedModel
-from evalrun.episodes import EpisodeKind
+from evalrun.episodes import EpisodeKind, model_identity
 from evalrun.pipeline.environment import (
     evalrun_version,
     git_state,
@@ -115,16 +115,15 @@ def generator_info() -> dict[str, Any]:
 
 
 def _model_identity(model: ResolvedModel | None) -> dict[str, Any] | None:
-    if model is None:
-        return None
-    return {"id": model.id, "revision": model.revision, "files": model.files, "pinned": model.pinned}
+    return None if model is None else model_identity(model)
 
 
 CANARY_SETTINGS = ("canary", "require_invariant")  # determinism settings about the canary, not the run's results
 
 
 def run_identity(kind: EpisodeKind, config: EvalConfig, task: Any, model: ResolvedModel, digest: Digest,
-                 episodes: int, judge_model: ResolvedModel | None = None) -> dict[str, Any]:  # fmt: skip
+                 episodes: int, judge_model: ResolvedModel | None = None,
+                 user_model: ResolvedModel | None = None) -> dict[str, Any]:  # fmt: skip
     """Everything that decides what a run computes, and nothing that legitimately varies (paths,
     times, workers, hardware). ``evalrun resume`` refuses a run whose identity would change."""
     return {
@@ -136,6 +135,9 @@ def run_identity(kind: EpisodeKind, config: EvalConfig, task: Any, model: Resolv
         "judge_model": _model_identity(judge_model),
         "engine": config.engine.identity_record(),
         **({"judge_engine": config.judge_engine.identity_record()} if config.judge_engine is not None else {}),
+        # the model and engine playing a world's simulated user, when they are others (left out otherwise)
+        **({"user_model": model_identity(user_model)} if user_model is not None else {}),
+        **({"user_engine": config.user_engine.identity_record()} if config.user_engine is not None else {}),
         "decoding": config.decoding.as_record(),
         "seeds": seeds_identity(config.seeds),
         # the canary checks the engine and changes nothing the run computes (runs made before it resume)
@@ -154,6 +156,7 @@ def build_manifest(
     episodes: int,
     judge_model: ResolvedModel | None = None,
     drift: Sequence[Drift] = (),
+    user_model: ResolvedModel | None = None,
 ) -> dict[str, Any]:
     """``drift``: the workers' drift from the first, as the runner's watch found it (run.on_drift=warn)."""
     honoured = []
@@ -162,7 +165,7 @@ def build_manifest(
             honoured.append(w["determinism"]["honoured"])
     manifest = {
         "format": MANIFEST_FORMAT,
-        "identity": run_identity(kind, config, task, model, digest, episodes, judge_model),
+        "identity": run_identity(kind, config, task, model, digest, episodes, judge_model, user_model),
         "digest": digest.as_record(),
         **({"digest_inputs": digest.inputs} if digest.inputs is not None else {}),
         "task": kind.section(config, task),
@@ -172,6 +175,8 @@ def build_manifest(
         "judge_model": judge_model.as_record() if judge_model is not None else None,
         "engine": workers[0]["engine"],
         **({"judge_engine": workers[0]["judge_engine"]} if workers[0].get("judge_engine") else {}),
+        **({"user_model": user_model.as_record()} if user_model is not None else {}),
+        **({"user_engine": workers[0]["user_engine"]} if workers[0].get("user_engine") else {}),
         "decoding": config.decoding.as_record(),
         "seeds": seeds_section(config.seeds),
         "determinism": {

@@ -31,7 +31,7 @@ def served_by(info: Mapping[str, Any]) -> list[dict[str, Any]]:
     """The (model, system_fingerprint) of every server a worker's engines reach (a served model's: the engine's
     ``servers``, docs/design.md "Served models"), each once, in order; empty for engines in the worker's process."""
     found: list[dict[str, Any]] = []
-    for engine in (info.get("engine"), info.get("judge_engine")):
+    for engine in (info.get("engine"), info.get("judge_engine"), info.get("user_engine")):
         for server in (engine or {}).get("servers") or []:
             entry = {"model": server.get("model"), "system_fingerprint": server.get("system_fingerprint")}
             if entry not in found:

@@ -65,6 +65,7 @@ class Prepared:
     episodes: Sequence[Planned]  # the kind's episodes (a dataset's Plan makes them on demand)
     worker_spec: WorkerSpec
     judge_model: ResolvedModel | None = None  # None: the judges (if any) run on the run's model
+    user_model: ResolvedModel | None = None  # None: a model-played simulated user (if any) is the run's model
 
 
 def _directory(m: ModelConfig) -> Path:
@@ -74,7 +75,7 @@ def _directory(m: ModelConfig) -> Path:
 def worker_spec(config: EvalConfig) -> WorkerSpec:
     """The engine worker a config needs, from the config alone: its model's directory is found, not hashed,
     so that the engine can load while :func:`prepare` checks the pins (docs/design.md "Start-up and exit")."""
-    judge = config.judge_model
+    judge, user = config.judge_model, config.user_model
     if config.cluster.name == "local":  # the workers run on this machine: its processor is theirs
         cpu_isa.check_runs_here(config.engine.cpu_isa_levels())
     return WorkerSpec(
@@ -86,6 +87,9 @@ def worker_spec(config: EvalConfig) -> WorkerSpec:
         judge_model_dtype=judge.dtype if judge is not None else None,
         judge_engine=config.judge_engine,
         threads=worker_threads(config),
+        user_model_path=str(_directory(user)) if user is not None else None,
+        user_model_dtype=user.dtype if user is not None else None,
+        user_engine=config.user_engine,
     )
 
 
@@ -115,8 +119,10 @@ def check_plugins(config: EvalConfig) -> None:
     (a BadInput names the field). Nothing is imported to check."""
     EPISODE_KINDS.check(config.task.episode_kind)
     ENGINES.check(config.engine.name)
-    if config.judge_engine is not None:
-        ENGINES.check(config.judge_engine.name, field="judge_engine.name")
+    for section in ("judge_engine", "user_engine"):
+        engine = getattr(config, section)
+        if engine is not None:
+            ENGINES.check(engine.name, field=f"{section}.name")
     DISPATCHERS.check(config.cluster.name)
     SCORERS.check(config.task.scorer.name)
     for name in config.task.scorer.normalize:
@@ -135,14 +141,17 @@ def prepare(config: EvalConfig) -> Prepared:
         # judges on the run's model are recorded as a judge model of their own when their weights are pinned
         # where the run's are not, or the other way round (a served judge of an offline run's model)
         judge = judges if judge is not None or judges.pinned != model.pinned else None
+    user = None
+    if config.user_model is not None:
+        user = _served_unpinned(_resolve(config.user_model), config.user_engine or config.engine)
     kind = kind_of(config)
-    files = model_files(model, judge)
+    files = model_files(model, judge, user)
     config, task = kind.load(config, files)
     make_scorer(config.task.scorer, kind.scoring_context(config, task, model, judge))  # e.g. a regex that won't compile
     episodes = kind.plan(config, task, files)
     return Prepared(
         config=config, model=model, kind=kind, task=task, digest=compute_digest(kind, config, task, model, judge),
-        episodes=episodes, worker_spec=worker_spec(config), judge_model=judge,
+        episodes=episodes, worker_spec=worker_spec(config), judge_model=judge, user_model=user,
     )  # fmt: skip
 
 
@@ -223,16 +232,36 @@ def open_for(prepared: Prepared) -> Dispatcher:
     preflight(config.engine.name, prepared.model.path, config.engine.as_record(),
               policy_needs | (judge_needs if judges is None else frozenset()))  # fmt: skip
     if judges is not None:  # the judges' server (when served) answers, serves the judges' model, gives what they need
-        where = "judge_engine" if config.judge_engine is not None else "engine"
-        try:
-            preflight(judges.name, (prepared.judge_model or prepared.model).path, judges.as_record(), judge_needs)
-        except BadInput as exc:
-            named = f"{where}{exc.where.removeprefix('engine')}" if exc.where.startswith("engine") else exc.where
-            hint = "" if config.judge_engine is not None else (
-                " (the judges' model runs on the run's engine settings: give its server with +engine@judge_engine="
-                "openai judge_engine.base_url=URL)")  # fmt: skip
-            raise BadInput(named, f"the judges' engine: {exc.message}{hint}") from exc
+        hint = "" if config.judge_engine is not None else (
+            " (the judges' model runs on the run's engine settings: give its server with +engine@judge_engine="
+            "openai judge_engine.base_url=URL)")  # fmt: skip
+        _preflight_second(
+            judges,
+            "judge_engine" if config.judge_engine is not None else "engine",
+            (prepared.judge_model or prepared.model).path,
+            judge_needs,
+            "the judges' engine",
+            hint,
+        )
+    if config.user_model is not None or config.user_engine is not None:  # the simulated user's server, likewise
+        _preflight_second(
+            config.user_engine or config.engine,
+            "user_engine" if config.user_engine else "engine",
+            (prepared.user_model or prepared.model).path,
+            frozenset(),
+            "the simulated user's engine",
+        )
     return open_dispatcher(prepared.worker_spec, config.cluster)
+
+
+def _preflight_second(engine: EngineConfig, where: str, model: Path, needs: frozenset[str], what: str,
+                      hint: str = "") -> None:  # fmt: skip
+    """The preflight of a worker's second engine (the judges', the simulated user's), its errors named as ``where``."""
+    try:
+        preflight(engine.name, model, engine.as_record(), needs)
+    except BadInput as exc:
+        named = f"{where}{exc.where.removeprefix('engine')}" if exc.where.startswith("engine") else exc.where
+        raise BadInput(named, f"{what}: {exc.message}{hint}") from exc
 
 
 def _engine_needs(prepared: Prepared) -> tuple[frozenset[str], frozenset[str]]:
@@ -280,6 +309,7 @@ def execute(prepared: Prepared, dispatcher: Dispatcher | None = None) -> Path:
             len(prepared.episodes),
             prepared.judge_model,
             watch.drift,
+            prepared.user_model,
         )
         stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
         run = layout.create_run_dir(
@@ -359,7 +389,7 @@ def check_unchanged(run: layout.RunDir, prepared: Prepared) -> None:
     changed (by its own field first, task.dataset_sha256, the digests that follow from it last)."""
     recorded = prepared.kind.recorded_identity(reader.read_manifest(run).get("identity", {}), prepared.config)
     current = run_identity(prepared.kind, prepared.config, prepared.task, prepared.model, prepared.digest,
-                           len(prepared.episodes), prepared.judge_model)  # fmt: skip
+                           len(prepared.episodes), prepared.judge_model, prepared.user_model)  # fmt: skip
     changed = sorted((path for path, _, _ in differences(recorded, current)), key=lambda p: p.startswith("digest"))
     if changed:
         more = f" (and {len(changed) - 1} more)" if len(changed) > 1 else ""

@@ -56,6 +56,11 @@ class WorkerSpec:
     # the instruction set this worker's kernels may use (one of engine.cpu_isa's levels, chosen per worker by the
     # dispatcher, which starts the worker's process with its variables; evalrun.pipeline.cpu_isa)
     cpu_isa: str = cpu_isa.NATIVE
+    # a second engine for a model playing a world's simulated user: of the user model (same engine settings), or of
+    # user_engine's settings (the run's model where no user model is given), or both
+    user_model_path: str | None = None
+    user_model_dtype: str | None = None
+    user_engine: EngineConfig | None = None
 
     def as_record(self) -> dict[str, Any]:
         factory = self.engine_factory
@@ -70,7 +75,10 @@ class WorkerSpec:
             **({"judge_engine": self.judge_engine.as_record()} if self.judge_engine is not None else {}),
             "threads": self.threads,
             **({"cpu_isa": self.cpu_isa} if self.cpu_isa != cpu_isa.NATIVE else {}),
-        }
+            **({"user_model_path": self.user_model_path, "user_model_dtype": self.user_model_dtype}
+               if self.user_model_path is not None else {}),
+            **({"user_engine": self.user_engine.as_record()} if self.user_engine is not None else {}),
+        }  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -146,7 +154,10 @@ class EngineWorker:
         self.judge_engine = self.engine
         if spec.judge_model_path is not None or spec.judge_engine is not None:
             self.judge_engine = _build_engine(judge_spec(spec))
-        self.engines = Engines(self.engine, self.judge_engine)
+        self.user_engine = self.engine
+        if spec.user_model_path is not None or spec.user_engine is not None:
+            self.user_engine = _build_engine(user_spec(spec))
+        self.engines = Engines(self.engine, self.judge_engine, user=self.user_engine)
 
     def info(self) -> dict[str, Any]:
         return {
@@ -159,15 +170,20 @@ class EngineWorker:
             "determinism": self.determinism,
             "engine": self.engine.describe(),
             "judge_engine": self.judge_engine.describe() if self.judge_engine is not self.engine else None,
+            **({"user_engine": self.user_engine.describe()} if self.user_engine is not self.engine else {}),
             "canary": None if self.canary is None else self.canary.as_record(),  # None: not run (see notes)
             "engine_load_s": self.engine_load_s,
         }
 
     def close(self) -> None:
         """Let go of what the engines hold outside this process (a server one started)."""
-        for engine in {id(e): e for e in (self.engine, self.judge_engine)}.values():
+        for engine in self._engines():
             if isinstance(engine, ClosingEngine):
                 engine.close()
+
+    def _engines(self) -> list[Any]:
+        """This worker's engines, each once (the judges' and the user's may be the run's)."""
+        return list({id(e): e for e in (self.engine, self.judge_engine, self.user_engine)}.values())
 
     def log_text(self) -> str:
         """This worker's log so far (RUN_DIR/logs/<worker>.log; docs/design.md "Logs"): in a Ray actor, what
@@ -186,8 +202,7 @@ class EngineWorker:
 
     def _served(self) -> ServedReport | None:
         """What the served engines met since the last batch (None: no engine of this worker is served)."""
-        served = [e for e in {id(e): e for e in (self.engine, self.judge_engine)}.values()
-                  if isinstance(e, ServedEngine)]  # fmt: skip
+        served = [e for e in self._engines() if isinstance(e, ServedEngine)]
         return sum((e.take_report() for e in served), ServedReport()) if served else None
 
     def run_packed(self, batch: bytes, generator: dict[str, Any], scoring: bytes | None = None) -> BatchOutcome:
@@ -245,16 +260,27 @@ def pack_batch(episodes: list[Planned]) -> bytes:
 def judge_spec(spec: WorkerSpec) -> WorkerSpec:
     """The spec of a worker's judge engine: the judges' model (the run's where none is given) on the judges'
     engine settings (the run's where none are given)."""
-    return replace(spec, model_path=spec.judge_model_path or spec.model_path,
-                   model_dtype=spec.judge_model_dtype or spec.model_dtype, engine=spec.judge_engine or spec.engine,
-                   judge_model_path=None, judge_model_dtype=None, judge_engine=None)  # fmt: skip
+    return _second_spec(spec, spec.judge_model_path, spec.judge_model_dtype, spec.judge_engine)
+
+
+def user_spec(spec: WorkerSpec) -> WorkerSpec:
+    """The spec of the engine of a model playing a world's simulated user, as :func:`judge_spec`'s."""
+    return _second_spec(spec, spec.user_model_path, spec.user_model_dtype, spec.user_engine)
+
+
+def _second_spec(spec: WorkerSpec, path: str | None, dtype: str | None, engine: EngineConfig | None) -> WorkerSpec:
+    """A second engine's spec: its model (the run's where none is given) on its settings (the run's likewise)."""
+    return replace(spec, model_path=path or spec.model_path, model_dtype=dtype or spec.model_dtype,
+                   engine=engine or spec.engine, judge_model_path=None, judge_model_dtype=None, judge_engine=None,
+                   user_model_path=None, user_model_dtype=None, user_engine=None)  # fmt: skip
 
 
 def canary_on_demand(spec: WorkerSpec) -> tuple[CanaryResult, dict[str, Any]]:
     """``evalrun canary``: one worker built in this process for ``spec`` (its judge engine left out), the
     canary run whatever ``determinism.canary`` says; the result and the worker's info. A canary that
     could not run is a BadInput naming why (the engine refused its prompts, or does not generate)."""
-    spec = replace(spec, determinism=replace(spec.determinism, canary=True), judge_model_path=None, judge_engine=None)
+    spec = replace(spec, determinism=replace(spec.determinism, canary=True), judge_model_path=None, judge_engine=None,
+                   user_model_path=None, user_engine=None)  # fmt: skip
     worker = EngineWorker(spec, "canary-0")
     if worker.canary is None:
         notes = [n for n in worker.determinism["notes"] if n.startswith("determinism.canary")]

@@ -54,6 +54,7 @@ CHECKPOINT_FORMAT = "evalrun.checkpoint/1"  # RUN_DIR/checkpoints/checkpoint-SEQ
 CHECKPOINT_PAYLOAD_TYPE = "application/vnd.evalrun.checkpoint+json"  # what a checkpoint's signature signs
 REBASELINE_FORMAT = "evalrun.rebaseline/1"  # RUN_DIR/rebaseline.json (evalrun rebaseline)
 CHECK_FORMAT = "evalrun.check/1"  # evalrun check --json
+HELD_FORMAT = "evalrun.held/1"  # evalrun replay --live --json: repeats with one side of a conversation held fixed
 CANARY_FORMAT = "evalrun.canary/1"  # a worker's batch-invariance canary (manifest workers[].canary, evalrun canary)
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"  # attestation.intoto.json
 PREDICATE_TYPE = "https://evalrun.dev/attestation/run/v1"
@@ -288,6 +289,8 @@ class Manifest(OptionalFields):
     judge_model: dict[str, Any] | None
     engine: dict[str, Any]
     judge_engine: dict[str, Any] | None = None  # the judges' engine when it is another (a judge model's)
+    user_model: dict[str, Any] | None = None  # the model playing a world's simulated user, when it is another
+    user_engine: dict[str, Any] | None = None  # its engine, when it is another
     decoding: dict[str, Any]
     seeds: dict[str, Any]
     determinism: dict[str, Any]
