@@ -27,6 +27,9 @@ from evalrun.stats.estimates import PairedEstimate, item_means, paired
 CATEGORIES: tuple[tuple[str, str], ...] = (
     ("model.path", ""),
     ("model.", "model"),
+    ("user_model.path", ""),
+    ("user_model.", "user model"),
+    ("user_engine.", "engine"),
     ("digest.digest", ""),
     ("digest.prompt_pack", "prompt pack"),
     ("task.prompt_pack.path", ""),
@@ -40,6 +43,9 @@ CATEGORIES: tuple[tuple[str, str], ...] = (
     ("task.world.system_prompt_sha256", "prompt pack"),
     ("task.world.reply_tokens", "prompt pack"),
     ("task.world.max_", "agent"),
+    ("task.world.user.model", "user model"),  # the model playing a world's simulated user: its files' hashes
+    ("task.world.user.", "simulated user"),  # its prompt pack, decoding and chat template
+    ("task.world.held.", "held side"),  # the run a held side's replies came from
     ("task.world.", "dataset"),
     ("task.rubric.path", ""),
     ("task.rubric.", "scorer"),

@@ -14,7 +14,10 @@ Stability: A detailed analysis with some surprises", 2024), over N runs:
   best/worst possible: an episode counts its best (any run right) / worst (all runs right) value.
 
 Beside them, per run, each worker's batch-invariance canary as its manifest records it
-(docs/nondeterminism.md "Canary"): whether the engine was batch-invariant when the worker started.
+(docs/nondeterminism.md "Canary"): whether the engine was batch-invariant when the worker started. For agent
+episodes, whose output rows hold no text, the agent's and a model-played simulated user's calls are read from the
+chains and measured apart (:mod:`evalrun.analysis.sides`): per side, episodes and items whose replies are
+identical over the runs, and the side each diverging episode diverged on first.
 """
 
 from __future__ import annotations
@@ -23,12 +26,14 @@ import math
 import statistics
 from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from evalrun.analysis.compare import manifest_diff
 from evalrun.analysis.runs import Run, load_run, pick_metric
+from evalrun.analysis.sides import SideAgreement, match_by_episode, read_conversations, side_agreement
+from evalrun.episodes import kind_of_manifest
 from evalrun.errors import BadInput
 from evalrun.records.formats import NONDET_FORMAT
 
@@ -136,6 +141,9 @@ class NondetReport:
     settings: tuple[SettingDiff, ...]
     per_item: tuple[ItemNondet, ...]
     canaries: tuple[WorkerCanary, ...] = ()  # every worker of every run, in run order
+    # agent episodes: the agent's and a model-played user's calls measured apart, from the chains (None: not agent
+    # episodes, whose output rows say it all)
+    sides: dict[str, SideAgreement] | None = None
 
     def as_record(self) -> dict[str, Any]:
         return {"format": NONDET_FORMAT, **asdict(self)}
@@ -323,11 +331,14 @@ def nondet_runs(runs: list[Run], metric: str | None = None) -> NondetReport:
             values=tuple(r[5][0] for r in recs), token_ids=tuple(r[3] for r in recs),
             logprobs=tuple(r[4] for r in recs),
         ))  # fmt: skip
-    return analyse(
+    report = analyse(
         episodes, tuple(str(r.path) for r in runs), metric, unmatched=len(everywhere - common),
         settings=setting_diffs(runs), batch_sizes=tuple(b for _, b in tables),
         canaries=tuple(c for k, run in enumerate(runs) for c in worker_canaries(k, run.manifest)),
     )  # fmt: skip
+    if kind_of_manifest(runs[0].manifest).transcribed:  # agent episodes: their calls are in the chains, not the rows
+        report = replace(report, sides=side_agreement(match_by_episode([read_conversations(r.path) for r in runs])))
+    return report
 
 
 def nondet_paths(paths: list[Path], metric: str | None = None) -> NondetReport:

@@ -36,20 +36,16 @@ from typing import Any
 
 from evalrun.analysis.nondet import SettingDiff, agreement_rate, setting_diffs, token_agreement
 from evalrun.analysis.runs import OVERALL, load_run
+from evalrun.analysis.sides import Call, Conversation, SideAgreement, conversation_calls, side_agreement, side_of
 from evalrun.audit.replay import ReplayReport, replay_run
 from evalrun.audit.rescore import RescoreReport, rescore_recorded
 from evalrun.errors import BadInput, CheckFailed
 from evalrun.pipeline.dispatch import Dispatcher
 from evalrun.pipeline.runner import Prepared, check_destination, execute, load_run_config, prepare
-from evalrun.records.entries import (
-    CompletionResponse,
-    Entry,
-    FailedCallEntry,
-    LoglikelihoodResponse,
-)
+from evalrun.records.entries import CompletionResponse, FailedCallEntry, LoglikelihoodResponse
 from evalrun.records.formats import CHECK_FORMAT
 from evalrun.records.seeds import derive_rng
-from evalrun.records.view import ChainView
+from evalrun.records.view import ChainView, ModelCall
 from evalrun.rundir import layout
 from evalrun.rundir.reader import iter_chains, load_record, open_run, part_pairs, read_outputs, read_scores
 from evalrun.stats.estimates import estimate
@@ -78,22 +74,25 @@ def sample_items(item_ids: Sequence[str], n: int, master: int, task: str) -> tup
 @dataclass(frozen=True)
 class Generation:
     """One model call's result: a generation's text, tokens and their logprobs; a loglikelihood call's
-    continuation tokens with its summed logprob as the one logprob; a failed call's error."""
+    continuation tokens with its summed logprob as the one logprob; a failed call's error; and whose call it was
+    (``user``: a simulated user's turn played by a model; ``agent``: the policy's, or a judge's)."""
 
     text: str
     token_ids: tuple[int, ...]
     logprobs: tuple[float | None, ...]
     error: str | None = None
+    side: str = "agent"
 
 
-def generation(entry: Entry) -> Generation:
+def generation(entry: ModelCall) -> Generation:
+    side = side_of(entry)
     if isinstance(entry, FailedCallEntry):
-        return Generation("", (), (), entry.error)
-    response = getattr(entry, "response", None)
+        return Generation("", (), (), entry.error, side)
+    response = entry.response
     if isinstance(response, CompletionResponse):
-        return Generation(response.text, tuple(response.token_ids), tuple(response.logprobs))
+        return Generation(response.text, tuple(response.token_ids), tuple(response.logprobs), side=side)
     assert isinstance(response, LoglikelihoodResponse), type(entry)
-    return Generation("", tuple(response.token_ids), (response.logprob,))
+    return Generation("", tuple(response.token_ids), (response.logprob,), side=side)
 
 
 @dataclass(frozen=True)
@@ -104,16 +103,22 @@ class RecordedEpisode:
     head: str
     calls: tuple[Generation, ...]  # in call order
     answer: tuple[Any, ...]  # the scorer's extracted answer per metric, and the final state (agents)
+    conversation_calls: tuple[Call, ...] = ()  # the agent's and a simulated user's calls (analysis.sides)
+
+    def conversation(self, episode_id: str) -> Conversation:
+        return Conversation(episode_id, ("", self.item_id, self.seed, self.repeat), self.conversation_calls)
 
 
 def recorded_episodes(run: layout.RunDir, ids: frozenset[str]) -> dict[str, RecordedEpisode]:
     """The episodes ``ids`` of a finished run, from its chains, output rows and scores."""
     calls: dict[str, tuple[Generation, ...]] = {}
+    talk: dict[str, tuple[Call, ...]] = {}
     for log_rel, _out_rel in part_pairs(run, load_record(run)):
         for chain in iter_chains(run.path / log_rel, log_rel):
             if chain.episode in ids:
-                model = sorted(ChainView.of(chain.entries).model_calls, key=lambda e: e.call)
-                calls[chain.episode] = tuple(generation(e) for e in model)
+                view = ChainView.of(chain.entries)
+                calls[chain.episode] = tuple(generation(e) for e in sorted(view.model_calls, key=lambda e: e.call))
+                talk[chain.episode] = conversation_calls(view)
     answers: dict[str, list[tuple[str, str | None]]] = defaultdict(list)
     for eid, metric, extracted in zip(*read_scores(run, ["episode_id", "metric", "extracted"]).to_pydict().values(),
                                       strict=True):  # fmt: skip
@@ -124,7 +129,7 @@ def recorded_episodes(run: layout.RunDir, ids: frozenset[str]) -> dict[str, Reco
     for eid, item, seed, repeat, head, final in zip(*read_outputs(run, columns).to_pydict().values(), strict=True):
         if eid in ids:
             answer = (tuple(sorted(answers[eid])), final)
-            episodes[eid] = RecordedEpisode(item, seed, repeat, head, calls.get(eid, ()), answer)
+            episodes[eid] = RecordedEpisode(item, seed, repeat, head, calls.get(eid, ()), answer, talk.get(eid, ()))
     return episodes
 
 
@@ -139,10 +144,12 @@ class TokenPosition:
     token: int
     original: int | None  # the token id there (None: the sequence ended, or the call failed)
     repeat: int | None
+    side: str = "agent"  # whose call: the agent's, or a simulated user's played by a model
 
     def describe(self) -> str:
         tokens = f" (original token {_token(self.original)}, repeat {_token(self.repeat)})"
-        return f"call {self.call} token {self.token}{tokens}"
+        side = " (the simulated user's)" if self.side == "user" else ""
+        return f"call {self.call}{side} token {self.token}{tokens}"
 
 
 def _token(value: int | None) -> str:
@@ -175,10 +182,12 @@ def episode_agreement(eid: str, original: RecordedEpisode, repeat: RecordedEpiso
             gaps.append(tokens.max_abs_logprob_diff)
         if tokens.first_divergence is not None or a.error != b.error:
             j = tokens.first_divergence if tokens.first_divergence is not None else 0
-            first = TokenPosition(call, j, _at(a.token_ids, j), _at(b.token_ids, j))
+            first = TokenPosition(call, j, _at(a.token_ids, j), _at(b.token_ids, j), a.side)
             break
     if first is None and len(original.calls) != len(repeat.calls):
-        first = TokenPosition(min(len(original.calls), len(repeat.calls)), 0, None, None)
+        shortest = min(len(original.calls), len(repeat.calls))
+        longer = original.calls if len(original.calls) > shortest else repeat.calls
+        first = TokenPosition(shortest, 0, None, None, longer[shortest].side)
     return EpisodeAgreement(
         episode_id=eid, item_id=original.item_id, seed=original.seed, repeat=original.repeat,
         identical_tokens=first is None,
@@ -285,6 +294,9 @@ class RepeatReport:
     settings: tuple[SettingDiff, ...]  # the original's value first, then the repeat's
     run_dir: str | None  # where the repeat's run directory was kept (None: removed)
     per_episode: tuple[EpisodeAgreement, ...]
+    # a conversation's sides measured apart (the agent's calls, a model-played user's); None: no simulated user's
+    # call in either run
+    sides: dict[str, SideAgreement] | None = None
 
     @property
     def passed(self) -> bool:
@@ -329,7 +341,19 @@ def repeat_report(run: layout.RunDir, plan: RepeatPlan, repeat_dir: Path, kept: 
         means=mean_checks(run.path, repeat_dir, frozenset(plan.items)),
         settings=setting_diffs([load_run(run.path), load_run(repeat_dir)]),
         run_dir=str(repeat_dir) if kept else None, per_episode=tuple(per_episode),
+        sides=_sides(original, repeated),
     )  # fmt: skip
+
+
+def _sides(
+    original: dict[str, RecordedEpisode], repeated: dict[str, RecordedEpisode]
+) -> dict[str, SideAgreement] | None:
+    """The agent's and a model-played user's calls measured apart, when a simulated user's calls are recorded."""
+    if not any(g.side == "user" for e in (*original.values(), *repeated.values()) for g in e.calls):
+        return None
+    matched = [[e.conversation(eid) for e in (original[eid], repeated[eid])]
+               for eid in sorted(original.keys() & repeated.keys())]  # fmt: skip
+    return side_agreement(matched)
 
 
 # --- the verdicts ----------------------------------------------------------------------------------

@@ -30,6 +30,7 @@ from evalrun.analysis.nondet import nondet_paths
 from evalrun.analysis.runs import digest_record, load_run
 from evalrun.audit.check import DEFAULT_REPEAT_ITEMS, check_run
 from evalrun.audit.groups import verify_group
+from evalrun.audit.held import held_repeats
 from evalrun.audit.ledger import anchor_run, verify_anchored
 from evalrun.audit.proofs import check_proof, load_proof, prove
 from evalrun.audit.rebaseline import rebaseline_runs
@@ -426,14 +427,41 @@ def rescore(run_dir: Path, overrides: tuple[str, ...], as_json: bool) -> None:
 @cli.command(short_help="Run the harness again on the recorded responses.")
 @click.argument("run_dir", type=RUN_PATH)
 @click.argument("overrides", nargs=-1)
+@click.option("--live", type=click.Choice(["agent", "user"]), metavar="SIDE",
+              help="Hold the other side of a conversation fixed and run SIDE live (agent: the user's recorded "
+                   "replies are served; user: the agent's).")  # fmt: skip
+@click.option(
+    "--draws",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    metavar="N",
+    help="With --live: N repeats whose live side samples with fresh seeds (0: one, with the run's own).",
+)
+@click.option("--metric", metavar="NAME", help="With --live: the metric compared (default: pass).")
 @click.option("--json", "as_json", is_flag=True, help=JSON_HELP)
-def replay(run_dir: Path, overrides: tuple[str, ...], as_json: bool) -> None:
+def replay(run_dir: Path, overrides: tuple[str, ...], live: str | None, draws: int, metric: str | None,
+           as_json: bool) -> None:  # fmt: skip
     """Run the harness again on RUN_DIR's recorded responses; every head, the root and the scores must match.
 
     OVERRIDES change the config replayed (e.g. task.template=PATH): a divergence is reported at the first
     entry that differs (exit 1). The verdict says whether this was a reproduction (the recording code, no
     overrides) or a test of other code or another config.
+
+    With --live SIDE, a conversation run is repeated with the other side held fixed: each repeat is a new run
+    (under run.root, as `evalrun run` makes them; OVERRIDES change how it runs) whose SIDE runs live on its
+    engine; the report puts each repeat against the original, side by side, and prints the repeats' directories
+    last.
     """
+    if live is not None:
+        held = held_repeats(run_dir, live, draws, list(overrides), metric)
+        if as_json:
+            _print_json(held.as_record())
+        else:
+            render.render_held(render.stdout_console(), held)
+        return
+    if draws or metric is not None:
+        raise BadInput("--draws" if draws else "--metric", "goes with --live (a held repeat)")
     report = replay_run(run_dir, list(overrides))
     if as_json:
         _print_json(render.replay_record(report))

@@ -21,8 +21,10 @@ from evalrun.analysis.compare import CompareReport
 from evalrun.analysis.gate import GateDecision
 from evalrun.analysis.nondet import NondetReport
 from evalrun.analysis.runs import OVERALL
+from evalrun.analysis.sides import SideAgreement
 from evalrun.audit.check import CheckReport
 from evalrun.audit.groups import GroupVerifyReport
+from evalrun.audit.held import HeldReport
 from evalrun.audit.replay import ReplayReport
 from evalrun.audit.rescore import RescoreReport
 from evalrun.audit.verify import VerifyReport
@@ -213,6 +215,41 @@ def render_replay(console: Console, report: ReplayReport) -> None:
                        "came out as recorded")  # fmt: skip
 
 
+def render_held(console: Console, report: HeldReport) -> None:
+    """Each repeat against the original, then both sides over every run, then the metric's means and spread."""
+    _line(console, f"held repeats of {report.original}: the {report.live} live, the {report.held} held fixed "
+                   f"(its recorded replies served in order); metric {report.metric}")  # fmt: skip
+    table = _table(
+        "repeat",
+        "master>",
+        "episodes>",
+        f"{report.live} identical>",
+        "unexpected held turns>",
+        "failed>",
+        f"{report.metric} flipped>",
+        "mean>",
+        title="each repeat against the original",
+    )
+    for r in report.repeats:
+        unexpected = f"{r.unexpected_turns} in {r.episodes_with_unexpected} episodes"
+        table.add_row(Path(r.run_dir).name, str(r.master), str(r.episodes), str(r.live_identical), unexpected,
+                      str(r.failed), str(r.flipped), _num(r.mean))  # fmt: skip
+    _emit(console, table)
+    render_sides(console, report.sides, f"the conversation's sides over the original and {len(report.repeats)} "
+                                        "repeats")  # fmt: skip
+    means = [report.original_mean, *(r.mean for r in report.repeats)]
+    _line(console, f"{report.metric}: original {_num(report.original_mean)}, repeats "
+                   f"{', '.join(_num(m) for m in means[1:])}; spread (best - worst) {_num(report.spread)}")  # fmt: skip
+    for r in report.repeats:
+        diverged = [e for e in r.per_episode if e.first_divergence is not None]
+        for e in diverged[:MAX_DIVERGENCES]:
+            assert e.first_divergence is not None
+            _line(console, f"first divergence: item {e.item_id} seed {e.seed} repeat {e.repeat}: "
+                           f"{e.first_divergence.describe()}{f'; failed: {e.failed}' if e.failed else ''}")  # fmt: skip
+    for r in report.repeats:
+        _line(console, r.run_dir)
+
+
 def rescore_record(report: RescoreReport) -> dict[str, Any]:
     return {"format": RESCORE_FORMAT, **jsonable(report)}
 
@@ -255,6 +292,8 @@ def render_check(console: Console, report: CheckReport) -> None:
             means.add_row(m.task, m.metric, str(m.items), _num(m.original_mean), _interval(m.original_ci95, ".4f"),
                           _num(m.repeat_mean), "yes" if m.inside else "NO")  # fmt: skip
         _emit(console, means)
+        if r.sides is not None:
+            render_sides(console, r.sides, "the conversation's sides, original against repeat (from the chains)")
         if r.settings:
             settings = _table("thing", "field", "original", "repeat", title="settings that differ from the original")
             for d in r.settings:
@@ -390,6 +429,8 @@ def render_nondet(console: Console, r: NondetReport) -> None:
     for row in rows:
         measures.add_row(*row)
     _emit(console, measures)
+    if r.sides is not None:
+        render_sides(console, r.sides, f"the conversation's sides over the {n} runs (from the chains)")
     if r.canaries:
         title = "batch-invariance canary per worker (at worker start)"
         canaries = _table("#>", "worker", "canary", "max |dlogprob|>", "batch sizes", "first mismatch", title=title)
@@ -408,6 +449,15 @@ def render_nondet(console: Console, r: NondetReport) -> None:
             items.add_row(i.task, i.item_id, str(i.distinct), _num(i.first_divergence, "d"),
                           _num(i.max_abs_logprob_diff, ".2e"), str(i.identical_answer))  # fmt: skip
         _emit(console, items)
+
+
+def render_sides(console: Console, sides: Mapping[str, SideAgreement], title: str) -> None:
+    """Per side of a conversation: episodes in which it spoke, those whose replies are identical, TARr over items,
+    the episodes whose first divergence is its, and its calls."""
+    table = _table("side", "episodes>", "identical>", "TARr>", "diverged first>", "calls>", title=title)
+    for s in sides.values():
+        table.add_row(s.side, str(s.episodes), str(s.identical), _num(s.tarr), str(s.first_diverged), str(s.calls))
+    _emit(console, table)
 
 
 # --- canary ----------------------------------------------------------------------------------------

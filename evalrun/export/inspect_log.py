@@ -80,12 +80,14 @@ from evalrun.records.entries import (
     HeaderEntry,
     ModelEntry,
     ObservationEntry,
+    UserEntry,
 )
 from evalrun.records.formats import Record, seal_of
-from evalrun.records.view import ChainView, EffectEntry
+from evalrun.records.view import ChainView, EffectEntry, ToolCallView
 from evalrun.rundir import layout
 from evalrun.rundir.reader import iter_chains, load_record, open_run, part_pairs, read_outputs, read_summary
 from evalrun.rundir.writer import write_atomic
+from evalrun.worlds import user_said
 
 FORMATS = ("inspect",)
 SUFFIX = ".eval"
@@ -464,7 +466,9 @@ def _messages(
     output row's: the item's prompt, or the world's task text), then per turn the reply (assistant, with its
     tool calls; a scripted agent's turn has no text; a judge's or an option score's call is no turn) and one
     tool message per result in the order the chain recorded them, each holding the reads its call made. Also
-    the reads made outside any tool call (while a world was generated)."""
+    the reads made outside any tool call (while a world was generated). A conversation's simulated user speaks in
+    user messages: after the result of each tool call that spoke to it, what it said (a model's turn: its reply,
+    ``source: generate``; the world's own user: the reply its result carries)."""
     messages: list[ChatMessage] = [UserMessage(id=next(ids), content=prompt, source="input")]
     for turn in chain.turns:
         reply: dict[str, Any] = {"content": ""}  # a scripted agent's turn: tool calls with no model call
@@ -498,6 +502,8 @@ def _messages(
                     metadata={"reads": reads} if reads else None,
                 )
             )
+            if (said := _user_message(chain.header, call, ids)) is not None:
+                messages.append(said)
         if turn.unread is not None:  # the reply could not be read as tool calls: what the agent was shown
             text = _observation_text(turn.unread)
             messages.append(
@@ -509,6 +515,21 @@ def _messages(
                 )
             )
     return messages, [_read_record(r) for r in chain.setup_reads]
+
+
+def _user_message(header: HeaderEntry, call: ToolCallView, ids: Iterator[str]) -> UserMessage | None:
+    """The simulated user's message answering a tool call that spoke to it, or None."""
+    said = user_said(header, call)
+    if said is None:
+        return None
+    model = isinstance(call.user, UserEntry)
+    metadata: dict[str, Any] = {
+        "simulated_user": "model" if model else "world",
+        "tool_call_id": _call_id(call.request.call),
+    }
+    if isinstance(call.user, UserEntry):
+        metadata.update(call=call.user.call, finish_reason=call.user.response.finish_reason)
+    return UserMessage(id=next(ids), content=said, source="generate" if model else None, metadata=metadata)
 
 
 def _summary(sample: EvalSample) -> EvalSampleSummary:

@@ -48,7 +48,7 @@ class UserMessage(_Inspect):
     role: Literal["user"] = "user"
     id: str
     content: str
-    source: Literal["input"] | None = None
+    source: Literal["input", "generate"] | None = None  # generate: a simulated user's turn played by a model
     metadata: dict[str, Any] | None = None
 
 

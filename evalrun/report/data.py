@@ -32,10 +32,11 @@ from evalrun.records.entries import (
     HeaderEntry,
     ModelEntry,
     RandomEntry,
+    UserEntry,
     UuidEntry,
 )
 from evalrun.records.outputs import FINAL_STATE, OUTPUT_SCHEMA, SCORES_SCHEMA, output_warnings
-from evalrun.records.view import ChainView, EffectEntry
+from evalrun.records.view import ChainView, EffectEntry, ToolCallView
 from evalrun.rundir import layout
 from evalrun.rundir.reader import (
     iter_chains,
@@ -45,6 +46,7 @@ from evalrun.rundir.reader import (
     read_outputs,
     read_summary,
 )
+from evalrun.worlds import user_said
 
 TRANSCRIPTS = 200  # agent episodes whose transcript a report holds, by default
 ROWS = 50_000  # episodes the table holds, by default
@@ -123,7 +125,8 @@ class EpisodeTable:
 class TranscriptStep:
     """One line of an agent episode's transcript."""
 
-    # task | reasoning | model | tool | observation | clock | random | uuid | env | join | error | end | final | verdict
+    # task | reasoning | model | tool | user | observation | clock | random | uuid | env | join | error | end | final
+    # | verdict
     kind: str
     title: str
     text: str
@@ -483,7 +486,8 @@ def _header_steps(header: HeaderEntry) -> list[TranscriptStep]:
 
 
 def transcript_steps(entries: Iterable[Any]) -> list[TranscriptStep]:
-    """A readable step per chain entry of an agent episode (docs/design.md "Agent episodes")."""
+    """A readable step per chain entry of an agent episode (docs/design.md "Agent episodes"); a conversation's user
+    turns as steps of their own, before the result they are part of."""
     chain = ChainView.of(list(entries))
     steps = _header_steps(chain.header)
     steps.extend(_read_step(r) for r in chain.setup_reads)
@@ -503,6 +507,8 @@ def transcript_steps(entries: Iterable[Any]) -> list[TranscriptStep]:
                                         _pretty(request.request.arguments)))  # fmt: skip
         for call in turn.calls:
             steps.extend(_read_step(r) for r in call.reads)
+            if (said := _user_step(chain.header, call)) is not None:
+                steps.append(said)
             if call.result is not None:
                 title = f"result of tool call {call.request.call} ({call.request.request.name}) · {call.result.status}"
                 steps.append(TranscriptStep("observation", title, _pretty(call.result.content), call.result.status))
@@ -519,6 +525,20 @@ def transcript_steps(entries: Iterable[Any]) -> list[TranscriptStep]:
         steps.append(TranscriptStep("end", f"{why} · {count} steps · {end.model_calls} model calls · status "
                                            f"{end.status}", end.error or "", end.status))  # fmt: skip
     return steps
+
+
+def _user_step(header: HeaderEntry, call: ToolCallView) -> TranscriptStep | None:
+    """What the simulated user said in answer to a tool call that spoke to it: a model's turn (its raw reply), its
+    refused request, or the world's own user's reply read from the result; None for any other call."""
+    user = call.user
+    if isinstance(user, UserEntry):
+        r = user.response
+        return TranscriptStep("user", f"simulated user (model) · model call {user.call} · {len(r.token_ids)} tokens · "
+                                      f"{r.finish_reason}", clip(r.output))  # fmt: skip
+    if isinstance(user, FailedCallEntry):
+        return TranscriptStep("error", f"simulated user's model call {user.call} refused", clip(user.error), "error")
+    said = user_said(header, call)
+    return None if said is None else TranscriptStep("user", "simulated user (the world's own)", clip(said))
 
 
 def _read_step(e: EffectEntry) -> TranscriptStep:
