@@ -219,6 +219,7 @@ def test_settings_are_typed_frozen_and_give_back_the_composed_record() -> None:
     assert raw["determinism"].pop("require_invariant") is None  # the same
     assert [raw["engine"].pop(k) for k in SERVED_SETTINGS] == [None] * len(SERVED_SETTINGS)  # engine=openai's, the same
     assert raw["engine"].pop("cpu_isa") is None  # the same (native)
+    assert raw["engine"].pop("chunked_prefill") is None  # the same (vLLM's default)
     assert raw.pop("judge_engine") is None  # the same
     assert [raw.pop(k) for k in ("user_model", "user_engine")] == [None, None]  # the same
     assert [raw["run"].pop(k) for k in ("checkpoint_every_parts", "ledger")] == [None, None]  # the same
@@ -239,6 +240,7 @@ def test_the_hydra_schema_is_generated_from_the_settings_with_the_same_defaults(
     assert schema["determinism"].pop("require_invariant") is None  # the same
     assert [schema["engine"].pop(k) for k in SERVED_SETTINGS] == [None] * len(SERVED_SETTINGS)
     assert schema["engine"].pop("cpu_isa") is None
+    assert schema["engine"].pop("chunked_prefill") is None
     assert schema.pop("judge_engine") is None
     assert [schema.pop(k) for k in ("user_model", "user_engine")] == [None, None]
     assert [schema["run"].pop(k) for k in ("checkpoint_every_parts", "ledger")] == [None, None]

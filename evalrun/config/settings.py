@@ -227,6 +227,10 @@ class EngineConfig(Section):
     # engine=vllm or hf on CPU: the instruction set the worker's kernels may use (CPU_ISA_LEVELS), or a list, one per
     # worker in turn (a mixed cluster on one machine); null: native, what the processor has
     cpu_isa: str | tuple[str, ...] | None = field(default=None, metadata=LEFT_OUT_WHEN_NULL)
+    # engine=vllm: false prefills every prompt whole (vLLM's token budget per step then the context), which vLLM on
+    # the CPU needs to sample with a seed once a batch's prompts exceed its budget (it cannot rewind a CPU sampler
+    # across a chunk); null: vLLM's default (on)
+    chunked_prefill: bool | None = field(default=None, metadata=LEFT_OUT_WHEN_NULL)
     # engine=openai only (evalrun/engines/openai.py), each left out of the record while null:
     # http://HOST:PORT/v1, or a list of servers of the same model (each request to the least loaded)
     base_url: str | tuple[str, ...] | None = field(default=None, metadata=LEFT_OUT_WHEN_NULL)
@@ -261,6 +265,8 @@ class EngineConfig(Section):
         if self.device is not None and (self.name != "hf" or not re.fullmatch(r"cpu|cuda(:\d+)?", self.device)):
             raise _fail(f"{where}.device", "null, or cpu | cuda | cuda:N with engine=hf", self.device)
         self._check_cpu_isa(where)
+        if self.chunked_prefill is not None and self.name != "vllm":
+            raise BadInput(f"{where}.chunked_prefill", f"a setting of engine=vllm, and the engine is {self.name}")
         if not 0 < self.gpu_memory_utilization <= 1:
             raise _fail(f"{where}.gpu_memory_utilization", "a number in (0, 1]", self.gpu_memory_utilization)
         served = ("base_url", "served_model", "api_key_env", "serve", "max_concurrency", "timeout_s", "max_retries",

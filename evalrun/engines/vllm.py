@@ -31,6 +31,7 @@ from evalrun.engines import (
     loglikelihood_tokens,
     logs,
 )
+from evalrun.errors import BadInput
 
 AOT_COMPILE = "VLLM_USE_AOT_COMPILE"
 
@@ -125,6 +126,8 @@ class VLLMEngine:
         }
         if settings["max_model_len"]:
             kwargs["max_model_len"] = settings["max_model_len"]
+        if settings.get("chunked_prefill") is not None:  # off: every prompt prefilled whole (budget: the context)
+            kwargs["enable_chunked_prefill"] = settings["chunked_prefill"]
         self.llm = LLM(**kwargs)
         self._max_num_seqs = settings["max_num_seqs"]
         self._queued: set[str] = set()  # submitted, not collected
@@ -177,11 +180,26 @@ class VLLMEngine:
         while not all(i in self._finished for i in ids):
             if not self.llm.llm_engine.has_unfinished_requests():
                 raise RuntimeError("vLLM has no unfinished request left, but submitted requests have no output")
-            for out in self.llm.llm_engine.step():
+            for out in self._step():
                 if out.finished and out.request_id in self._queued:
                     self._finished[out.request_id] = out
         self._queued.difference_update(ids)
         return [_completion(self._finished.pop(i)) for i in ids]
+
+    def _step(self) -> list[Any]:
+        """One engine step. vLLM on the CPU dies sampling with a seed across a chunked prefill (it rewinds the
+        sampler's offset, which a CPU generator has not): said as the setting that avoids it, not a traceback."""
+        try:
+            return list(self.llm.llm_engine.step())
+        except RuntimeError as exc:
+            if "does not use offset" not in str(exc):
+                raise
+            raise BadInput(
+                "engine.chunked_prefill",
+                "vLLM on the CPU cannot sample with a seed across a chunked "
+                "prefill (a batch's prompts exceeded its token budget: "
+                f"{exc}); run again with engine.chunked_prefill=false",
+            ) from exc
 
     def cancel(self) -> None:
         """Abort every submitted request not collected yet (a stream stopped midway)."""
