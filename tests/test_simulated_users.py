@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from test_support_desk import GENERATOR, reset_world, task
 
 from evalrun.analysis.compare import _category
 from evalrun.analysis.sides import Call, Conversation, first_divergence, side_agreement
@@ -25,27 +26,14 @@ from evalrun.pipeline.runner import prepare
 from evalrun.records.entries import FailedCallEntry, ObservationEntry, ToolEntry, UserEntry, parse_line
 from evalrun.records.view import ChainView
 from evalrun.tasks.user_pack import load_user_pack
-from evalrun.worlds import ToolResult, UserTurn, WorldTask, effects_for, make_world
+from evalrun.worlds import ToolResult, UserTurn, WorldTask
 from evalrun.worlds.actions import ToolCall, format_calls
 from evalrun.worlds.support_desk import PATIENCE, SupportDesk
 
-START = "2024-03-15T09:00:00Z"
-GENERATOR = {"name": "evalrun", "version": "test", "git_commit": None}
 PACK = load_user_pack(SupportDesk.user_pack)  # type: ignore[arg-type]
 DECODING = DecodingConfig(name="agent", temperature=0.0, top_p=1.0, top_k=0, max_tokens=64, stop=(), logprobs=False)
 SEEDS = SeedsConfig(master=7, set=(0,), repeats=1)
 END = PACK.end
-
-
-def task(seed: int, family: str = "return") -> WorldTask:
-    return WorldTask("support-desk", "1", family, seed, f"{family}-{seed}", START)
-
-
-def reset_world(t: WorldTask) -> SupportDesk:
-    world = make_world(t)
-    assert isinstance(world, SupportDesk)
-    world.reset(t, effects_for(t))
-    return world
 
 
 class Scripted:
@@ -182,12 +170,12 @@ def test_every_waiting_customer_turn_of_a_batch_is_one_engine_call_recorded_in_i
         entries = kinds(result.log_lines)
         users = [e for e in entries if isinstance(e, UserEntry)]
         assert users and all(u.role == "user" for u in users)
-        for u in users:
+        for turn, u in enumerate(users):
             tool = next(e for e in entries if isinstance(e, ToolEntry) and e.call == u.tool)
             observation = next(e for e in entries if isinstance(e, ObservationEntry) and e.call == u.tool)
             assert tool.request.name == "send_message" and tool.seq < u.seq < observation.seq
             assert observation.content["reply"] == PACK.read_reply(u.response.text)[0]
-            assert u.request.sampling.seed == str(user_seed(result.episode.sampling.seed))
+            assert u.request.sampling.seed == str(user_seed(result.episode.sampling.seed, turn))  # a seed a turn
         view = ChainView.of(entries)
         assert view.user_turns == tuple(users) and view.generations == ()  # the scripted agent made no model call
         assert [c.user for t in view.turns for c in t.calls if c.user is not None] == users
@@ -336,4 +324,24 @@ def test_how_the_customer_is_played_is_in_the_digest_and_compare_names_it() -> N
     assert _category("task.world.user.decoding.temperature") == "simulated user"
     assert _category("user_model.files.config.json") == "user model"
     episode = played.episodes[0]
-    assert episode.user is not None and episode.user.sampling.seed == user_seed(episode.sampling.seed)
+    assert episode.user is not None and episode.user.sampling_of(2).seed == user_seed(episode.sampling.seed, 2)
+
+
+def test_a_model_agents_plain_reply_is_said_to_the_customer() -> None:
+    users = Scripted(customer_says)
+    agent = ModelAgent(Scripted(lambda r: " Hi! Your email? "))
+    (result,) = run_agent_episodes(plan([task(1000)], agent="model"), agent, GENERATOR, users=ModelUser(users))
+    entries = kinds(result.log_lines)
+    tool = next(e for e in entries if isinstance(e, ToolEntry))
+    assert tool.request.name == "send_message" and tool.request.arguments == {"message": "Hi! Your email?"}
+    assert users.batches and "Hi! Your email?" in users.batches[0][0].prompt
+    assert not any(isinstance(e, ObservationEntry) and e.reply is not None for e in entries)  # never "unreadable"
+
+
+def test_an_episode_with_a_model_played_customer_crosses_to_a_ray_worker_whole() -> None:
+    import pickle
+
+    (episode,) = plan([task(1000)], held=_held("user", run_agent_episodes(
+        plan([task(1000)]), ScriptedAgent(chatty), GENERATOR, users=ModelUser(Scripted(customer_says)))))  # fmt: skip
+    again = pickle.loads(pickle.dumps(episode))
+    assert again == episode and again.user.pack.system == PACK.system and again.held.replies == episode.held.replies

@@ -47,7 +47,14 @@ from evalrun.records.formats import CHECK_FORMAT
 from evalrun.records.seeds import derive_rng
 from evalrun.records.view import ChainView, ModelCall
 from evalrun.rundir import layout
-from evalrun.rundir.reader import iter_chains, load_record, open_run, part_pairs, read_outputs, read_scores
+from evalrun.rundir.reader import (
+    iter_chains,
+    load_record,
+    open_finished,
+    part_pairs,
+    read_outputs,
+    read_scores,
+)
 from evalrun.stats.estimates import estimate
 
 DEFAULT_REPEAT_ITEMS = 8
@@ -478,10 +485,7 @@ def check_run(
     temporary directory, removed); ``dispatcher``: an open one to reuse (not closed)."""
     if repeat_items < 1:
         raise BadInput("--repeat-items", f"expected an integer >= 1, got {repeat_items}")
-    run = open_run(path)
-    for name in (layout.RECORD, layout.ATTESTATION):
-        if not (run.path / name).is_file():
-            raise BadInput(str(path), f"an incomplete run ({name} is missing): `evalrun resume {path}` finishes it")
+    run = open_finished(path)
     if keep is not None and keep.resolve().is_relative_to(path.resolve()):
         raise BadInput("--keep", f"{keep} is inside the run checked; a run directory holds nothing else")
     scratch = Path(tempfile.mkdtemp(prefix="evalrun-check-")) if keep is None else None

@@ -40,8 +40,7 @@ from evalrun.pipeline.dispatch import Dispatcher
 from evalrun.pipeline.runner import Prepared, check_destination, execute, open_for, prepare
 from evalrun.records.formats import HELD_FORMAT
 from evalrun.records.seeds import MASTER_SEED_LIMIT, derive_seed
-from evalrun.rundir import layout
-from evalrun.rundir.reader import open_run
+from evalrun.rundir.reader import open_finished
 from evalrun.stats.estimates import estimate
 
 HELD = {"agent": "user", "user": "agent"}  # the live side -> the side held fixed
@@ -115,10 +114,7 @@ def plan_held(path: Path, live: str, draws: int, overrides: Sequence[str]) -> li
         raise BadInput("--live", f"expected agent or user, got {live!r}")
     if draws < 0:
         raise BadInput("--draws", f"expected an integer >= 0, got {draws}")
-    run = open_run(path)
-    for name in (layout.RECORD, layout.ATTESTATION):
-        if not (run.path / name).is_file():
-            raise BadInput(str(path), f"an incomplete run ({name} is missing): `evalrun resume {path}` finishes it")
+    run = open_finished(path)
     held = [f"task.world.held.side={HELD[live]}", f"task.world.held.run={run.path.resolve()}"]
     master = load_run(run.path).master_seed
     masters = [None] if draws == 0 else [redraw_master(master, k) for k in range(1, draws + 1)]

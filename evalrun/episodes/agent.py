@@ -39,7 +39,7 @@ from evalrun.episodes.harness import (
     split_reasoning,
 )
 from evalrun.episodes.plan import episode_id, sampling_spec
-from evalrun.episodes.users import Held, HeldReplies, UserReply, UserRequest, Users, UserSetup, UserSide, user_seed
+from evalrun.episodes.users import Held, HeldReplies, UserReply, UserRequest, Users, UserSetup, UserSide
 from evalrun.records.canonical import Canonical, canonical_hash, sha256_hex
 from evalrun.records.chain import ChainBuilder
 from evalrun.records.entries import (
@@ -134,7 +134,7 @@ def plan_agent_episodes(task_name: str, tasks: Sequence[WorldTask], decoding: De
     derived as for single-turn episodes (docs/design.md "Seeds"): the same config gives the same
     episodes anywhere. The world is generated from the world task's own seed, so every seed and
     repeat of the set meets the same world and only the model's sampling differs. A user played by a model
-    samples with a seed of its own (:func:`evalrun.episodes.users.user_seed`); a held side's recorded replies
+    samples with seeds of its own (:func:`evalrun.episodes.users.user_seed`); a held side's recorded replies
     are the episode's of the same task, item, seed and repeat in the held run."""
     episodes = []
     for seed in seeds.set:
@@ -143,7 +143,7 @@ def plan_agent_episodes(task_name: str, tasks: Sequence[WorldTask], decoding: De
                 sampling_seed = derive_seed(seeds.master, "sampling", task_name, task.item_id, seed, repeat)
                 sampling = sampling_spec(decoding, sampling_seed)
                 eid = episode_id(task_name, task.item_id, seed, repeat, {"sampling": str(sampling.seed)})
-                side = user.side(user_seed(sampling.seed)) if user is not None else None
+                side = user.side(sampling.seed) if user is not None else None
                 recorded = held.of(task_name, task.item_id, seed, repeat) if held is not None else None
                 episodes.append(AgentEpisode(eid, task_name, task, seed, repeat, sampling, agent, budget, chat, tools,
                                              reasoning, side, recorded))  # fmt: skip
@@ -567,6 +567,8 @@ def _advance(state: _Live, reply: Reply) -> AsksUsers[None]:
         recorder.append(ModelEntry, call=model_call, request=generation_request(reply.request.prompt,
                         reply.request.sampling), response=completion_record(reply.completion))  # fmt: skip
     parsed = state.episode.tools.parse(reply.text)
+    if isinstance(parsed, ParseError) and state.world.reply_tool is not None and reply.text.strip():
+        parsed = [ToolCall(state.world.reply_tool, {"message": reply.text.strip()})]  # a plain reply, said to the user
     if isinstance(parsed, ParseError):
         result = parsed.as_result()
         recorder.append(ObservationEntry, reply=model_call, status=result.status, content=result.content)

@@ -15,7 +15,7 @@ from evalrun.records.canonical import canonical_json, sha256_hex
 from evalrun.records.entries import EndEntry, Entry, HeaderEntry, ModelEntry, UserEntry
 from evalrun.records.merkle import leaf_hash
 from evalrun.records.single_call import check_single_call_part
-from evalrun.records.view import ChainView
+from evalrun.records.view import ChainView, is_user_turn
 from evalrun.rundir.reader import iter_chains, read_output_part
 
 
@@ -67,12 +67,15 @@ def _verify_part_precise(root: Path, log_rel: str, out_rel: str, kind: EpisodeKi
     samplings: set[str] = set()
     user_samplings: set[str] = set()
     for eid, entries, _lines, head, start in iter_chains(root / log_rel, log_rel):
+        turns = 0  # the episode's simulated user's turns so far
         for entry in entries:
             if isinstance(entry, ModelEntry):
                 samplings.add(canonical_json({**entry.request.sampling.as_record(), "seed": "0"}))
             elif isinstance(entry, UserEntry):
-                _check_user_seed(entries[0], entry, f"{log_rel}:{start + entry.seq}")
+                _check_user_seed(entries[0], entry, turns, f"{log_rel}:{start + entry.seq}")
                 user_samplings.add(canonical_json({**entry.request.sampling.as_record(), "seed": "0"}))
+            if is_user_turn(entry):
+                turns += 1
         if eid in chains:
             raise _fail(f"{log_rel}:{start}", f"episode {eid}: a second chain in the same part")
         chains[eid] = (entries, head, start)
@@ -107,10 +110,11 @@ def _verify_part_precise(root: Path, log_rel: str, out_rel: str, kind: EpisodeKi
                       samplings=frozenset(samplings), user_samplings=frozenset(user_samplings))  # fmt: skip
 
 
-def _check_user_seed(header: Entry, entry: UserEntry, where: str) -> None:
-    """A simulated user's sampling seed derives from its episode's sampling seed (docs/design.md "Seeds")."""
+def _check_user_seed(header: Entry, entry: UserEntry, turn: int, where: str) -> None:
+    """A simulated user's ``turn``-th reply's sampling seed derives from its episode's sampling seed (docs/design.md
+    "Seeds")."""
     assert isinstance(header, HeaderEntry)
-    expected = str(user_seed(int(header.seeds.sampling)))
+    expected = str(user_seed(int(header.seeds.sampling), turn))
     if entry.request.sampling.seed != expected:
         raise _fail(where, f"episode {entry.episode}: the simulated user's call {entry.call} samples with seed "
                            f"{entry.request.sampling.seed}, which does not derive from the episode's sampling seed "

@@ -15,7 +15,7 @@ per turn, whatever the other side said, so a repeat measures the other side's va
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -36,13 +36,14 @@ from evalrun.tasks.user_pack import UserPack
 from evalrun.worlds import UserTurn
 from evalrun.worlds.tool_formats import plain_chat
 
-USER_PURPOSE = "user"  # derive_seed(str(episode sampling seed), "user"): the simulated user's sampling seed
+USER_PURPOSE = "user"  # derive_seed(str(episode sampling seed), "user", turn): a simulated user's turn's seed
 
 
-def user_seed(sampling_seed: int) -> int:
-    """The seed a model playing an episode's user samples with, derived from the episode's own sampling seed (so a
-    chain shows it derives from a seed the manifest's master seed gives)."""
-    return derive_seed(str(sampling_seed), USER_PURPOSE)
+def user_seed(sampling_seed: int, turn: int) -> int:
+    """The seed a model playing an episode's user samples its ``turn``-th reply with (0 first), derived from the
+    episode's own sampling seed, so a chain shows it derives from the seed the manifest's master seed gives, and each
+    turn draws afresh (one seed for every turn would draw alike from alike prompts)."""
+    return derive_seed(str(sampling_seed), USER_PURPOSE, turn)
 
 
 @dataclass(frozen=True)
@@ -66,11 +67,15 @@ class Held:
 @dataclass(frozen=True)
 class UserSide:
     """How a model plays one episode's simulated user: the prompt pack, the chat format of the user's model (None:
-    plain ``role:`` lines) and the sampling (the episode's user seed)."""
+    plain ``role:`` lines) and the sampling, whose seed is the episode's sampling seed: each turn samples with
+    :func:`user_seed` of it."""
 
     pack: UserPack
     chat: ChatFormat | None
     sampling: SamplingSpec
+
+    def sampling_of(self, turn: int) -> SamplingSpec:
+        return replace(self.sampling, seed=user_seed(self.sampling.seed, turn))
 
 
 @dataclass(frozen=True)
@@ -84,9 +89,9 @@ class UserSetup:
     decoding: DecodingConfig
     model: str | Mapping[str, Any]
 
-    def side(self, seed: int) -> UserSide:
-        """How one episode's user is played: with ``seed`` (:func:`user_seed`)."""
-        return UserSide(self.pack, self.chat, sampling_spec(self.decoding, seed))
+    def side(self, sampling_seed: int) -> UserSide:
+        """How the user of the episode whose sampling seed is ``sampling_seed`` is played."""
+        return UserSide(self.pack, self.chat, sampling_spec(self.decoding, sampling_seed))
 
     def as_record(self) -> dict[str, Any]:
         """What the world's record holds of the user (the digest's prompt-pack part): everything that decides what
@@ -177,7 +182,7 @@ class UserRequest:
         messages = self.side.pack.messages(self.user_turn.facts, self.user_turn.messages)
         chat = self.side.chat
         prompt = chat.render(messages) if chat is not None else plain_chat(messages)
-        return GenerationRequest(prompt, self.side.sampling, self.episode_id, self.call,
+        return GenerationRequest(prompt, self.side.sampling_of(self.turn), self.episode_id, self.call,
                                  add_special_tokens=chat is None,
                                  conversation=chat.conversation(messages) if chat is not None else None)  # fmt: skip
 

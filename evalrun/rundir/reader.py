@@ -75,6 +75,16 @@ def open_run(path: Path) -> layout.RunDir:
     return run
 
 
+def open_finished(path: Path) -> layout.RunDir:
+    """The finished run at ``path``: record.json and its attestation written; a BadInput naming the missing one and
+    the command that finishes the run otherwise."""
+    run = open_run(path)
+    for name in (layout.RECORD, layout.ATTESTATION):
+        if not (run.path / name).is_file():
+            raise BadInput(str(path), f"an incomplete run ({name} is missing): `evalrun resume {path}` finishes it")
+    return run
+
+
 def _json_file(run: layout.RunDir, name: str) -> Any:
     try:
         return json.loads((run.path / name).read_text(encoding="utf-8"))

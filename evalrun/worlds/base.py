@@ -324,6 +324,10 @@ class World(ABC):
     # The prompt pack a model plays the world's user with, unless the task names another (task.world.user_prompt);
     # None: the world has no user a model can play
     user_pack: ClassVar[Path | None] = None
+    # The user tool a model agent's plain reply is said through: a reply that holds no tool call is this tool's
+    # ``message`` (tau-bench's "respond"), so an agent talks to the user as a chat model talks; None: such a reply
+    # is an error the agent is shown
+    reply_tool: ClassVar[str | None] = None
 
     def __init__(self) -> None:
         self._lock = threading.Lock()

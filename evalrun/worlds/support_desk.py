@@ -93,8 +93,9 @@ PATIENCE = 10  # messages the customer answers before giving up
 
 INTRO = "You work at the customer-service desk of an online store."
 OUTRO = (
-    "Talk to the customer with send_message: their reply is its result. The conversation ends when "
-    "the customer says goodbye, or when you hand it over with transfer_to_human."
+    "Talk to the customer with send_message: their reply is its result (a reply of yours that calls no tool is sent "
+    "to the customer as your message). The conversation ends when the customer says goodbye, or when you hand it "
+    "over with transfer_to_human."
 )
 
 PRODUCTS = (  # name, what its variants differ in, variants, lowest and highest base price
@@ -880,7 +881,7 @@ class SupportDesk(ComputedReferences, World):
 
     name: ClassVar[str] = NAME
     version: ClassVar[str] = "1"
-    tools_version: ClassVar[str] = "1"
+    tools_version: ClassVar[str] = "2"  # 2: a model agent's plain reply is said to the customer (reply_tool)
     verifier_version: ClassVar[str] = "1"
     families: ClassVar[tuple[str, ...]] = FAMILIES
     verifier = staticmethod(verify_support_desk)
@@ -891,6 +892,7 @@ class SupportDesk(ComputedReferences, World):
     reference_key: ClassVar[str] = "expected"
     compute_reference = staticmethod(truth_reference)
     user_tools: ClassVar[frozenset[str]] = frozenset({"send_message"})
+    reply_tool: ClassVar[str | None] = "send_message"
     user_pack: ClassVar[Path | None] = Path(__file__).parent / "users" / "support-desk-customer.yaml"
 
     def __init__(self) -> None:
