@@ -319,3 +319,26 @@ def test_the_chat_endpoint_is_sent_the_messages_and_renders_the_prompt_evalrun_r
     assert len(rows) == 4 and all(r["finish_reason"] != "failed" and r["prompt"].endswith("Answer:") for r in rows)
     ends = [json.loads(line) for path in sorted((lm_other / "log").iterdir()) for line in path.read_text().splitlines()]
     assert [("the server rendered the chat otherwise" in e["error"]) for e in ends if e["kind"] == "end"] == [True] * 2
+
+
+def test_a_customer_on_a_server_of_its_own_is_asked_there_and_its_refusal_recorded(served: Dispatcher,
+                                                                                  tmp_path: Path) -> None:  # fmt: skip
+    """The support-desk customer played by a served model (``+engine@user_engine=openai``) beside an offline run
+    (engine=hf, the scripted agent): every customer turn goes to the server, which refuses it (the session's server
+    is the tiny adder, whose context of 128 tokens a customer's prompt exceeds): the server's reason is recorded as
+    the customer's refused call, the manifest records the server and the customer's unpinned weights, and the run
+    verifies and replays with no server."""
+    config = [*SERVED, "task=support_desk", "task.world.user=model", "limit=2", "engine=hf", f"run.root={tmp_path}",
+              "+engine@user_engine=openai", f"user_engine.base_url={_base_url(served)}",
+              "user_engine.served_model=tiny-adder"]  # fmt: skip
+    run = run_alone(prepare(load(config)))
+    refused = [e for e in _model_entries(run) if e.get("role") == "user"]
+    assert len(refused) == 2 and all("error" in e and "128" in e["error"] for e in refused)  # the server's reason
+    manifest = json.loads((run / "manifest.json").read_text())
+    assert manifest["user_engine"]["name"] == "openai" and manifest["user_engine"]["weights_pinned"] is False
+    # the run's model, whose weights the server holds: recorded as a customer model of its own, unpinned
+    assert manifest["task"]["world"]["user"]["model"]["pinned"] is False and manifest["model"]["pinned"] is True
+    assert manifest["user_model"]["pinned"] is False and manifest["workers"][0]["engine"]["served_by"]
+    assert manifest["identity"]["user_engine"]["served_model"] == "tiny-adder"
+    assert verify_run(run).episodes == 2
+    assert replay_run(run, []).matches

@@ -27,6 +27,7 @@ from evalrun.engines.pins import hash_model_dir
 from evalrun.errors import CheckFailed
 from evalrun.export.inspect_log import export_inspect
 from evalrun.pipeline.dispatch import Dispatcher
+from evalrun.pipeline.manifest import Digest
 from evalrun.pipeline.runner import execute, open_for, prepare
 from evalrun.records.entries import parse_line
 from evalrun.report.data import transcript_steps
@@ -61,10 +62,15 @@ def test_the_customers_turns_are_recorded_verified_replayed_without_an_engine_an
 
 
 def test_verify_refuses_a_user_decoding_the_chains_were_not_sampled_with(talk_run: Path, tmp_path: Path) -> None:
+    """A careful forger: the user's decoding changed everywhere the manifest holds it, the digest recomputed from its
+    inputs, the run re-sealed; only the chains' requests, which verify reads, tell."""
     forged = tmp_path / "forged"
     shutil.copytree(talk_run, forged)
     manifest = json.loads((forged / "manifest.json").read_text())
-    manifest["task"]["world"]["user"]["decoding"]["temperature"] = 0.0
+    for world in (manifest["task"]["world"], manifest["identity"]["task"]["world"],
+                  manifest["digest_inputs"]["prompt_pack"]["world"]):  # fmt: skip
+        world["user"]["decoding"]["temperature"] = 0.0
+    manifest["digest"] = manifest["identity"]["digest"] = Digest.of_inputs(manifest["digest_inputs"]).as_record()
     (forged / "manifest.json").write_text(json.dumps(manifest))
     reseal(forged)
     with pytest.raises(CheckFailed, match=r"task\.world\.user\.decoding\.temperature"):
@@ -91,7 +97,7 @@ def test_nondet_and_check_measure_the_agent_and_the_customer_apart(
     talk_run: Path, agent_dispatcher: Dispatcher, tmp_path: Path
 ) -> None:
     again = execute(prepare(load([*TALK, f"run.root={tmp_path}", "cluster.batch_size=1"])), agent_dispatcher)
-    report = nondet_paths([talk_run, again])
+    report = nondet_paths([talk_run, again], "pass")
     assert report.sides is not None
     user = report.sides["user"]
     assert user.episodes == 3 and user.identical == 3 and user.tarr == 1.0 and user.calls > 0  # seeded, CPU: exact

@@ -135,15 +135,8 @@ def prepare(config: EvalConfig) -> Prepared:
     check_plugins(config)
     resolved = _resolve(config.model)
     model = _served_unpinned(resolved, config.engine)
-    judge = _resolve(config.judge_model) if config.judge_model is not None else None
-    if judge is not None or config.judge_engine is not None:
-        judges = _served_unpinned(judge or resolved, config.judge_engine or config.engine)
-        # judges on the run's model are recorded as a judge model of their own when their weights are pinned
-        # where the run's are not, or the other way round (a served judge of an offline run's model)
-        judge = judges if judge is not None or judges.pinned != model.pinned else None
-    user = None
-    if config.user_model is not None:
-        user = _served_unpinned(_resolve(config.user_model), config.user_engine or config.engine)
+    judge = _second_model(config, config.judge_model, config.judge_engine, resolved, model)
+    user = _second_model(config, config.user_model, config.user_engine, resolved, model)
     kind = kind_of(config)
     files = model_files(model, judge, user)
     config, task = kind.load(config, files)
@@ -153,6 +146,18 @@ def prepare(config: EvalConfig) -> Prepared:
         config=config, model=model, kind=kind, task=task, digest=compute_digest(kind, config, task, model, judge),
         episodes=episodes, worker_spec=worker_spec(config), judge_model=judge, user_model=user,
     )  # fmt: skip
+
+
+def _second_model(config: EvalConfig, own: ModelConfig | None, engine: EngineConfig | None, resolved: ResolvedModel,
+                  model: ResolvedModel) -> ResolvedModel | None:  # fmt: skip
+    """The model a second engine (the judges', a simulated user's) runs, as the run records it: its own model, pins
+    checked; or the run's model, recorded as a model of its own when the second engine's weights are pinned where
+    the run's are not, or the other way round (a served judge or customer of an offline run's model); else None."""
+    second = _resolve(own) if own is not None else None
+    if second is None and engine is None:
+        return None
+    served = _served_unpinned(second or resolved, engine or config.engine)
+    return served if second is not None or served.pinned != model.pinned else None
 
 
 def check_destination(config: EvalConfig) -> None:
