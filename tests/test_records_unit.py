@@ -160,3 +160,7 @@ def test_output_warnings_name_empty_and_cut_off_generations() -> None:
     assert cut == ["all 2 outputs were cut at the token limit (decoding.max_tokens): none ended by itself or at a "
                    "stop string"]  # fmt: skip
     assert output_warnings(table([("", "done"), ("", "max_steps"), ("", "failed")])) == []
+    budget = output_warnings(table([("", "max_steps"), ("", "max_tokens"), ("", "max_steps")]))
+    assert budget == ["all 3 agent episodes ran out of their budget (max_steps, max_tokens): none ended by itself (its "
+                      "transcripts in the report show what the agent did; task.world.max_steps and max_tokens set "
+                      "the budget)"]  # fmt: skip

@@ -11,7 +11,9 @@ a replay serves it from there (:class:`ScheduleSource`, through the world kind's
 live clock or model.
 
 Live episodes advance in lockstep: every episode waiting for the model is generated in one engine
-call, so a worker with 256 live episodes makes one engine call per turn, not 256.
+call, so a worker with 256 live episodes makes one engine call per turn, not 256. A simulated user played by a
+model (:mod:`evalrun.episodes.users`) answers within a turn's tool calls: each episode's step is a generator that
+yields the user turns it waits for, and the turns waiting in every episode are one engine call too.
 """
 
 from __future__ import annotations

@@ -197,19 +197,26 @@ NULL_UNLESS_STAGED = ("option_logprobs", "option_greedy", "replies")  # of STAGE
 
 GENERATION_FINISH_REASONS = ("stop", "length")  # how an engine generation ends (a failed episode: "failed")
 MOSTLY_EMPTY = 0.9  # the share of empty generations from which a run's outputs are called empty
+AGENT_BUDGET_STOPS = ("max_steps", "max_tokens")  # how an agent episode that did not end by itself stops
 
 
 def output_warnings(outputs: pa.Table) -> list[str]:
     """What says a run's generations are nonsense, from its output rows (``output`` and ``finish_reason``):
     nearly all of them empty (the model's first token ended its turn: a prompt the model does not expect,
     e.g. a chat model given plain text; or a stop string such as ``"\\n"`` cut every answer, e.g. a reasoning
-    model's after ``</think>``), every one cut at the token limit, or every episode failed (a server that renders
-    chats otherwise, say). Empty when none; rows that
-    are not generations (failed episodes, agent episodes, options scored by likelihood) are not counted."""
+    model's after ``</think>``), every one cut at the token limit, every episode failed (a server that renders
+    chats otherwise, say), or every agent episode ran out of its budget (none finished its task or conversation).
+    Empty when none; rows that are not generations (failed episodes, agent episodes, options scored by likelihood)
+    are not counted as generations."""
     reasons = outputs.column("finish_reason").to_pylist()
     if reasons and all(reason == FAILED_FINISH_REASON for reason in reasons):
         return [f"all {len(reasons)} episodes failed, none was scored: each chain's end entry gives its reason "
                 "(evalrun report shows them)"]  # fmt: skip
+    budget = [reason for reason in reasons if reason in AGENT_BUDGET_STOPS]
+    if reasons and len(budget) == len(reasons):
+        return [f"all {len(reasons)} agent episodes ran out of their budget ({', '.join(sorted(set(budget)))}): none "
+                "ended by itself (its transcripts in the report show what the agent did; task.world.max_steps and "
+                "max_tokens set the budget)"]  # fmt: skip
     texts = outputs.column("output").to_pylist()
     generations = [(text, reason) for text, reason in zip(texts, reasons, strict=True)
                    if reason in GENERATION_FINISH_REASONS]  # fmt: skip
