@@ -220,7 +220,7 @@ def test_settings_are_typed_frozen_and_give_back_the_composed_record() -> None:
     assert [raw["engine"].pop(k) for k in SERVED_SETTINGS] == [None] * len(SERVED_SETTINGS)  # engine=openai's, the same
     assert raw["engine"].pop("cpu_isa") is None  # the same (native)
     assert raw.pop("judge_engine") is None  # the same
-    assert [raw["run"].pop(k) for k in ("checkpoint_every_parts", "ledger")] == [None, None]  # the same
+    assert [raw["run"].pop(k) for k in ("checkpoint_every_parts", "ledger", "part_writes")] == [None] * 3  # the same
     assert config.as_record() == raw
     assert validate(compose_config(["task=addition_mc", "task.kind=dataset"])).as_record()["task"]["kind"] == "dataset"
     assert config.decoding.stop == ("\n",) and config.task.choices.scoring == "both"
@@ -239,7 +239,7 @@ def test_the_hydra_schema_is_generated_from_the_settings_with_the_same_defaults(
     assert [schema["engine"].pop(k) for k in SERVED_SETTINGS] == [None] * len(SERVED_SETTINGS)
     assert schema["engine"].pop("cpu_isa") is None
     assert schema.pop("judge_engine") is None
-    assert [schema["run"].pop(k) for k in ("checkpoint_every_parts", "ledger")] == [None, None]
+    assert [schema["run"].pop(k) for k in ("checkpoint_every_parts", "ledger", "part_writes")] == [None] * 3
     assert schema == EvalConfig().as_record()
 
 
