@@ -23,6 +23,7 @@ from evalrun.errors import BadInput
 from evalrun.pipeline import runner
 from evalrun.pipeline.dispatch import Dispatcher
 from evalrun.records.canonical import file_sha256
+from evalrun.records.heads import pack_heads
 from evalrun.rundir import layout, store, writer
 from evalrun.rundir.reader import read_outputs
 from tests.conftest import S3_BUCKET
@@ -76,7 +77,7 @@ def test_both_write_paths_give_the_same_run_directory(two_workers, driver_run: P
 
 def test_a_part_committed_by_the_driver_or_by_its_worker_is_the_same_bytes(tmp_path: Path) -> None:
     part = EncodedPart(log=b'{"a":1}\n', table=writer.table_bytes(read_outputs(layout.RunDir(GOLDEN))),
-                       heads=(("0" * 64, "1" * 64),), output_tokens=3)  # fmt: skip
+                       heads=pack_heads([("0" * 64, "1" * 64)]), output_tokens=3)  # fmt: skip
     by_driver = layout.create_run_dir(tmp_path, "driver")
     committer = writer.PartWriter(by_driver)
     committer.write(part, 7)

@@ -29,6 +29,7 @@ from evalrun.engines import Engine
 from evalrun.engines.pins import ResolvedModel
 from evalrun.engines.replay import Divergence, first_divergence
 from evalrun.records.canonical import Canonical
+from evalrun.records.heads import PackedHeads
 from evalrun.records.view import ChainView
 from evalrun.rundir.writer import PartFiles
 from evalrun.scoring import ScoringContext
@@ -64,7 +65,7 @@ class EncodedPart:
 
     log: bytes
     table: bytes
-    heads: tuple[tuple[str, str], ...]  # (episode_id, head)
+    heads: PackedHeads  # (episode_id, head) of each episode, packed and hashed where they were made
     output_tokens: int
     scored: ScoredPart | None = None  # the rows scored where they were made (a Ray worker)
     rows: pa.Table | None = field(default=None, compare=False, repr=False)  # what ``table`` encodes, in this process
@@ -82,7 +83,7 @@ class WrittenPart:
     tokens and the scored rows."""
 
     files: PartFiles
-    heads: tuple[tuple[str, str], ...]  # (episode_id, head)
+    heads: PackedHeads
     output_tokens: int
     scored: ScoredPart | None = None
     rows: None = None  # never in this process: the driver reads the part back if it must score it itself

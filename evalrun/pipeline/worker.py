@@ -27,6 +27,7 @@ from evalrun.pipeline import cpu_isa, determinism, failpoints
 from evalrun.pipeline.canary import CanaryResult, canary_at_start
 from evalrun.pipeline.environment import hardware_fingerprint, library_versions, python_version
 from evalrun.records.canonical import canonical_json
+from evalrun.records.heads import PackedHeads
 from evalrun.rundir.writer import PartSink
 from evalrun.scoring.parts import PartScorer, ScoredPart, ScoringSetup
 
@@ -92,7 +93,7 @@ class BatchOutcome:
         105 KB to 45 KB, under Ray's 100 KiB limit for returning a result inline, so it does not go through
         the object store (raylet and driver CPU; docs/design.md "Data flow"). Inline, nothing is pickled."""
         part = self.part
-        if isinstance(part, WrittenPart):  # a few hundred bytes an episode (heads, scored rows): as it is
+        if isinstance(part, WrittenPart):  # about 64 bytes an episode and the scored rows: as it is
             return (BatchOutcome, (part, self.episodes, self.worker, self.served, self.batch))
         log = _LOG_CODEC.compress(part.log, asbytes=True)
         fields = (log, len(part.log), part.table, part.heads, part.output_tokens, part.scored, self.episodes,
@@ -103,7 +104,7 @@ class BatchOutcome:
 _LOG_CODEC = pa.Codec("zstd", compression_level=1)
 
 
-def _unpickle_outcome(log: bytes, log_size: int, table: bytes, heads: tuple[tuple[str, str], ...], output_tokens: int,
+def _unpickle_outcome(log: bytes, log_size: int, table: bytes, heads: PackedHeads, output_tokens: int,
                       scored: ScoredPart | None, episodes: int, worker: str,
                       served: ServedReport | None = None, batch: int | None = None) -> BatchOutcome:  # fmt: skip
     log = _LOG_CODEC.decompress(log, decompressed_size=log_size, asbytes=True)

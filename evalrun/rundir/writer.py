@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 from evalrun.errors import BadInput, write_failed
 from evalrun.records.canonical import canonical_json, file_sha256, sha256_hex
 from evalrun.records.formats import RecordModel
-from evalrun.records.heads import Heads
+from evalrun.records.heads import DIGEST_BYTES, Heads, PackedHeads
 from evalrun.rundir import store
 from evalrun.rundir.layout import (
     ATTESTATION,
@@ -112,7 +112,7 @@ def table_bytes(table: pa.Table) -> bytes:
 
 class PartBytes(Protocol):
     """What the part writer commits of a batch: the bytes of its log part and output part, the heads of its
-    episodes (episode id, head) and its output tokens. The message a worker sends with them is the
+    episodes (episode id, head; packed) and its output tokens. The message a worker sends with them is the
     pipeline's (:class:`evalrun.episodes.encode.EncodedPart`); the writer hands it back to ``on_durable``."""
 
     @property
@@ -122,7 +122,7 @@ class PartBytes(Protocol):
     def table(self) -> bytes: ...
 
     @property
-    def heads(self) -> tuple[tuple[str, str], ...]: ...
+    def heads(self) -> PackedHeads: ...
 
     @property
     def output_tokens(self) -> int: ...
@@ -282,17 +282,18 @@ class PartWriter(Generic[P]):
         first, then output part; a part its worker committed itself (``part.files``, :class:`PartFiles`) is only
         recorded. False for a batch already written."""
         self._raise_failure()
-        if not part.heads:
+        packed: PackedHeads = part.heads
+        if not len(packed):
             return False
-        ids = sha256_hex("\n".join(episode for episode, _ in part.heads))
-        first = part.heads[0][0]
+        ids = sha256_hex(packed.ids)
+        first = packed.ids[:DIGEST_BYTES].hex()
         if first in self.kept_ids or first in self._parts:
             if self._parts.get(first) == ids:
                 return False  # never written twice
             raise RuntimeError(f"a batch overlaps episodes that are already written (episode {first})")
         self._parts[first] = ids  # other overlaps show as a repeated episode id in heads.merkle_root()
         index = self.next_index if index is None else index
-        self.heads.add(part.heads)
+        self.heads.add_packed(packed)
         self.output_tokens += part.output_tokens
         self.next_index = max(self.next_index, index + 1)
         if not self._background:
