@@ -155,3 +155,23 @@ def test_an_unreachable_store_is_refused_before_the_engine_loads(monkeypatch, ca
     code = main(["run", "cluster=inline", "limit=2", 'run.root="s3://nowhere/runs?endpoint_url=http://127.0.0.1:9"'])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and err[0].startswith("evalrun run: error: run.root: s3://nowhere/runs"), err
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        ((), "driver"),  # local Ray on one machine
+        (("cluster=inline",), "driver"),
+        (("cluster=ray", "cluster.address=auto"), "workers"),
+        (('run.root="s3://bucket/runs"',), "workers"),
+        (("cluster=inline", 'run.root="s3://bucket/runs"'), "driver"),  # the inline worker is the driver's process
+        (("cluster=ray", "cluster.address=auto", "run.part_writes=driver"), "driver"),
+    ],
+)
+def test_who_writes_the_parts_by_default(overrides: tuple[str, ...], expected: str) -> None:
+    assert runner.part_writes(load(list(overrides))) == expected
+
+
+def test_workers_cannot_write_the_parts_of_an_inline_run() -> None:
+    with pytest.raises(BadInput, match=r"run\.part_writes"):
+        load(["cluster=inline", "run.part_writes=workers"])
