@@ -352,9 +352,10 @@ def resume(run_dir: Path, overrides: tuple[str, ...]) -> None:
         return
     if (run_dir / layout.RECORD).is_file() and (run_dir / layout.ATTESTATION).is_file():
         runner.check_finished(layout.RunDir(run_dir))  # an altered finished run is refused, not passed as complete
-        click.echo(f"evalrun resume: {run_dir} is complete already (record.json and its attestation are written): "
+        where = store.location_of(run_dir)
+        click.echo(f"evalrun resume: {where} is complete already (record.json and its attestation are written): "
                    "nothing to resume; `evalrun verify` checks it", err=True)  # fmt: skip
-        click.echo(str(run_dir))
+        click.echo(where)
         return
     finished = runner.resume(run_dir, list(overrides))
     _print_results(render.stdout_console(), finished)
