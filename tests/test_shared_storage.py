@@ -19,7 +19,7 @@ from evalrun.audit.verify import verify_run
 from evalrun.cli.main import main
 from evalrun.config import load
 from evalrun.episodes import EncodedPart
-from evalrun.errors import BadInput
+from evalrun.errors import BadInput, WriteFailed
 from evalrun.pipeline import runner
 from evalrun.pipeline.dispatch import Dispatcher
 from evalrun.records.canonical import file_sha256
@@ -87,6 +87,14 @@ def test_a_part_committed_by_the_driver_or_by_its_worker_is_the_same_bytes(tmp_p
     for rel in files.hashes():
         assert (by_driver.path / rel).read_bytes() == (by_worker.path / rel).read_bytes()
     assert not list(by_worker.path.rglob(".tmp-*"))
+
+
+def test_a_worker_that_does_not_see_the_run_directory_says_so(tmp_path: Path) -> None:
+    """A worker on a node without the run's file system: its commit fails naming the directory, and creates nothing."""
+    missing = tmp_path / "not-mounted" / "run"
+    with pytest.raises(WriteFailed, match="every node sees"):
+        writer.PartSink(str(missing), 0).write(0, b"{}\n", b"")
+    assert not missing.exists()
 
 
 def test_a_worker_killed_after_writing_a_part_and_before_reporting_it(two_workers, driver_run, tmp_path) -> None:

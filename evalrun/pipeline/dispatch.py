@@ -28,7 +28,7 @@ from evalrun.config import ClusterConfig
 from evalrun.config.registry import Registry
 from evalrun.engines import logs
 from evalrun.episodes.plan import Episode
-from evalrun.errors import first_line
+from evalrun.errors import BadInput, first_line
 from evalrun.pipeline import cpu_isa
 from evalrun.pipeline.raylocal import start_local
 from evalrun.pipeline.worker import BatchOutcome, CollectedLogs, EngineWorker, WorkerSpec, pack_batch
@@ -296,6 +296,8 @@ class RayDispatcher:
             except ray.exceptions.RayError as exc:
                 if _raised_by_the_batch(exc):
                     # The batch's code raised in a live worker: running it again would raise again.
+                    if isinstance(exc.cause, BadInput):  # a worker's commit of its part failed: named, one line
+                        raise exc.cause from None
                     worker = (slot.info or {}).get("worker")
                     raise RuntimeError(f"a batch of {len(batch)} episodes failed on {worker}: {exc.cause!r}") from exc
                 if attempts[number] >= self._max_attempts:

@@ -30,7 +30,7 @@ from typing import Any, BinaryIO, ClassVar, Protocol, TypeVar
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
 from evalrun.config.registry import Registry
-from evalrun.errors import BadInput, write_failed
+from evalrun.errors import BadInput, WriteFailed, write_failed
 from evalrun.records.canonical import file_sha256, sha256_hex
 
 Data = bytes | Callable[[BinaryIO], None]  # a file's bytes, or what a function writes into the open file
@@ -183,6 +183,10 @@ class LocalStore:
         self._lock: Any = None
 
     def commit(self, files: list[tuple[str, Data]]) -> list[str]:
+        if not self.root.is_dir():  # never made here: a worker on a node that does not see the run's file system
+            raise WriteFailed(str(self.root), "the run directory is not there on this node: with run.part_writes="
+                                              "workers, run.root must be a file system every node sees (or run."
+                                              "part_writes=driver)")  # fmt: skip
         by_folder: dict[Path, list[int]] = {}
         for i, (rel, _) in enumerate(files):
             by_folder.setdefault((self.root / rel).parent, []).append(i)
