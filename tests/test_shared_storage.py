@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import uuid
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -122,7 +123,7 @@ def s3_location(endpoint: str, prefix: str) -> str:
     return f"s3://{S3_BUCKET}/{prefix}-{uuid.uuid4().hex[:8]}?endpoint_url={endpoint}"
 
 
-def test_a_run_on_s3_verifies_rescores_and_replays(two_workers, driver_run, s3_server, capsys) -> None:
+def test_a_run_on_s3_verifies_rescores_and_replays(two_workers, driver_run, s3_server, capsys, tmp_path) -> None:
     root = s3_location(s3_server, "runs")
     local = run_on(two_workers, f'"{root}"')  # workers write by default on an object store
     location = store.location_of(local)
@@ -140,6 +141,10 @@ def test_a_run_on_s3_verifies_rescores_and_replays(two_workers, driver_run, s3_s
         assert main([command, location]) == 0, capsys.readouterr().err
         out = capsys.readouterr().out
         assert ("ok: 80 episodes" in out) or ("bit-identical" in out), out
+    assert main(["report", location, "-o", str(tmp_path / "report.html")]) == 0, capsys.readouterr().err
+    assert main(["export", location, "--format", "inspect", "-o", str(tmp_path / "run.eval")]) == 0
+    with zipfile.ZipFile(tmp_path / "run.eval") as log:
+        assert json.loads(log.read("header.json"))["eval"]["metadata"]["run_dir"] == location  # not the copy read
 
 
 def test_the_stores_lock_keeps_a_second_driver_out(s3_server: str, tmp_path: Path) -> None:

@@ -673,7 +673,7 @@ def export(run_dir: Path, format_: str, output: Path, no_verify: bool) -> None:
     """
     report = export_inspect(run_dir, output, verify=not no_verify)
     status = "verified" if report.verified else "not verified (--no-verify)"
-    click.echo(f"exported {report.samples} samples of {run_dir} ({status}) to {output}")
+    click.echo(f"exported {report.samples} samples of {store.location_of(run_dir)} ({status}) to {output}")
 
 
 @cli.command(
