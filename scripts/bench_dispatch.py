@@ -10,14 +10,23 @@
     same efficiency of the dispatch loop alone (record.json's timings generation + writing: batches
     sent, answered and committed; the serial scoring and records phases left out) with every phase.
 
+    ``--part-writes driver,workers`` runs every worker count through both write paths (docs/design.md "Workers
+    write, the driver commits"), interleaved, each against its own 1-worker baseline, and prints the workers
+    path against the driver path at each count: the driver's CPU per episode and the throughput. Stand-ins
+    sleep, so 32 workers fit on 2 cores (``--workers 1,8,32``).
+
 (c) ``--scale N,N,...``: the driver's memory and cost against the episode count. Each size runs in
     its own process (the default task's 200 items x ceil(N / 200) seeds, inline dispatcher, the
     stand-in engine with no latency: its harness and part encoding run in the driver and count);
     prints the process's peak RSS (ru_maxrss) and its CPU time per episode, plan included. The
     driver's memory must stay flat: peak RSS at 1M within 1.5x of the peak at 100k.
+    ``--scale-part-writes workers``: the same sizes on local Ray workers that write their own parts
+    (``--scale-workers`` of them, the stand-in with no latency in their processes): the driver holds
+    only what the commit needs (heads, scored rows) and its RSS is its own process's.
 
     .venv/bin/python scripts/bench_dispatch.py [--rounds 3] [--latency 0.1] [--batch-size 64] [--seeds 20]
-        [--workers 1,2,4,8] [--skip-a] [--skip-b] [--scale 10000,100000,1000000]
+        [--workers 1,2,4,8] [--part-writes driver] [--skip-a] [--skip-b] [--scale 10000,100000,1000000]
+        [--scale-part-writes driver] [--scale-workers 2]
 """
 
 from __future__ import annotations
@@ -27,6 +36,7 @@ import itertools
 import json
 import math
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -86,12 +96,13 @@ def part_a(rounds: int, tmp: Path) -> None:
         d.close()
 
 
-def part_b(latency: float, batch_size: int, seeds: int, worker_counts: list[int], rounds: int, tmp: Path) -> None:
+def part_b(latency: float, batch_size: int, seeds: int, worker_counts: list[int], rounds: int, tmp: Path,
+           paths: list[str]) -> None:  # fmt: skip
     common = [f"cluster.batch_size={batch_size}", "cluster.cpus_per_worker=0.01", "run.progress=false",
-              f"run.root={tmp}"]  # fmt: skip
+              f"run.root={tmp}", "report=false"]  # fmt: skip
     print(f"(b) stand-in engine, {latency * 1000:.0f} ms per batch of {batch_size}; medians of {rounds} interleaved "
-          f"rounds")  # fmt: skip
-    runs: dict[int, tuple[Any, RayDispatcher]] = {}
+          f"rounds; parts written by: {', '.join(paths)}")  # fmt: skip
+    runs: dict[tuple[int, str], tuple[Any, RayDispatcher]] = {}
     for workers in worker_counts:
 
         def stand_in(*overrides: str, workers: int = workers) -> Any:
@@ -99,26 +110,48 @@ def part_b(latency: float, batch_size: int, seeds: int, worker_counts: list[int]
             spec = WorkerSpec(**{**prepared.worker_spec.__dict__, "engine_factory": stand_in_factory(latency)})
             return type(prepared)(**{**prepared.__dict__, "worker_spec": spec})
 
-        prepared = stand_in(f"seeds.set=[{','.join(map(str, range(seeds)))}]")
-        prepared = type(prepared)(**{**prepared.__dict__, "episodes": list(prepared.episodes)})  # plan excluded
-        dispatcher = RayDispatcher(prepared.worker_spec, prepared.config.cluster)
-        # Warm-up: first calls, imports (a worker's first part imports pandas through pyarrow: about 0.5 s of
-        # CPU), part writer. Every worker gets a batch: the dispatcher hands max_in_flight to each in turn.
-        warm_up = workers * prepared.config.cluster.max_in_flight * batch_size
-        execute(stand_in(f"seeds.set=[{','.join(map(str, range(math.ceil(warm_up / 200))))}]"), dispatcher)
-        runs[workers] = prepared, dispatcher
-    measured: dict[int, list[tuple[float, float, float, dict[str, Any]]]] = {w: [] for w in worker_counts}
+        dispatcher = None
+        for path in paths:
+            writes = [f"run.part_writes={path}"] if path != "default" else []
+            prepared = stand_in(f"seeds.set=[{','.join(map(str, range(seeds)))}]", *writes)
+            prepared = type(prepared)(**{**prepared.__dict__, "episodes": list(prepared.episodes)})  # plan excluded
+            dispatcher = dispatcher or RayDispatcher(prepared.worker_spec, prepared.config.cluster)
+            # Warm-up: first calls, imports (a worker's first part imports pandas through pyarrow: about 0.5 s of
+            # CPU), part writer. Every worker gets a batch: the dispatcher hands max_in_flight to each in turn.
+            warm_up = workers * prepared.config.cluster.max_in_flight * batch_size
+            execute(stand_in(f"seeds.set=[{','.join(map(str, range(math.ceil(warm_up / 200))))}]", *writes),
+                    dispatcher)  # fmt: skip
+            runs[workers, path] = prepared, dispatcher
+    measured: dict[tuple[int, str], list[tuple[float, float, float, dict[str, Any]]]] = {key: [] for key in runs}
     for _ in range(rounds):
-        for workers, (prepared, dispatcher) in runs.items():
+        for key, (prepared, dispatcher) in runs.items():
             cpu, started = time.process_time(), time.perf_counter()
             run = execute(prepared, dispatcher)
             wall, cpu = time.perf_counter() - started, time.process_time() - cpu
             timings = json.loads((run / "record.json").read_text())["timings"]
             # the dispatch loop alone: batches sent, answered and committed (timings generation + writing)
-            measured[workers].append((wall, timings.get("generation", 0) + timings.get("writing", 0), cpu, timings))
-    base = loop_base = None
-    for workers, (prepared, dispatcher) in runs.items():
+            measured[key].append((wall, timings.get("generation", 0) + timings.get("writing", 0), cpu, timings))
+            shutil.rmtree(run)  # 32 workers' runs add up
+    for path in paths:
+        _report_b(path, {w: (runs[w, path][0], measured[w, path]) for w in worker_counts})
+    for dispatcher in {id(d): d for _, d in runs.values()}.values():
         dispatcher.close()
+    if len(paths) == 2:
+        first, second = paths
+        print(f"    {second} against {first}, same worker count:")
+        for workers in worker_counts:
+            n = len(runs[workers, first][0].episodes)
+            medians = {p: [statistics.median(m[i] for m in measured[workers, p]) for i in (0, 2)] for p in paths}
+            (wall_a, cpu_a), (wall_b, cpu_b) = medians[first], medians[second]
+            print(f"      {workers:3d} workers: throughput {wall_a / wall_b:.3f}x, driver CPU {cpu_b / n * 1e6:.1f} vs "
+                  f"{cpu_a / n * 1e6:.1f} us/episode ({cpu_b / cpu_a:.3f}x)")  # fmt: skip
+
+
+def _report_b(path: str, runs: dict[int, tuple[Any, list[tuple[float, float, float, dict[str, Any]]]]]) -> None:
+    print(f"  parts written by the {path}:")
+    base = loop_base = None
+    for workers, (prepared, measured_runs) in runs.items():
+        measured = {workers: measured_runs}
         n = len(prepared.episodes)
         walls = sorted(m[0] for m in measured[workers])
         wall, dispatching = statistics.median(walls), statistics.median(m[1] for m in measured[workers])
@@ -136,15 +169,23 @@ def part_b(latency: float, batch_size: int, seeds: int, worker_counts: list[int]
         )
 
 
-def scale_child(episodes: int, batch_size: int, tmp: Path) -> None:
+def scale_child(episodes: int, batch_size: int, tmp: Path, writes: str = "driver", workers: int = 2) -> None:
     """One size of (c), in this process: prints one JSON line (peak RSS, CPU and wall time, phases)."""
     seeds = math.ceil(episodes / 200)
     limit = [f"limit={episodes}"] if episodes < 200 else []
+    if writes == "workers":  # local Ray workers that write their parts; Ray's own processes are not the driver's
+        import ray
+
+        ray.init(num_cpus=max(2, workers), include_dashboard=False, log_to_driver=False)
+        cluster = ["cluster=local", f"cluster.num_workers={workers}", "cluster.cpus_per_worker=1",
+                   "run.part_writes=workers"]  # fmt: skip
+    else:
+        cluster = ["cluster=inline"]
     rss_start = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     cpu, started = time.process_time(), time.perf_counter()
     prepared = prepare(load([
-        "cluster=inline", f"cluster.batch_size={batch_size}", "run.progress=false", f"run.root={tmp}", *limit,
-        f"seeds.set=[{','.join(map(str, range(seeds)))}]",
+        *cluster, f"cluster.batch_size={batch_size}", "run.progress=false", f"run.root={tmp}", *limit,
+        f"seeds.set=[{','.join(map(str, range(seeds)))}]", "report=false",
     ]))  # fmt: skip
     spec = WorkerSpec(**{**prepared.worker_spec.__dict__, "engine_factory": stand_in_factory(0.0)})
     prepared = type(prepared)(**{**prepared.__dict__, "worker_spec": spec})
@@ -160,12 +201,14 @@ def scale_child(episodes: int, batch_size: int, tmp: Path) -> None:
     }))  # fmt: skip
 
 
-def part_c(sizes: list[int], batch_size: int) -> None:
-    print(f"(c) driver memory and cost by episode count: stand-in engine inline, no latency, batches of {batch_size}")
+def part_c(sizes: list[int], batch_size: int, writes: str = "driver", workers: int = 2) -> None:
+    where = "inline" if writes == "driver" else f"on {workers} local Ray workers writing their own parts"
+    print(f"(c) driver memory and cost by episode count: stand-in engine {where}, no latency, batches of {batch_size}")
     peaks: dict[int, float] = {}
     for size in sizes:
         done = subprocess.run(
-            [sys.executable, __file__, "--scale-child", str(size), "--batch-size", str(batch_size)],
+            [sys.executable, __file__, "--scale-child", str(size), "--batch-size", str(batch_size),
+             "--scale-part-writes", writes, "--scale-workers", str(workers)],
             capture_output=True, text=True, check=False,
         )  # fmt: skip
         if done.returncode != 0:
@@ -191,29 +234,35 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=64, help="(b) episodes per stand-in batch")
     parser.add_argument("--seeds", type=int, default=20, help="(b) seed-set size: episodes = 200 x seeds")
     parser.add_argument("--workers", default="1,2,4,8", help="(b) worker counts, the first is the baseline")
+    parser.add_argument("--part-writes", default="default", help="(b) driver, workers, or both (driver,workers)")
     parser.add_argument("--skip-a", action="store_true")
     parser.add_argument("--skip-b", action="store_true")
     parser.add_argument("--scale", default="", help="(c) episode counts, e.g. 10000,100000,1000000")
     parser.add_argument("--scale-batch-size", type=int, default=256, help="(c) episodes per batch")
+    parser.add_argument("--scale-part-writes", default="driver", choices=("driver", "workers"))
+    parser.add_argument("--scale-workers", type=int, default=2, help="(c) Ray workers with --scale-part-writes workers")
     parser.add_argument("--scale-child", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.scale_child is not None:
         with tempfile.TemporaryDirectory() as tmp:
-            scale_child(args.scale_child, args.batch_size, Path(tmp))
+            scale_child(args.scale_child, args.batch_size, Path(tmp), args.scale_part_writes, args.scale_workers)
         return
     if not (args.skip_a and args.skip_b):
         import ray
 
-        ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False)
+        ray.init(num_cpus=max(8, *(int(w) for w in args.workers.split(","))), include_dashboard=False,
+                 log_to_driver=False)  # fmt: skip
         with tempfile.TemporaryDirectory() as tmp:
             if not args.skip_a:
                 part_a(args.rounds, Path(tmp))
             if not args.skip_b:
                 workers = [int(w) for w in args.workers.split(",")]
-                part_b(args.latency, args.batch_size, args.seeds, workers, args.rounds, Path(tmp))
+                part_b(args.latency, args.batch_size, args.seeds, workers, args.rounds, Path(tmp),
+                       args.part_writes.split(","))  # fmt: skip
         ray.shutdown()
     if args.scale:
-        part_c([int(size) for size in args.scale.split(",")], args.scale_batch_size)
+        part_c([int(size) for size in args.scale.split(",")], args.scale_batch_size, args.scale_part_writes,
+               args.scale_workers)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -10,6 +15,11 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+# The S3-compatible server the tests start (s3_server) takes any credentials; set before Ray starts, so that the
+# engine workers, which write parts into it, have them too (they inherit the environment Ray started with).
+os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
+os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
+os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
 
 from evalrun.config import load
 from evalrun.pipeline.dispatch import Dispatcher
@@ -101,3 +111,36 @@ def served() -> Iterator[Dispatcher]:
     yield d
     d.close()
     assert d.worker.engine._server is None  # stopped
+
+
+S3_BUCKET = "evalrun-test"
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[str]:
+    """moto in server mode on 127.0.0.1, one per session, with the bucket ``evalrun-test``: yields its endpoint URL
+    (a run's location is ``s3://evalrun-test/PREFIX?endpoint_url=URL``). ``EVALRUN_MOTO_PYTHON`` names another
+    interpreter that has moto[s3] and flask, when this one has not."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    python = os.environ.get("EVALRUN_MOTO_PYTHON") or sys.executable
+    server = subprocess.Popen([python, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    endpoint = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                urllib.request.urlopen(f"{endpoint}/moto-api/", timeout=2).close()
+                break
+            except OSError:
+                if server.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"moto did not start on {endpoint} (exit {server.poll()})") from None
+                time.sleep(0.2)
+        request = urllib.request.Request(f"{endpoint}/{S3_BUCKET}", method="PUT")  # moto takes any signature
+        urllib.request.urlopen(request, timeout=10).close()
+        yield endpoint
+    finally:
+        server.terminate()
+        server.wait(timeout=30)

@@ -28,7 +28,7 @@ from evalrun.pipeline import runner
 from evalrun.pipeline.dispatch import DispatchStats, dispatcher_key
 from evalrun.pipeline.worker import BatchOutcome
 from evalrun.records.canonical import sha256_hex
-from evalrun.rundir import layout, writer
+from evalrun.rundir import layout, store, writer
 
 GOLDEN = Path(__file__).parent / "golden" / "addition-v1"
 CONFIG = ("limit=6", "cluster=inline", "cluster.batch_size=2", "run.progress=false")  # 3 parts
@@ -111,7 +111,7 @@ def run_dir_of(out: str) -> Path:
 def disk_full_at(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
     """The next write of a file called ``name`` fails as a full disk does: the temporary file is
     created, then ENOSPC."""
-    real = writer._write_synced
+    real = store._write_synced
 
     def write(path: Path, data: bytes) -> None:
         if path.name == f".tmp-{name}":
@@ -119,7 +119,7 @@ def disk_full_at(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
             raise OSError(errno.ENOSPC, "No space left on device", str(path))
         real(path, data)
 
-    monkeypatch.setattr(writer, "_write_synced", write)
+    monkeypatch.setattr(store, "_write_synced", write)
 
 
 # --- the end of a run is atomic; disk full at several points -------------------------------------
@@ -266,7 +266,7 @@ def test_an_unwritable_run_root_is_refused_before_the_engine_loads(
     (tmp_path / "file").write_text("")
     code, _out, err = cli(capsys, "run", *CONFIG, f"run.root={tmp_path / 'file' / 'runs'}")
     assert code == 2 and "run.root" in one_line(err) and "not a directory" in err
-    monkeypatch.setattr(layout.os, "access", lambda path, mode: False)  # as for a non-root user
+    monkeypatch.setattr(store.os, "access", lambda path, mode: False)  # as for a non-root user
     code, _out, err = cli(capsys, "run", *CONFIG, f"run.root={tmp_path / 'runs'}")
     assert code == 2 and one_line(err).startswith("evalrun run: error: run.root: ") and "not writable" in err
 

@@ -1,4 +1,5 @@
-"""A two-node Ray cluster on this machine loses a node mid-run; nothing is lost."""
+"""A two-node Ray cluster on this machine, its workers writing their parts into one shared directory, loses a node
+mid-run; nothing is lost, and the run verifies."""
 
 from __future__ import annotations
 
@@ -8,6 +9,10 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from evalrun.audit.verify import verify_run
+from evalrun.rundir.layout import RunDir
+from evalrun.rundir.reader import read_outputs
 
 pytestmark = pytest.mark.e2e  # starts the engine
 
@@ -27,3 +32,7 @@ def test_losing_a_node_mid_run_completes_with_the_same_root(run_eval, tmp_path: 
     assert record["episodes"] == {"planned": 40, "written": 40}
     assert record["merkle_root"] == expected
     assert record["dispatch"]["retries"] >= 1
+    assert report["part_writes"] == "workers"  # each node's worker committed its parts into the shared directory
+    run = Path(report["run"])
+    assert len(read_outputs(RunDir(run), ["episode_id"])) == 40
+    assert verify_run(run).episodes == 40  # every part a worker wrote is the one the record lists

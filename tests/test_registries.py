@@ -222,7 +222,7 @@ def test_settings_are_typed_frozen_and_give_back_the_composed_record() -> None:
     assert raw["engine"].pop("chunked_prefill") is None  # the same (vLLM's default)
     assert raw.pop("judge_engine") is None  # the same
     assert [raw.pop(k) for k in ("user_model", "user_engine")] == [None, None]  # the same
-    assert [raw["run"].pop(k) for k in ("checkpoint_every_parts", "ledger")] == [None, None]  # the same
+    assert [raw["run"].pop(k) for k in ("checkpoint_every_parts", "ledger", "part_writes")] == [None] * 3  # the same
     assert config.as_record() == raw
     assert validate(compose_config(["task=addition_mc", "task.kind=dataset"])).as_record()["task"]["kind"] == "dataset"
     assert config.decoding.stop == ("\n",) and config.task.choices.scoring == "both"
@@ -243,7 +243,7 @@ def test_the_hydra_schema_is_generated_from_the_settings_with_the_same_defaults(
     assert schema["engine"].pop("chunked_prefill") is None
     assert schema.pop("judge_engine") is None
     assert [schema.pop(k) for k in ("user_model", "user_engine")] == [None, None]
-    assert [schema["run"].pop(k) for k in ("checkpoint_every_parts", "ledger")] == [None, None]
+    assert [schema["run"].pop(k) for k in ("checkpoint_every_parts", "ledger", "part_writes")] == [None] * 3
     assert schema == EvalConfig().as_record()
 
 

@@ -58,7 +58,7 @@ from evalrun.pipeline.worker import canary_on_demand
 from evalrun.records.canonical import canonical_json
 from evalrun.records.outputs import output_warnings
 from evalrun.report import ROWS, TRANSCRIPTS, build_report
-from evalrun.rundir import layout
+from evalrun.rundir import layout, store
 from evalrun.rundir.attest import write_attestation
 from evalrun.rundir.reader import load_record, open_run, read_config, read_manifest, read_outputs, read_summary
 from evalrun.rundir.references import load_answers, load_index, parse_set_name
@@ -70,6 +70,25 @@ DEBUG = "evalrun.debug"  # ctx.meta key: --debug was given
 HEX64 = re.compile(r"[0-9a-fA-F]{64}")
 INTERVALS = ("clustered", "bootstrap")
 RUN_PATH = click.Path(path_type=Path)
+
+
+class RemoteRun(str):
+    """A run directory named by an object store's location (``s3://BUCKET/PREFIX/RUN``): the command reads a local
+    working copy made when it starts (:func:`evalrun.rundir.store.snapshot`), and what it writes into it (a
+    rescore's results, a report) goes back to the store."""
+
+
+class RunLocation(click.ParamType):
+    """A run directory: a path, or an object store's location (docs/design.md "Run directories on shared storage")."""
+
+    name = "path"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Path | RemoteRun:
+        text = str(value)
+        return RemoteRun(text) if store.is_remote(text) else Path(text)
+
+
+RUN_DIR = RunLocation()
 JSON_HELP = "Print the result as canonical JSON (RFC 8785) instead of tables."
 
 
@@ -87,11 +106,28 @@ class Failure(click.ClickException):
 class EvalrunCommand(click.Command):
     def invoke(self, ctx: click.Context) -> Any:
         try:
+            _copy_remote_runs(ctx)
             return super().invoke(ctx)
         except (BadInput, CheckFailed, Interrupted, OSError) as exc:
             if ctx.meta.get(DEBUG):
                 traceback.print_exc()
             raise _failure(ctx.command_path, exc) from exc
+
+
+def _copy_remote_runs(ctx: click.Context) -> None:
+    """Each run argument on an object store replaced by a local working copy, removed when the command ends."""
+
+    def local(value: Any) -> Any:
+        if isinstance(value, RemoteRun):
+            copy = store.snapshot(str(value))
+            ctx.call_on_close(lambda: store.discard(copy))
+            return copy
+        if isinstance(value, tuple):
+            return tuple(local(v) for v in value)
+        return value
+
+    for key, value in list(ctx.params.items()):
+        ctx.params[key] = local(value)
 
 
 def _failure(command: str, exc: BadInput | CheckFailed | Interrupted | OSError) -> Failure:
@@ -143,7 +179,8 @@ def _print_results(console: Any, run_dir: Path) -> None:
     run = layout.RunDir(run_dir)
     if run.summary.is_file():
         warnings = output_warnings(read_outputs(run, ["output", "finish_reason"]))
-        render.render_summary(console, read_summary(run), title=f"results: {run_dir}", warnings=warnings)
+        title = f"results: {store.location_of(run_dir)}"
+        render.render_summary(console, read_summary(run), title=title, warnings=warnings)
         for warning in warnings:
             click.echo(f"{PROG}: warning: {warning}", err=True)
     if run.summary.is_file() and run.manifest.is_file():
@@ -170,7 +207,7 @@ def _write_run_report(command: str, run_dir: Path) -> None:
         click.echo(f"{command}: warning: {path}: the report was not written ({type(exc).__name__}: {exc}); the "
                    f"run is complete and valid; `{PROG} report {run_dir} -o {path}` builds it", err=True)  # fmt: skip
         return
-    click.echo(f"report: {path}")
+    click.echo(f"report: {store.join(store.location_of(path.parent), path.name)}")
     verdict = data.runs[0].verification
     if not verdict.ok:
         click.echo(f"{command}: warning: verify failed on the finished run: {verdict.message}", err=True)
@@ -253,7 +290,10 @@ def run(multirun: bool, overrides: tuple[str, ...]) -> None:
         if current is not None:
             current[1].close()
     for run_dir in finished:
-        click.echo(str(run_dir))
+        click.echo(store.location_of(run_dir))
+    for run_dir in finished:  # a run on an object store: its driver's working copy is no longer needed
+        if store.remote_of(run_dir) is not None:
+            store.discard(run_dir)
 
 
 def _resume_group(directory: Path, overrides: list[str]) -> None:
@@ -293,7 +333,7 @@ def _load_job(job: list[str], multirun: bool) -> config.EvalConfig:
 
 
 @cli.command(short_help="Finish an interrupted run, keeping its complete parts.")
-@click.argument("run_dir", type=RUN_PATH)
+@click.argument("run_dir", type=RUN_DIR)
 @click.argument("overrides", nargs=-1)
 def resume(run_dir: Path, overrides: tuple[str, ...]) -> None:
     """Finish the interrupted run in RUN_DIR, keeping its complete parts.
@@ -313,9 +353,10 @@ def resume(run_dir: Path, overrides: tuple[str, ...]) -> None:
         return
     if (run_dir / layout.RECORD).is_file() and (run_dir / layout.ATTESTATION).is_file():
         runner.check_finished(layout.RunDir(run_dir))  # an altered finished run is refused, not passed as complete
-        click.echo(f"evalrun resume: {run_dir} is complete already (record.json and its attestation are written): "
+        where = store.location_of(run_dir)
+        click.echo(f"evalrun resume: {where} is complete already (record.json and its attestation are written): "
                    "nothing to resume; `evalrun verify` checks it", err=True)  # fmt: skip
-        click.echo(str(run_dir))
+        click.echo(where)
         return
     finished = runner.resume(run_dir, list(overrides))
     _print_results(render.stdout_console(), finished)
@@ -328,7 +369,7 @@ def resume(run_dir: Path, overrides: tuple[str, ...]) -> None:
 
 
 @cli.command(short_help="Recompute and check everything in a run directory.")
-@click.argument("run_dir", type=RUN_PATH)
+@click.argument("run_dir", type=RUN_DIR)
 @click.option("--expect-root", metavar="HEX", help="A Merkle root kept elsewhere: the run's root must equal it.")
 @click.option(
     "--expect-seal",
@@ -383,7 +424,7 @@ def verify(run_dir: Path, expect_root: str | None, expect_seal: str | None, ledg
 
 
 @cli.command(short_help="Verify a run and append its seal, digest and root to a ledger.")
-@click.argument("run_dir", type=RUN_PATH)
+@click.argument("run_dir", type=RUN_DIR)
 @click.argument("ledger", type=RUN_PATH)
 @click.option("--jobs", type=click.IntRange(min=0), default=0, show_default=True, metavar="N",
               help="Processes verifying the parts in parallel (0: one per CPU).")  # fmt: skip
@@ -407,7 +448,7 @@ def anchor(run_dir: Path, ledger: Path, jobs: int) -> None:
 
 
 @cli.command(short_help="Score the stored outputs again, with no engine.")
-@click.argument("run_dir", type=RUN_PATH)
+@click.argument("run_dir", type=RUN_DIR)
 @click.argument("overrides", nargs=-1)
 @click.option("--json", "as_json", is_flag=True, help=JSON_HELP)
 def rescore(run_dir: Path, overrides: tuple[str, ...], as_json: bool) -> None:
@@ -425,7 +466,7 @@ def rescore(run_dir: Path, overrides: tuple[str, ...], as_json: bool) -> None:
 
 
 @cli.command(short_help="Run the harness again on the recorded responses.")
-@click.argument("run_dir", type=RUN_PATH)
+@click.argument("run_dir", type=RUN_DIR)
 @click.argument("overrides", nargs=-1)
 @click.option("--live", type=click.Choice(["agent", "user"]), metavar="SIDE",
               help="Hold the other side of a conversation fixed and run SIDE live (agent: the user's recorded "
@@ -476,7 +517,7 @@ def replay(run_dir: Path, overrides: tuple[str, ...], live: str | None, draws: i
 
 
 @cli.command(short_help="Is this run reproducible here? Replay, rescore and a live repeat.")
-@click.argument("run_dir", type=RUN_PATH)
+@click.argument("run_dir", type=RUN_DIR)
 @click.argument("overrides", nargs=-1)
 @click.option("--repeat-items", type=click.IntRange(min=1), default=DEFAULT_REPEAT_ITEMS, show_default=True,
               metavar="N", help="Items to run again live (all their episodes; all items if fewer).")  # fmt: skip
@@ -505,7 +546,7 @@ def check(run_dir: Path, overrides: tuple[str, ...], repeat_items: int, keep: Pa
 
 
 @cli.command("prove", short_help="Inclusion proof of one episode under the Merkle root.")
-@click.argument("run_dir", type=RUN_PATH)
+@click.argument("run_dir", type=RUN_DIR)
 @click.argument("episode_id")
 @click.option("-o", "--output", type=RUN_PATH, metavar="PROOF.json", help="Write the proof to this file, not stdout.")
 @click.option("--from", "from_seq", type=click.IntRange(min=0), default=0, metavar="SEQ",
@@ -539,7 +580,7 @@ def verify_proof(proof_path: Path, root: str) -> None:
 
 
 @cli.command(short_help="(Re)write the run's in-toto attestation.")
-@click.argument("run_dir", type=RUN_PATH)
+@click.argument("run_dir", type=RUN_DIR)
 @click.option("--key", type=RUN_PATH, metavar="PEM", help="Ed25519 private key (PEM) to sign with; unsigned without.")
 def attest(run_dir: Path, key: Path | None) -> None:
     """(Re)write RUN_DIR/attestation.intoto.json from record.json; prints its path."""
@@ -548,8 +589,8 @@ def attest(run_dir: Path, key: Path | None) -> None:
 
 
 @cli.command(short_help="Record that a baseline was re-run under a new digest.")
-@click.argument("old_baseline", type=RUN_PATH)
-@click.argument("new_baseline", type=RUN_PATH)
+@click.argument("old_baseline", type=RUN_DIR)
+@click.argument("new_baseline", type=RUN_DIR)
 @click.option("--reason", required=True, metavar="TEXT", help="Why the baseline was re-run (recorded, cited by gate).")
 @click.option("--jobs", type=click.IntRange(min=0), default=0, show_default=True, metavar="N",
               help="Processes verifying the parts in parallel (0: one per CPU).")  # fmt: skip
@@ -566,8 +607,8 @@ def rebaseline(old_baseline: Path, new_baseline: Path, reason: str, jobs: int) -
 
 
 @cli.command(short_help="Manifest diff, then paired B - A per task and overall.")
-@click.argument("run_a", type=RUN_PATH)
-@click.argument("run_b", type=RUN_PATH)
+@click.argument("run_a", type=RUN_DIR)
+@click.argument("run_b", type=RUN_DIR)
 @click.option("--interval", type=click.Choice(INTERVALS), default="clustered", show_default=True,
               help="Paired interval shown in the table (the JSON holds both).")  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help=JSON_HELP)
@@ -588,7 +629,7 @@ def compare(run_a: Path, run_b: Path, interval: str, as_json: bool) -> None:
 
 
 @cli.command(short_help="The six-field release-gate record of a run.")
-@click.argument("run_dir", type=RUN_PATH)
+@click.argument("run_dir", type=RUN_DIR)
 @click.option("--json", "as_json", is_flag=True, help=JSON_HELP)
 def digest(run_dir: Path, as_json: bool) -> None:
     """The six-field release-gate record of RUN_DIR: candidate, model checkpoint, prompt pack, seed set,
@@ -601,8 +642,8 @@ def digest(run_dir: Path, as_json: bool) -> None:
 
 
 @cli.command(short_help="Release gate: exit 1 unless the candidate beats the margin.")
-@click.argument("candidate", type=RUN_PATH)
-@click.argument("baseline", type=RUN_PATH)
+@click.argument("candidate", type=RUN_DIR)
+@click.argument("baseline", type=RUN_DIR)
 @click.option("--rule", type=click.Choice(RULES), default="range", show_default=True,
               help="Margin rule: range (FACTOR x pooled range of per-seed means) or paired (the paired 95% "
                    "interval's lower end must be above 0).")  # fmt: skip
@@ -626,7 +667,7 @@ def gate(candidate: Path, baseline: Path, rule: str, factor: float, interval: st
 
 
 @cli.command(short_help="TARr/TARa, divergence, accuracy spread over equal-digest runs.")
-@click.argument("runs", nargs=-1, required=True, type=RUN_PATH)
+@click.argument("runs", nargs=-1, required=True, type=RUN_DIR)
 @click.option("--metric", help="Metric for TARa and accuracy (default: the runs' only shared metric).")
 @click.option("--json", "as_json", is_flag=True, help=JSON_HELP)
 def nondet(runs: tuple[Path, ...], metric: str | None, as_json: bool) -> None:
@@ -646,7 +687,7 @@ def nondet(runs: tuple[Path, ...], metric: str | None, as_json: bool) -> None:
 
 
 @cli.command("export", short_help="Write a run as an Inspect AI eval log (inspect view).")
-@click.argument("run_dir", type=RUN_PATH)
+@click.argument("run_dir", type=RUN_DIR)
 @click.option("--format", "format_", type=click.Choice(FORMATS), default="inspect", show_default=True,
               help="inspect: Inspect AI's .eval log, for `inspect view` and Inspect's log dataframes.")  # fmt: skip
 @click.option("-o", "--output", type=RUN_PATH, required=True, metavar="FILE.eval", help="The file to write.")
@@ -660,7 +701,7 @@ def export(run_dir: Path, format_: str, output: Path, no_verify: bool) -> None:
     """
     report = export_inspect(run_dir, output, verify=not no_verify)
     status = "verified" if report.verified else "not verified (--no-verify)"
-    click.echo(f"exported {report.samples} samples of {run_dir} ({status}) to {output}")
+    click.echo(f"exported {report.samples} samples of {store.location_of(run_dir)} ({status}) to {output}")
 
 
 @cli.command(
@@ -695,7 +736,7 @@ def canary(overrides: tuple[str, ...], as_json: bool) -> None:
 
 
 @cli.command("report", short_help="One self-contained HTML page of one or several runs.")
-@click.argument("runs", nargs=-1, required=True, type=RUN_PATH)
+@click.argument("runs", nargs=-1, required=True, type=RUN_DIR)
 @click.option("-o", "--output", type=RUN_PATH, required=True, metavar="FILE.html",
               help="Where to write the page (in a run: RUN_DIR/report.html, the one name verify accepts).")  # fmt: skip
 @click.option("--rows", type=click.IntRange(min=0), default=ROWS, show_default=True, metavar="N",

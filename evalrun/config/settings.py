@@ -703,6 +703,12 @@ class RunConfig(Section):
     checkpoint_every_s: float | None = 300.0
     # An anchor ledger (`evalrun anchor`'s format) each checkpoint, and the finished run, are appended to
     ledger: str | None = field(default=None, metadata=LEFT_OUT_WHEN_NULL)
+    # Who writes the output and log parts (docs/design.md "Workers write, the driver commits"): the driver, sent each
+    # part's bytes, or each engine worker itself, straight into the run directory (a shared file system or an object
+    # store every node reaches), sending the driver only what its commit needs. Both give the same run directory.
+    # null: workers where they run in processes of their own on a cluster (cluster=ray) or the run is on an object
+    # store, the driver otherwise (inline, and local Ray on one machine); evalrun.pipeline.runner.part_writes.
+    part_writes: Literal["driver", "workers"] | None = field(default=None, metadata=LEFT_OUT_WHEN_NULL)
 
     def check(self) -> None:
         parts = self.checkpoint_every_parts
@@ -712,6 +718,8 @@ class RunConfig(Section):
             raise _fail("run.checkpoint_every_s", "a number of seconds > 0 or null", self.checkpoint_every_s)
         if self.ledger is not None and not self.ledger.strip():
             raise _fail("run.ledger", "a ledger file's path or null", self.ledger)
+        if self.part_writes not in (None, "driver", "workers"):
+            raise _fail("run.part_writes", "driver, workers or null", self.part_writes)
 
 
 def _check_second_engine(engine: EngineConfig, where: str, what: str) -> None:
@@ -774,6 +782,9 @@ class EvalConfig(Section):
                                              "and cluster=inline runs the engine in the driver's")  # fmt: skip
         self.determinism.check()
         self.run.check()
+        if self.run.part_writes == "workers" and self.cluster.name == "inline":
+            raise BadInput("run.part_writes", "cluster=inline runs its worker in the driver's process, which writes "
+                                              "the parts: expected driver or null")  # fmt: skip
         self.task.check()
         if self.seeds.fewshot is not None and self.task.world is not None:
             raise BadInput("seeds.fewshot", "an agent task (task.world) has no few-shot examples: expected null")

@@ -29,7 +29,9 @@ from evalrun.engines import Engine
 from evalrun.engines.pins import ResolvedModel
 from evalrun.engines.replay import Divergence, first_divergence
 from evalrun.records.canonical import Canonical
+from evalrun.records.heads import PackedHeads
 from evalrun.records.view import ChainView
+from evalrun.rundir.writer import PartFiles
 from evalrun.scoring import ScoringContext
 from evalrun.scoring.parts import PartScorer, ScoredPart
 from evalrun.tasks.rubric import Rubric
@@ -73,10 +75,28 @@ class EncodedPart:
 
     log: bytes
     table: bytes
-    heads: tuple[tuple[str, str], ...]  # (episode_id, head)
+    heads: PackedHeads  # (episode_id, head) of each episode, packed and hashed where they were made
     output_tokens: int
     scored: ScoredPart | None = None  # the rows scored where they were made (a Ray worker)
     rows: pa.Table | None = field(default=None, compare=False, repr=False)  # what ``table`` encodes, in this process
+
+    def written(self, files: PartFiles) -> WrittenPart:
+        """What the driver is sent of this part once its worker committed it as ``files``."""
+        return WrittenPart(files, self.heads, self.output_tokens, self.scored)
+
+
+@dataclass(frozen=True)
+class WrittenPart:
+    """A batch's part committed into the run directory by the worker that made it (``run.part_writes=workers``):
+    the message it sends the driver instead of the part's bytes, what the driver's commit needs (docs/design.md
+    "Workers write, the driver commits"): the files' names, sha256s and sizes, the episodes' heads, the output
+    tokens and the scored rows."""
+
+    files: PartFiles
+    heads: PackedHeads
+    output_tokens: int
+    scored: ScoredPart | None = None
+    rows: None = None  # never in this process: the driver reads the part back if it must score it itself
 
 
 @dataclass

@@ -18,6 +18,7 @@ from evalrun.episodes.agent import AgentEpisode, AgentResult
 from evalrun.episodes.harness import EpisodeResult, Judgement
 from evalrun.episodes.plan import Episode
 from evalrun.records.canonical import canonical_json, sha256_hex
+from evalrun.records.heads import pack_heads
 from evalrun.records.outputs import FAILED_FINISH_REASON, NULL_UNLESS_STAGED, OUTPUT_SCHEMA, STAGED_COLUMNS
 from evalrun.rundir.writer import table_bytes
 from evalrun.scoring.parts import PartScorer
@@ -140,7 +141,7 @@ def _encoded(results: Sequence[Result], rows: pa.Table, output_tokens: int,
     return EncodedPart(
         log=("\n".join(chain.from_iterable(r.log_lines for r in results)) + "\n").encode("utf-8"),
         table=table_bytes(rows),
-        heads=tuple((r.episode.episode_id, r.head) for r in results),
+        heads=pack_heads((r.episode.episode_id, r.head) for r in results),
         output_tokens=output_tokens,
         scored=None if scorer is None else scorer(rows),
         rows=rows if scorer is None else None,

@@ -84,7 +84,7 @@ from evalrun.records.entries import (
 )
 from evalrun.records.formats import Record, seal_of
 from evalrun.records.view import ChainView, EffectEntry, ToolCallView
-from evalrun.rundir import layout
+from evalrun.rundir import layout, store
 from evalrun.rundir.reader import iter_chains, load_record, open_run, part_pairs, read_outputs, read_summary
 from evalrun.rundir.writer import write_atomic
 from evalrun.worlds import user_said
@@ -307,7 +307,7 @@ def _spec(run: RunContents, model: str, generate: GenerateConfig, verified: bool
             "seal": record.seal or seal_of(record),
             "manifest_sha256": record.manifest_sha256,
             "verified": verified,
-            "run_dir": str(run.path),
+            "run_dir": store.location_of(run.path),  # a run on an object store: its location, not the copy read
             "episodes": record.episodes.as_record(),
             "generator": manifest["generator"],
             "seeds": manifest["seeds"],

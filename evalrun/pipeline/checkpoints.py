@@ -9,7 +9,7 @@ it finds, which must list only parts it keeps. verify recomputes every checkpoin
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -18,7 +18,7 @@ from evalrun.errors import BadInput, CheckFailed
 from evalrun.pipeline import failpoints
 from evalrun.records.chain import GENESIS
 from evalrun.records.formats import Checkpoint, checkpoint_hash
-from evalrun.records.heads import Heads
+from evalrun.records.heads import Heads, PackedHeads
 from evalrun.rundir import layout, ledger
 from evalrun.rundir.checkpoints import checkpoint_name, read_checkpoints, write_checkpoint
 
@@ -44,25 +44,15 @@ class Checkpointer:
             self.seq, self.prev = found.seq + 1, checkpoint_hash(found)
         self.parts_since = 0
         self.last = clock()
-        # the durable parts' heads not yet hashed into ``heads``: hashed when a checkpoint is due (or this many
-        # have waited), so a run that ends before its first checkpoint hashes no episode twice in the driver
-        self.pending: list[tuple[str, str]] = []
-
-    PENDING_LIMIT = 65536
-
-    def _take_pending(self) -> None:
-        self.heads.add(self.pending)
-        self.pending = []
 
     @property
     def enabled(self) -> bool:
         return self.every_parts is not None or self.every_s is not None
 
-    def committed(self, heads: Iterable[tuple[str, str]], files: Mapping[str, str]) -> None:
-        """A part is durable: its episodes' heads and its files' hashes; commit a checkpoint if one is due."""
-        self.pending.extend(heads)
-        if len(self.pending) >= self.PENDING_LIMIT:  # bounds what waits: about 150 bytes an episode
-            self._take_pending()
+    def committed(self, heads: PackedHeads, files: Mapping[str, str]) -> None:
+        """A part is durable: its episodes' heads (hashed where the part was made) and its files' hashes; commit a
+        checkpoint if one is due."""
+        self.heads.add_packed(heads)
         self.files.update(files)
         self.parts_since += 1
         due_parts = self.every_parts is not None and self.parts_since >= self.every_parts
@@ -72,7 +62,6 @@ class Checkpointer:
 
     def commit(self) -> Checkpoint:
         """Write the checkpoint of everything durable now (and anchor it in the ledger)."""
-        self._take_pending()
         root = self.heads.merkle_root()
         checkpoint = Checkpoint(
             seq=self.seq, prev=self.prev, digest=self.digest, episodes=len(self.heads), parts=dict(sorted(

@@ -28,11 +28,12 @@ from evalrun.config import ClusterConfig
 from evalrun.config.registry import Registry
 from evalrun.engines import logs
 from evalrun.episodes.plan import Episode
-from evalrun.errors import first_line
+from evalrun.errors import BadInput, first_line
 from evalrun.pipeline import cpu_isa
 from evalrun.pipeline.raylocal import start_local
 from evalrun.pipeline.worker import BatchOutcome, CollectedLogs, EngineWorker, WorkerSpec, pack_batch
 from evalrun.records.canonical import canonical_hash
+from evalrun.rundir.writer import PartSink
 from evalrun.scoring.parts import ScoringSetup
 
 LOG_TIMEOUT_S = 30.0  # how long the driver waits for a worker's log at the end of a run
@@ -56,10 +57,12 @@ class Dispatcher(Protocol):
 
     def workers(self) -> list[dict[str, Any]]: ...
 
-    def map(self, batches: Iterable[list[Episode]], generator: dict[str, Any],
-            scoring: ScoringSetup | None = None) -> Iterator[BatchOutcome]:  # fmt: skip
-        """Each batch's outcome as it arrives; batches are taken from ``batches`` only as workers can take them.
-        With ``scoring``, workers in processes of their own score their parts' rows (``EncodedPart.scored``)."""
+    def map(self, batches: Iterable[list[Episode]], generator: dict[str, Any], scoring: ScoringSetup | None = None,
+            sink: PartSink | None = None) -> Iterator[BatchOutcome]:  # fmt: skip
+        """Each batch's outcome as it arrives, with its number in ``batches`` (``BatchOutcome.batch``); batches are
+        taken from ``batches`` only as workers can take them. With ``scoring``, workers in processes of their own
+        score their parts' rows (``EncodedPart.scored``). With ``sink`` (run.part_writes=workers), each worker
+        commits its batches' parts there itself and sends a ``WrittenPart``."""
         ...
 
     def logs(self) -> CollectedLogs: ...
@@ -101,8 +104,8 @@ class IdleDispatcher:
     def workers(self) -> list[dict[str, Any]]:
         return []
 
-    def map(self, batches: Iterable[list[Episode]], generator: dict[str, Any],
-            scoring: ScoringSetup | None = None) -> Iterator[BatchOutcome]:  # fmt: skip
+    def map(self, batches: Iterable[list[Episode]], generator: dict[str, Any], scoring: ScoringSetup | None = None,
+            sink: PartSink | None = None) -> Iterator[BatchOutcome]:  # fmt: skip
         for batch in batches:  # taken to the end: the plan pass counts the kept episodes as it goes
             raise RuntimeError(f"a batch of {len(batch)} episodes to run, but every episode was kept")
         yield from ()
@@ -124,12 +127,16 @@ class InlineDispatcher:
     def workers(self) -> list[dict[str, Any]]:
         return [self.worker.info()]
 
-    def map(self, batches: Iterable[list[Episode]], generator: dict[str, Any],
-            scoring: ScoringSetup | None = None) -> Iterator[BatchOutcome]:  # fmt: skip
+    def map(self, batches: Iterable[list[Episode]], generator: dict[str, Any], scoring: ScoringSetup | None = None,
+            sink: PartSink | None = None) -> Iterator[BatchOutcome]:  # fmt: skip
         """The parts carry their rows unscored (``EncodedPart.rows``): in this process, the driver's part
-        writer scores them in its own thread, alongside the engine, at no cost of decoding."""
+        writer scores them in its own thread, alongside the engine, at no cost of decoding. The worker is the
+        driver's process, so the driver writes its parts (no ``sink``)."""
+        if sink is not None:
+            raise ValueError("cluster=inline runs its worker in the driver's process: the driver writes the parts")
         self.stats = DispatchStats()
-        yield from self.worker.run_batches(batches, generator)
+        for number, outcome in enumerate(self.worker.run_batches(batches, generator)):
+            yield dataclasses.replace(outcome, batch=number)
 
     def logs(self) -> CollectedLogs:
         """The worker's log: the records of this process, the driver's own among them."""
@@ -214,8 +221,8 @@ class RayDispatcher:
         """The live actors, in worker order (for tests and operators that need to reach one)."""
         return [slot.actor for slot in self._slots if slot.live]
 
-    def map(self, batches: Iterable[list[Episode]], generator: dict[str, Any],
-            scoring: ScoringSetup | None = None) -> Iterator[BatchOutcome]:  # fmt: skip
+    def map(self, batches: Iterable[list[Episode]], generator: dict[str, Any], scoring: ScoringSetup | None = None,
+            sink: PartSink | None = None) -> Iterator[BatchOutcome]:  # fmt: skip
         import ray
 
         self.ready()
@@ -241,7 +248,7 @@ class RayDispatcher:
             while slot.live and slot.load < self._max_in_flight and (taken := take()) is not None:
                 number, batch = taken
                 attempts[number] = attempts.get(number, 0) + 1
-                ref = slot.actor.run_packed.remote(pack_batch(batch), generator, packed_scoring)
+                ref = slot.actor.run_packed.remote(pack_batch(batch), generator, packed_scoring, sink, number)
                 in_flight[ref] = (slot, slot.actor, number, batch)
                 slot.load += 1
 
@@ -289,6 +296,8 @@ class RayDispatcher:
             except ray.exceptions.RayError as exc:
                 if _raised_by_the_batch(exc):
                     # The batch's code raised in a live worker: running it again would raise again.
+                    if isinstance(exc.cause, BadInput):  # a worker's commit of its part failed: named, one line
+                        raise exc.cause from None
                     worker = (slot.info or {}).get("worker")
                     raise RuntimeError(f"a batch of {len(batch)} episodes failed on {worker}: {exc.cause!r}") from exc
                 if attempts[number] >= self._max_attempts:

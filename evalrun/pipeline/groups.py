@@ -32,7 +32,7 @@ from evalrun.pipeline.runner import (
     resume,
 )
 from evalrun.records.canonical import canonical_hash
-from evalrun.rundir import layout
+from evalrun.rundir import layout, store
 from evalrun.rundir.reader import load_record, read_summary
 from evalrun.rundir.writer import write_atomic, write_json
 from evalrun.scoring.lm_eval import metric_name
@@ -109,6 +109,11 @@ def load_group(directory: Path, overrides: list[str]) -> GroupPlan:
 
 
 def _directory(config: EvalConfig, name: str) -> Path:
+    where = config.run.dir or config.run.root
+    if store.is_remote(where):
+        field = "run.dir" if config.run.dir else "run.root"
+        raise BadInput(field, f"{where}: a group of lm-eval tasks is written to a file system only, not yet to an "
+                              "object store (each task run on its own is: task.name=ONE_TASK)")  # fmt: skip
     if config.run.dir:
         return Path(config.run.dir)
     stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")

@@ -24,7 +24,7 @@ import pyarrow as pa
 from evalrun.config import EngineConfig, EvalConfig, ModelConfig, load_stored, parse_overrides, to_yaml, validate
 from evalrun.engines import ENGINES, EngineDown, preflight, weights_pinned
 from evalrun.engines.pins import ResolvedModel, model_directory, resolve_model
-from evalrun.episodes import EPISODE_KINDS, EncodedPart, EpisodeKind, Planned, kind_of, model_files
+from evalrun.episodes import EPISODE_KINDS, EncodedPart, EpisodeKind, Planned, WrittenPart, kind_of, model_files
 from evalrun.episodes.checked import verify_part
 from evalrun.errors import BadInput, CheckFailed, Interrupted, WriteFailed, first_line
 from evalrun.pipeline import canary, cpu_isa, failpoints
@@ -46,8 +46,9 @@ from evalrun.pipeline.worker import WorkerSpec
 from evalrun.records.canonical import differences, file_sha256
 from evalrun.records.formats import SEAL_FORMAT_ALL, EpisodeCounts, Record, seal_of
 from evalrun.records.heads import Heads
-from evalrun.rundir import layout, ledger, reader, writer
+from evalrun.rundir import layout, ledger, reader, store, writer
 from evalrun.rundir.attest import attest_finished_run, signing_key
+from evalrun.rundir.writer import PartSink
 from evalrun.scoring import NORMALIZERS, SCORERS, Scoring, make_scorer, score_columns
 from evalrun.scoring.parts import ScoringSetup
 from evalrun.stats.summary import summarize, summary_columns
@@ -164,9 +165,28 @@ def check_destination(config: EvalConfig) -> None:
     """``run.dir`` (must not hold files) or ``run.root`` can take a new run directory: checked before any
     engine loads (a BadInput names the field)."""
     if config.run.dir:
-        layout.check_destination("run.dir", Path(config.run.dir), exact=True)
+        layout.check_destination("run.dir", config.run.dir, exact=True)
     else:
-        layout.check_destination("run.root", Path(config.run.root), exact=False)
+        layout.check_destination("run.root", config.run.root, exact=False)
+
+
+def part_writes(config: EvalConfig) -> str:
+    """Who writes a run's parts: ``run.part_writes``, or by default the engine workers where they run in processes
+    of their own on a cluster (``cluster=ray``) or the run lives on an object store, else the driver
+    (docs/design.md "Workers write, the driver commits")."""
+    if config.run.part_writes is not None:
+        return config.run.part_writes
+    remote = store.is_remote(config.run.dir or config.run.root)
+    return "workers" if config.cluster.name != "inline" and (config.cluster.name == "ray" or remote) else "driver"
+
+
+def part_sink(run: layout.RunDir, config: EvalConfig, first_index: int) -> PartSink | None:
+    """Where the workers commit parts when they write them (None: the driver writes them): the run directory as
+    every node names it, the absolute path on a shared file system or the store's location."""
+    if part_writes(config) != "workers":
+        return None
+    remote = store.remote_of(run.path)
+    return PartSink(remote.location if remote is not None else str(run.path.resolve()), first_index)
 
 
 def check_before_engine(config: EvalConfig) -> None:
@@ -318,9 +338,7 @@ def execute(prepared: Prepared, dispatcher: Dispatcher | None = None) -> Path:
         )
         stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
         run = layout.create_run_dir(
-            Path(config.run.root),
-            f"{task.name}-{stamp}-{prepared.digest.digest[:8]}",
-            exact=Path(config.run.dir) if config.run.dir else None,
+            config.run.root, f"{task.name}-{stamp}-{prepared.digest.digest[:8]}", exact=config.run.dir or None
         )
         with writer.locked(run):
             try:
@@ -356,8 +374,10 @@ def load_config_file(path: Path, overrides: list[str]) -> EvalConfig:
     transport = {f"{section}.{key}" for section in ("engine", "judge_engine") for key in EngineConfig.TRANSPORT}
     for override in parse_overrides(overrides, plain=True):
         key = override.key
-        if not (key in ("cluster", "run.progress", "run.on_drift") or key.startswith("cluster.") or key in transport):
-            raise BadInput(override.text, "only cluster=NAME, cluster.*, run.progress, run.on_drift and a served "
+        if not (key in ("cluster", "run.progress", "run.on_drift", "run.part_writes") or key.startswith("cluster.")
+                or key in transport):  # fmt: skip
+            raise BadInput(override.text, "only cluster=NAME, cluster.*, run.progress, run.on_drift, run.part_writes "
+                                          "and a served "
                                           "engine's engine.base_url, api_key_env, max_concurrency, timeout_s and "
                                           "max_retries overrides are accepted; the rest is the run's own")  # fmt: skip
     return validate(load_stored(path, overrides, groups=("cluster",)))
@@ -408,6 +428,10 @@ def resume(run_path: Path, overrides: list[str] | None = None, dispatcher: Dispa
     between the two (a crash, a full disk) gets its attestation now (docs/design.md "The run directory").
     """
     run = layout.RunDir(run_path)
+    if store.remote_of(run.path) is not None:
+        message = ("a run on an object store is not resumed in place yet: copy it to a shared file system, resume it "
+                   "there, and copy it back")  # fmt: skip
+        raise BadInput(store.location_of(run.path), message)
     prepared = prepare(load_run_config(run, overrides or []))
     with writer.locked(run), _resumable(run):
         if run.record.is_file():
@@ -562,7 +586,7 @@ class _Committed:
         """The part writer whose parts these are (their files' hashes), and the run's checkpoints if any."""
         self.file_hashes, self.checkpointer = parts.file_hashes, checkpointer
 
-    def __call__(self, index: int, part: EncodedPart) -> None:
+    def __call__(self, index: int, part: EncodedPart | WrittenPart) -> None:
         failpoints.hit(f"after-part-{index}")
         self._score(index, part)
         if self.checkpointer is not None:  # the part's files are durable and hashed by now (this thread's)
@@ -570,7 +594,7 @@ class _Committed:
                      f"{layout.OUTPUTS}/{self.run.output_part(index).name}"]  # fmt: skip
             self.checkpointer.committed(part.heads, {name: self.file_hashes[name] for name in names})
 
-    def _score(self, index: int, part: EncodedPart) -> None:
+    def _score(self, index: int, part: EncodedPart | WrittenPart) -> None:
         if part.scored is not None and part.scored.scoring_hash == self.scoring_hash:
             self.scoring.add_scored(part.scored.table())
             return
@@ -583,7 +607,8 @@ class _Committed:
             self.scoring.add(part.rows)
             return
         where = str(self.run.output_part(index).relative_to(self.run.path))
-        self.scoring.add(reader.decode_output_part(part.table, where, self.columns))
+        table = part.table if isinstance(part, EncodedPart) else reader.part_bytes(self.run, where)
+        self.scoring.add(reader.decode_output_part(table, where, self.columns))
 
 
 def _write_scores(run: layout.RunDir, schema: pa.Schema, chunks: Iterator[pa.Table]) -> str:
@@ -641,9 +666,11 @@ def _complete(
     progress = RunProgress(planned, prepared.task.name, enabled=config.run.progress, done=len(parts.kept_ids))
     clock.lap("start-up")
     writing = 0.0
+    first_index = parts.next_index  # batch N of this dispatch is part first_index + N, whoever answers first
+    sink = part_sink(run, config, first_index)
     with progress, contextlib.closing(parts):
         try:
-            for outcome in dispatcher.map(batches, generator, committed.setup):
+            for outcome in dispatcher.map(batches, generator, committed.setup, **({"sink": sink} if sink else {})):
                 if outcome.worker not in watch.workers:  # a replacement worker: checked before its results count
                     for info in dispatcher.workers():
                         if info["worker"] == outcome.worker:
@@ -653,7 +680,7 @@ def _complete(
                 except DriftStopped as exc:
                     raise _drift_stop(exc, run) from exc
                 started = time.perf_counter()
-                if parts.write(outcome.part):
+                if parts.write(outcome.part, None if outcome.batch is None else first_index + outcome.batch):
                     progress.advance(outcome.episodes, outcome.part.output_tokens)
                 writing += time.perf_counter() - started
         except EngineDown:  # the backend stopped answering: the batches it answered are kept for resume

@@ -21,12 +21,14 @@ import pyarrow as pa
 
 from evalrun.config import DeterminismConfig, EngineConfig
 from evalrun.engines import ClosingEngine, ServedEngine, ServedReport, build_engine, logs
-from evalrun.episodes import EncodedPart, Engines, Planned, Provenance, kind_of_episodes
+from evalrun.episodes import EncodedPart, Engines, Planned, Provenance, WrittenPart, kind_of_episodes
 from evalrun.errors import BadInput
-from evalrun.pipeline import cpu_isa, determinism
+from evalrun.pipeline import cpu_isa, determinism, failpoints
 from evalrun.pipeline.canary import CanaryResult, canary_at_start
 from evalrun.pipeline.environment import hardware_fingerprint, library_versions, python_version
 from evalrun.records.canonical import canonical_json
+from evalrun.records.heads import PackedHeads
+from evalrun.rundir.writer import PartSink
 from evalrun.scoring.parts import PartScorer, ScoredPart, ScoringSetup
 
 
@@ -83,12 +85,15 @@ class WorkerSpec:
 
 @dataclass(frozen=True)
 class BatchOutcome:
-    part: EncodedPart
+    part: EncodedPart | WrittenPart  # the part's bytes, or (run.part_writes=workers) what its worker committed
     episodes: int
     worker: str
     # what the worker's served engines met while it ran the batch (their servers' answers, faults, retries; the
     # driver checks the answers for drift): provenance, never hashed. None: no engine of the worker is served
     served: ServedReport | None = None
+    # the batch's number in its dispatch (the order the plan made it in), which names its part: part numbers do
+    # not depend on which worker answered first. None: a dispatcher that does not say (parts in arrival order)
+    batch: int | None = None
 
     def __reduce__(self) -> tuple[Any, ...]:
         """Pickled (a Ray actor's result on its way to the driver), the log part travels zstd-compressed and
@@ -96,20 +101,22 @@ class BatchOutcome:
         105 KB to 45 KB, under Ray's 100 KiB limit for returning a result inline, so it does not go through
         the object store (raylet and driver CPU; docs/design.md "Data flow"). Inline, nothing is pickled."""
         part = self.part
+        if isinstance(part, WrittenPart):  # about 64 bytes an episode and the scored rows: as it is
+            return (BatchOutcome, (part, self.episodes, self.worker, self.served, self.batch))
         log = _LOG_CODEC.compress(part.log, asbytes=True)
         fields = (log, len(part.log), part.table, part.heads, part.output_tokens, part.scored, self.episodes,
-                  self.worker, self.served)  # fmt: skip
+                  self.worker, self.served, self.batch)  # fmt: skip
         return (_unpickle_outcome, fields)
 
 
 _LOG_CODEC = pa.Codec("zstd", compression_level=1)
 
 
-def _unpickle_outcome(log: bytes, log_size: int, table: bytes, heads: tuple[tuple[str, str], ...], output_tokens: int,
+def _unpickle_outcome(log: bytes, log_size: int, table: bytes, heads: PackedHeads, output_tokens: int,
                       scored: ScoredPart | None, episodes: int, worker: str,
-                      served: ServedReport | None = None) -> BatchOutcome:  # fmt: skip
+                      served: ServedReport | None = None, batch: int | None = None) -> BatchOutcome:  # fmt: skip
     log = _LOG_CODEC.decompress(log, decompressed_size=log_size, asbytes=True)
-    return BatchOutcome(EncodedPart(log, table, heads, output_tokens, scored), episodes, worker, served)
+    return BatchOutcome(EncodedPart(log, table, heads, output_tokens, scored), episodes, worker, served, batch)
 
 
 @dataclass(frozen=True)
@@ -205,11 +212,26 @@ class EngineWorker:
         served = [e for e in self._engines() if isinstance(e, ServedEngine)]
         return sum((e.take_report() for e in served), ServedReport()) if served else None
 
-    def run_packed(self, batch: bytes, generator: dict[str, Any], scoring: bytes | None = None) -> BatchOutcome:
+    def run_packed(self, batch: bytes, generator: dict[str, Any], scoring: bytes | None = None,
+                   sink: PartSink | None = None, number: int | None = None) -> BatchOutcome:  # fmt: skip
         """:meth:`run` on a batch as :func:`pack_batch` made it (how a Ray dispatcher ships one), its rows
         scored here with ``scoring`` (a pickled :class:`~evalrun.scoring.parts.ScoringSetup`) when given: the
-        scorer's CPU is spent in the worker's process, not the driver's (docs/design.md "Scores")."""
-        return self.run(pickle.loads(batch), generator, self._part_scorer(scoring))
+        scorer's CPU is spent in the worker's process, not the driver's (docs/design.md "Scores"). With ``sink``
+        (run.part_writes=workers) the worker commits the part into the run directory itself, as batch ``number``,
+        and sends the driver only what its commit needs (docs/design.md "Workers write, the driver commits")."""
+        outcome = replace(self.run(pickle.loads(batch), generator, self._part_scorer(scoring)), batch=number)
+        if sink is None or number is None:
+            return outcome
+        part = outcome.part
+        assert isinstance(part, EncodedPart)
+        files = sink.write(number, part.log, part.table)
+        failpoints.hit(f"worker-after-write-{sink.first_index + number}")  # written, not yet reported
+        return replace(outcome, part=part.written(files))
+
+    def arm_failpoint(self, name: str) -> None:
+        """Testing recovery: this worker's process SIGKILLs itself when it reaches failpoint ``name``
+        (:mod:`evalrun.pipeline.failpoints`)."""
+        failpoints.arm(name)
 
     def _part_scorer(self, scoring: bytes | None) -> PartScorer | None:
         """The scorer of a pickled setup, built on its first batch. None when this process cannot build it

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
@@ -25,6 +26,36 @@ def digest_bytes(text: str, what: str) -> bytes:
     return raw
 
 
+@dataclass(frozen=True)
+class PackedHeads:
+    """A part's (episode id, head) pairs as :class:`Heads` keeps them: the 32 bytes of each episode id and of its RFC
+    6962 leaf hash, in the part's order, and the ids' sum mod 2**256. Made where the heads are (the worker that ran
+    the part), so the driver appends bytes instead of hashing each episode (docs/design.md "Workers write, the driver
+    commits")."""
+
+    ids: bytes
+    leaves: bytes
+    id_sum: int
+
+    def __len__(self) -> int:
+        return len(self.ids) // DIGEST_BYTES
+
+    def episode_ids(self) -> list[str]:
+        return [self.ids[i : i + DIGEST_BYTES].hex() for i in range(0, len(self.ids), DIGEST_BYTES)]
+
+
+def pack_heads(pairs: Iterable[tuple[str, str]]) -> PackedHeads:
+    """``pairs`` packed; ValueError naming an episode id or head that is not a sha256 hex digest."""
+    ids, leaves, total = bytearray(), bytearray(), 0
+    for episode, head in pairs:
+        raw = digest_bytes(episode, "episode id")
+        digest_bytes(head, "head")
+        ids += raw
+        leaves += leaf_hash(episode, head)
+        total += int.from_bytes(raw, "big")
+    return PackedHeads(bytes(ids), bytes(leaves), total % (1 << 256))
+
+
 class Heads:
     """Episode id -> chain head, as the run's Merkle root needs them: 64 bytes an episode, the 32 bytes of
     its id and of its RFC 6962 leaf hash (hashed as the heads arrive, so that the end of a run only sorts
@@ -41,16 +72,14 @@ class Heads:
         self.add(pairs)
 
     def add(self, pairs: Iterable[tuple[str, str]]) -> None:
-        ids, leaves, total = bytearray(), bytearray(), 0
-        for episode, head in pairs:
-            raw = digest_bytes(episode, "episode id")
-            digest_bytes(head, "head")
-            ids += raw
-            leaves += leaf_hash(episode, head)
-            total += int.from_bytes(raw, "big")
-        self._ids += ids
-        self._leaves += leaves
-        self.id_sum = (self.id_sum + total) % (1 << 256)
+        self.add_packed(pack_heads(pairs))
+
+    def add_packed(self, packed: PackedHeads) -> None:
+        if len(packed.ids) != len(packed.leaves) or len(packed.ids) % DIGEST_BYTES:
+            raise ValueError("packed heads whose ids and leaves do not pair up")
+        self._ids += packed.ids
+        self._leaves += packed.leaves
+        self.id_sum = (self.id_sum + packed.id_sum) % (1 << 256)
 
     def __len__(self) -> int:
         return len(self._ids) // DIGEST_BYTES

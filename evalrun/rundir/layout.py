@@ -5,11 +5,11 @@ See docs/design.md "The run directory".
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 
 from evalrun.errors import BadInput, write_failed
+from evalrun.rundir import store
 
 MANIFEST = "manifest.json"
 CONFIG = "config.yaml"
@@ -91,29 +91,25 @@ class RunDir:
         return sorted(p for p in self.outputs.glob("part-*.parquet") if PART_PATTERN.match(p.name))
 
 
-def _nearest_existing(path: Path) -> Path:
-    path = path.absolute()
-    while not path.exists() and path != path.parent:
-        path = path.parent
-    return path
-
-
-def check_destination(field: str, path: Path, exact: bool) -> None:
-    """Before anything loads: a new run directory can be made at ``path`` (``exact``: ``path`` itself,
-    which must not hold files; else a directory under it). A BadInput names ``field`` and what to do."""
+def check_destination(field: str, where: str | Path, exact: bool) -> None:
+    """Before anything loads: a new run directory can be made at ``where`` (``exact``: ``where`` itself,
+    which must not hold files; else a directory under it), a path or a store's location
+    (:mod:`evalrun.rundir.store`). A BadInput names ``field`` and what to do."""
+    location = str(where)
+    if store.is_remote(location):
+        remote = store.open_store(location, field)
+        remote.check_writable(field)
+        if exact and remote.exists():
+            raise BadInput(field, f"{location} already holds files; choose another run.dir")
+        return
+    path = Path(location)
     if exact and path.exists():
         if not path.is_dir():
             raise BadInput(field, f"{path} exists and is not a directory; choose another run.dir")
         if any(path.iterdir()):
             raise BadInput(field, f"{path} already exists and is not empty; choose another run.dir "
                                   f"(or `evalrun resume {path}` to finish a run there)")  # fmt: skip
-    base = _nearest_existing(path if not exact or path.exists() else path.parent)
-    if not base.is_dir():
-        raise BadInput(field, f"{base} is not a directory; choose another {field}")
-    read_only = bool(os.statvfs(base).f_flag & os.ST_RDONLY)
-    if read_only or not os.access(base, os.W_OK | os.X_OK):
-        why = "is on a read-only file system" if read_only else "is not writable"
-        raise BadInput(field, f"{base} {why}; choose another {field} or make it writable")
+    store.LocalStore(str(path if not exact or path.exists() else path.parent)).check_writable(field)
 
 
 def free_path(root: Path, name: str) -> Path:
@@ -126,14 +122,19 @@ def free_path(root: Path, name: str) -> Path:
     return path
 
 
-def create_run_dir(root: Path, name: str, exact: Path | None = None) -> RunDir:
-    """A new, empty run directory: ``exact`` if given (it must not hold a run), else ``root/name[-k]``."""
+def create_run_dir(root: str | Path, name: str, exact: str | Path | None = None) -> RunDir:
+    """A new, empty run directory: ``exact`` if given (it must not hold a run), else ``root/name[-k]``. On an object
+    store, a local working copy staged for it (:func:`evalrun.rundir.store.new_working_copy`): what is committed
+    into the copy is put to the store."""
+    if store.is_remote(str(exact if exact is not None else root)):
+        return RunDir(_create_remote(str(exact) if exact is not None else None, str(root), name))
     if exact is not None:
+        exact = Path(exact)
         if exact.exists() and any(exact.iterdir()):
             raise BadInput("run.dir", f"{exact} already exists and is not empty")
         path = exact
     else:
-        path = free_path(root, name)
+        path = free_path(Path(root), name)
     try:
         path.mkdir(parents=True, exist_ok=True)
         (path / OUTPUTS).mkdir()
@@ -141,3 +142,21 @@ def create_run_dir(root: Path, name: str, exact: Path | None = None) -> RunDir:
     except OSError as exc:
         raise write_failed(exc.filename or path, exc) from exc
     return RunDir(path)
+
+
+def _create_remote(exact: str | None, root: str, name: str) -> Path:
+    if exact is not None:
+        remote = store.open_store(exact, "run.dir")
+        if remote.exists():
+            raise BadInput("run.dir", f"{exact} already holds files")
+        name = Path(remote.location.split("?")[0]).name
+    else:
+        base, k, remote = store.open_store(root), 1, None
+        while remote is None or remote.exists():
+            remote = base.child(name if k == 1 else f"{name}-{k}")
+            k += 1
+        name = Path(remote.location.split("?")[0]).name
+    local = store.new_working_copy(remote, name)
+    (local / OUTPUTS).mkdir()
+    (local / LOG).mkdir()
+    return local

@@ -51,7 +51,7 @@ from evalrun.records.outputs import (
     SCORE_ERROR_COLUMN,
     with_error_column,
 )
-from evalrun.rundir import layout
+from evalrun.rundir import layout, store
 
 RecordT = TypeVar("RecordT", bound=RecordModel)
 
@@ -151,6 +151,18 @@ def read_outputs(run: layout.RunDir, columns: list[str] | None = None) -> pa.Tab
 
 
 READ_GROUP_PARTS = 64
+
+
+def part_bytes(run: layout.RunDir, rel: str) -> bytes:
+    """A file of the run directory, ``rel`` relative to it: from the directory, or, for a local working copy of a run
+    on an object store, from the store (where the workers wrote their parts)."""
+    path = run.path / rel
+    if path.is_file():
+        return path.read_bytes()
+    remote = store.remote_of(run.path)
+    if remote is None:
+        raise _fail(rel, "missing")
+    return remote.read(rel)
 
 
 def decode_output_part(data: bytes, where: str, columns: list[str] | None = None) -> pa.Table:

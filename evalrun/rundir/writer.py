@@ -14,6 +14,7 @@ import os
 import queue
 import threading
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, Generic, Protocol, TypeVar
 
@@ -23,10 +24,10 @@ import pyarrow.parquet as pq
 from evalrun.errors import BadInput, write_failed
 from evalrun.records.canonical import canonical_json, file_sha256, sha256_hex
 from evalrun.records.formats import RecordModel
-from evalrun.records.heads import Heads
+from evalrun.records.heads import DIGEST_BYTES, Heads, PackedHeads
+from evalrun.rundir import store
 from evalrun.rundir.layout import (
     ATTESTATION,
-    LOCK,
     LOG,
     OUTPUTS,
     PART_PATTERN,
@@ -39,25 +40,6 @@ from evalrun.rundir.layout import (
 )
 
 T = TypeVar("T")
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_synced(path: Path, data: bytes | Callable[[BinaryIO], None]) -> None:
-    """``data``, or what ``data(file)`` writes, in ``path``, fsynced."""
-    with open(path, "wb") as fh:
-        if callable(data):
-            data(fh)
-        else:
-            fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
 
 
 def write_atomic(path: Path, data: bytes) -> str:
@@ -93,27 +75,18 @@ def write_atomic_streamed(path: Path, write: Callable[[BinaryIO], None]) -> str:
     return _commit_group([(path, write)])[0]
 
 
-def _commit_group(paths: list[tuple[Path, bytes | Callable[[BinaryIO], None]]]) -> list[str]:
-    """Commit files into one directory: every temporary written and fsynced, then renamed, then the
-    directory fsynced once; returns their sha256s. A failure removes the temporaries not yet renamed."""
-    temporaries = [(path.with_name(f".tmp-{path.name}"), path) for path, _ in paths]
-    at = paths[0][0]
-    try:
-        for (tmp, path), (_, data) in zip(temporaries, paths, strict=True):
-            at = path
-            _write_synced(tmp, data)
-        for tmp, path in temporaries:
-            at = path
-            os.replace(tmp, path)
-        _fsync_dir(at.parent)  # ``at``: the last file renamed, which this makes durable
-    except BaseException as exc:
-        for tmp, _ in temporaries:
-            with contextlib.suppress(OSError):
-                tmp.unlink(missing_ok=True)
-        if isinstance(exc, OSError):
-            raise write_failed(at, exc) from exc
-        raise
-    return [file_sha256(path) if callable(data) else sha256_hex(data) for path, data in paths]
+def _commit_group(paths: list[tuple[Path, store.Data]]) -> list[str]:
+    """Commit files into one directory (:func:`evalrun.rundir.store.commit_files`); in a local working copy of a
+    run on an object store, put them to the store too, in the same order (docs/design.md "Run directories on shared
+    storage")."""
+    digests = store.commit_files(paths)
+    published = store.published_to(paths[0][0])
+    if published is not None:
+        remote, first = published
+        folder = first.rpartition("/")[0]
+        names = [f"{folder}/{path.name}" if folder else path.name for path, _ in paths]
+        remote.commit([(name, path.read_bytes()) for name, (path, _) in zip(names, paths, strict=True)])
+    return digests
 
 
 def write_parquet(sink: Any, schema: pa.Schema, tables: Iterable[pa.Table]) -> None:
@@ -139,7 +112,7 @@ def table_bytes(table: pa.Table) -> bytes:
 
 class PartBytes(Protocol):
     """What the part writer commits of a batch: the bytes of its log part and output part, the heads of its
-    episodes (episode id, head) and its output tokens. The message a worker sends with them is the
+    episodes (episode id, head; packed) and its output tokens. The message a worker sends with them is the
     pipeline's (:class:`evalrun.episodes.encode.EncodedPart`); the writer hands it back to ``on_durable``."""
 
     @property
@@ -149,10 +122,47 @@ class PartBytes(Protocol):
     def table(self) -> bytes: ...
 
     @property
-    def heads(self) -> tuple[tuple[str, str], ...]: ...
+    def heads(self) -> PackedHeads: ...
 
     @property
     def output_tokens(self) -> int: ...
+
+
+@dataclass(frozen=True)
+class PartFiles:
+    """A part a worker committed into the run directory itself (``run.part_writes=workers``): each file's name
+    relative to the run, sha256 and size, the log part first. The driver records them without reading a byte."""
+
+    log: tuple[str, str, int]
+    output: tuple[str, str, int]
+
+    def hashes(self) -> dict[str, str]:
+        return {self.log[0]: self.log[1], self.output[0]: self.output[1]}
+
+
+def part_names(index: int) -> tuple[str, str]:
+    """Part ``index``'s log part and output part, relative to the run directory."""
+    return f"{LOG}/part-{index:05d}.jsonl", f"{OUTPUTS}/part-{index:05d}.parquet"
+
+
+@dataclass(frozen=True)
+class PartSink:
+    """Where an engine worker writes its batches' parts (``run.part_writes=workers``; docs/design.md "Workers write,
+    the driver commits"): the run directory's location, as every node sees it (an absolute path on a shared file
+    system, or a store's URI), and the index of batch 0 of this dispatch (a resumed run's parts go on after the
+    ones it kept). Batch N is always part ``first_index + N``: a batch that runs again after its worker died writes
+    the same names, replacing whatever the dead worker left there whole, so a run never holds two parts of one
+    batch."""
+
+    location: str
+    first_index: int
+
+    def write(self, number: int, log: bytes, table: bytes) -> PartFiles:
+        """Batch ``number``'s part committed: the log part, then the output part (so an output part in the run
+        always has its log), each whole or not at all."""
+        log_rel, out_rel = part_names(self.first_index + number)
+        log_sha, out_sha = store.open_store(self.location).commit([(log_rel, log), (out_rel, table)])
+        return PartFiles((log_rel, log_sha, len(log)), (out_rel, out_sha, len(table)))
 
 
 P = TypeVar("P", bound=PartBytes)
@@ -160,32 +170,26 @@ P = TypeVar("P", bound=PartBytes)
 
 @contextlib.contextmanager
 def locked(run: RunDir) -> Iterator[None]:
-    """Hold the run directory's driver lock; a second driver gets BadInput (exit 2).
+    """Hold the run directory's driver lock; a second driver gets BadInput (exit 2). A local working copy of a run on
+    an object store holds the store's lock too (an exclusive put: docs/design.md "Run directories on shared
+    storage").
 
     ``flock`` is released by the kernel when the holder dies, so a crashed driver never leaves a
-    stale lock behind.
+    stale lock behind on a file system.
     """
-    path = run.path / LOCK
+    here = store.LocalStore(str(run.path))
+    here.acquire(str(os.getpid()))
     try:
-        fh = open(path, "a+")  # noqa: SIM115 - closed by the with below
-    except OSError as exc:
-        raise write_failed(path, exc) from exc
-    with fh:
-        try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            fh.seek(0)
-            holder = fh.read().strip() or "unknown"
-            message = f"another evalrun driver (pid {holder}) is using this run directory"
-            raise BadInput(str(run.path), message) from None
-        fh.seek(0)
-        fh.truncate()
-        fh.write(str(os.getpid()))
-        fh.flush()
+        remote = store.remote_of(run.path)
+        if remote is not None:
+            remote.acquire(store.holder())
         try:
             yield
         finally:
-            path.unlink(missing_ok=True)
+            if remote is not None:
+                remote.release()
+    finally:
+        here.release()
 
 
 def remove_temporaries(run: RunDir) -> None:
@@ -273,23 +277,25 @@ class PartWriter(Generic[P]):
         writer.next_index = max(indices, default=-1) + 1
         return writer
 
-    def write(self, part: P) -> bool:
-        """Commit one part (or queue it, in the background): log part first, then output part.
-        False for a batch already written."""
+    def write(self, part: P | Any, index: int | None = None) -> bool:
+        """Commit one part (or queue it, in the background) as part ``index`` (None: the next number): log part
+        first, then output part; a part its worker committed itself (``part.files``, :class:`PartFiles`) is only
+        recorded. False for a batch already written."""
         self._raise_failure()
-        if not part.heads:
+        packed: PackedHeads = part.heads
+        if not len(packed):
             return False
-        ids = sha256_hex("\n".join(episode for episode, _ in part.heads))
-        first = part.heads[0][0]
+        ids = sha256_hex(packed.ids)
+        first = packed.ids[:DIGEST_BYTES].hex()
         if first in self.kept_ids or first in self._parts:
             if self._parts.get(first) == ids:
                 return False  # never written twice
             raise RuntimeError(f"a batch overlaps episodes that are already written (episode {first})")
         self._parts[first] = ids  # other overlaps show as a repeated episode id in heads.merkle_root()
-        index = self.next_index
-        self.heads.add(part.heads)
+        index = self.next_index if index is None else index
+        self.heads.add_packed(packed)
         self.output_tokens += part.output_tokens
-        self.next_index += 1
+        self.next_index = max(self.next_index, index + 1)
         if not self._background:
             self._commit([(index, part)])
             return True
@@ -351,12 +357,20 @@ class PartWriter(Generic[P]):
                 return
 
     def _commit(self, parts: list[tuple[int, P]]) -> None:
-        logs = [(self.run.log_part(index), part.log) for index, part in parts]
-        tables = [(self.run.output_part(index), part.table) for index, part in parts]
-        for (path, _), digest in zip(logs, _commit_group(logs), strict=True):
-            self.file_hashes[f"{LOG}/{path.name}"] = digest
-        for (path, _), digest in zip(tables, _commit_group(tables), strict=True):
-            self.file_hashes[f"{OUTPUTS}/{path.name}"] = digest
+        written = [(index, part) for index, part in parts if getattr(part, "files", None) is not None]
+        for index, part in written:  # committed by its worker: the driver records what it reported
+            files: PartFiles = part.files  # type: ignore[attr-defined]
+            if files.log[0] != part_names(index)[0]:
+                raise RuntimeError(f"a worker wrote batch {index} as {files.log[0]}")
+            self.file_hashes.update(files.hashes())
+        to_write = [(index, part) for index, part in parts if getattr(part, "files", None) is None]
+        logs = [(self.run.log_part(index), part.log) for index, part in to_write]
+        tables = [(self.run.output_part(index), part.table) for index, part in to_write]
+        if to_write:
+            for (path, _), digest in zip(logs, _commit_group(logs), strict=True):
+                self.file_hashes[f"{LOG}/{path.name}"] = digest
+            for (path, _), digest in zip(tables, _commit_group(tables), strict=True):
+                self.file_hashes[f"{OUTPUTS}/{path.name}"] = digest
         if self._on_durable is not None:
             for index, part in parts:
                 self._on_durable(index, part)
@@ -395,7 +409,7 @@ def append_locked(path: Path, decide: Callable[[bytes], tuple[T, bytes | None]])
                     os.ftruncate(fd, len(existing))
                 raise write_failed(path, exc) from exc
         if created:
-            _fsync_dir(path.parent)
+            store.fsync_dir(path.parent)
         return result
     finally:
         os.close(fd)

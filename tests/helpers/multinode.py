@@ -1,6 +1,7 @@
-"""Two Ray nodes on this machine, one engine worker on each; the second node is removed once the
-first batch is back. Prints the finished run's record.json. Run by tests/test_multinode.py in its
-own process (a process can hold one Ray connection, and the test session already has one)."""
+"""Two Ray nodes on this machine, one engine worker on each, writing their parts into one shared run directory
+(cluster=ray: run.part_writes defaults to workers); the second node is removed once the first batch is back.
+Prints the finished run's record.json. Run by tests/test_multinode.py in its own process (a process can hold one
+Ray connection, and the test session already has one)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import ray
 from ray.cluster_utils import Cluster
 
 from evalrun.config import load
-from evalrun.pipeline.runner import execute, open_for, prepare
+from evalrun.pipeline.runner import execute, open_for, part_writes, prepare
 
 
 class RemoveNodeAfterFirstOutcome:
@@ -23,8 +24,8 @@ class RemoveNodeAfterFirstOutcome:
     def workers(self):
         return self.inner.workers()
 
-    def map(self, batches, generator, scoring=None):
-        for number, outcome in enumerate(self.inner.map(batches, generator, scoring)):
+    def map(self, batches, generator, scoring=None, **sink):
+        for number, outcome in enumerate(self.inner.map(batches, generator, scoring, **sink)):
             if number == 0:
                 self.cluster.remove_node(self.node)
             self.stats = self.inner.stats
@@ -49,7 +50,7 @@ def main(root: Path, overrides: list[str]) -> None:
     run = execute(prepared, RemoveNodeAfterFirstOutcome(dispatcher, cluster, second))
     dispatcher.close()
     record = json.loads((run / "record.json").read_text())
-    print(json.dumps({"run": str(run), "record": record, "workers": sorted(hosts)}))
+    print(json.dumps({"run": str(run), "record": record, "workers": sorted(hosts), "part_writes": part_writes(config)}))
     ray.shutdown()
     cluster.shutdown()
 

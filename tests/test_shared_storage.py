@@ -1,0 +1,190 @@
+"""Workers write, the driver commits; run directories on shared file systems and S3-compatible stores (issue 32).
+
+The two write paths give the same run directory; a worker killed after writing a part and before reporting it
+loses and doubles nothing; a run on a local S3-compatible server (moto, started by the session) verifies, rescores
+and replays from its s3:// location; the stores' locks keep a second driver out.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import pytest
+
+from evalrun.audit.verify import verify_run
+from evalrun.cli.main import main
+from evalrun.config import load
+from evalrun.episodes import EncodedPart
+from evalrun.errors import BadInput, WriteFailed
+from evalrun.pipeline import runner
+from evalrun.pipeline.dispatch import Dispatcher
+from evalrun.records.canonical import file_sha256
+from evalrun.records.heads import pack_heads
+from evalrun.rundir import layout, store, writer
+from evalrun.rundir.reader import read_outputs
+from tests.conftest import S3_BUCKET
+
+CONFIG = ("limit=40", "decoding=sample", "seeds.repeats=2", "cluster.num_workers=2", "cluster.batch_size=3")
+GOLDEN = Path(__file__).parent / "golden" / "addition-v1"
+PROVENANCE = ("worker", "hardware", "batch_size", "latency_s")  # output columns no hash covers (design.md)
+
+
+def record(run: Path) -> dict[str, Any]:
+    return json.loads((run / layout.RECORD).read_text())
+
+
+def run_on(dispatcher: Dispatcher, root: str, *overrides: str) -> Path:
+    config = load([f"run.root={root}", "run.progress=false", "report=false", *CONFIG, *overrides])
+    return runner.execute(runner.prepare(config), dispatcher)
+
+
+def parts(run: Path) -> list[str]:
+    return sorted(p.relative_to(run).as_posix() for d in (layout.LOG, layout.OUTPUTS) for p in (run / d).iterdir())
+
+
+@pytest.fixture(scope="module")
+def driver_run(two_workers: Dispatcher, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The config through the driver-writes path on two local Ray workers."""
+    return run_on(two_workers, str(tmp_path_factory.mktemp("driver")), "run.part_writes=driver")
+
+
+def test_both_write_paths_give_the_same_run_directory(two_workers, driver_run: Path, tmp_path: Path) -> None:
+    workers_run = run_on(two_workers, str(tmp_path), "run.part_writes=workers")
+    a, b = record(driver_run), record(workers_run)
+    assert parts(driver_run) == parts(workers_run)  # the same names: a part is named by its batch, not its arrival
+    assert len(parts(driver_run)) == 2 * 27  # 80 episodes in batches of 3
+    for rel in parts(driver_run):
+        if rel.startswith(layout.LOG):  # the chains: byte for byte
+            assert (driver_run / rel).read_bytes() == (workers_run / rel).read_bytes(), rel
+        else:  # the rows: equal but for where and how fast they ran
+            left, right = pq.read_table(driver_run / rel), pq.read_table(workers_run / rel)
+            assert left.drop_columns(list(PROVENANCE)).equals(right.drop_columns(list(PROVENANCE))), rel
+        assert file_sha256(workers_run / rel) == b["files"][rel]  # what the worker reported is what it wrote
+    for name in (layout.SCORES, layout.SUMMARY):
+        assert (driver_run / name).read_bytes() == (workers_run / name).read_bytes(), name
+    for key in ("merkle_root", "digest", "episodes", "parts", "output_tokens", "format"):
+        assert a[key] == b[key], key
+    provenance_files = {layout.CONFIG, layout.MANIFEST} | {r for r in a["files"] if r.startswith(layout.OUTPUTS)}
+    assert {k: v for k, v in a["files"].items() if k not in provenance_files} == {
+        k: v for k, v in b["files"].items() if k not in provenance_files
+    }
+    verify_run(workers_run)
+
+
+def test_a_part_committed_by_the_driver_or_by_its_worker_is_the_same_bytes(tmp_path: Path) -> None:
+    part = EncodedPart(log=b'{"a":1}\n', table=writer.table_bytes(read_outputs(layout.RunDir(GOLDEN))),
+                       heads=pack_heads([("0" * 64, "1" * 64)]), output_tokens=3)  # fmt: skip
+    by_driver = layout.create_run_dir(tmp_path, "driver")
+    committer = writer.PartWriter(by_driver)
+    committer.write(part, 7)
+    by_worker = layout.create_run_dir(tmp_path, "worker")
+    files = writer.PartSink(str(by_worker.path), 5).write(2, part.log, part.table)
+    assert files.hashes() == committer.file_hashes
+    for rel in files.hashes():
+        assert (by_driver.path / rel).read_bytes() == (by_worker.path / rel).read_bytes()
+    assert not list(by_worker.path.rglob(".tmp-*"))
+
+
+def test_a_worker_that_does_not_see_the_run_directory_says_so(tmp_path: Path) -> None:
+    """A worker on a node without the run's file system: its commit fails naming the directory, and creates nothing."""
+    missing = tmp_path / "not-mounted" / "run"
+    with pytest.raises(WriteFailed, match="every node sees"):
+        writer.PartSink(str(missing), 0).write(0, b"{}\n", b"")
+    assert not missing.exists()
+
+
+def test_a_worker_killed_after_writing_a_part_and_before_reporting_it(two_workers, driver_run, tmp_path) -> None:
+    """Batch 1 goes to the first worker (it takes batches 0 and 1 at the start); the worker commits part 1 and
+    SIGKILLs itself before the driver hears of it. The batch runs again under the same name: the part is replaced
+    whole, nothing is lost or doubled, the retry is counted and the run verifies."""
+    import ray
+
+    victim = two_workers.actors()[0]
+    killed = ray.get(victim.info.remote())["worker"]
+    ray.get(victim.arm_failpoint.remote("worker-after-write-1"))
+    run = run_on(two_workers, str(tmp_path), "run.part_writes=workers")
+    rec = record(run)
+    assert rec["dispatch"]["retries"] >= 1 and rec["dispatch"]["worker_restarts"] == 1
+    assert any(event["worker"] == killed for event in rec["dispatch"]["events"])
+    assert rec["merkle_root"] == record(driver_run)["merkle_root"]
+    ids = read_outputs(layout.RunDir(run), ["episode_id"]).column("episode_id").to_pylist()
+    assert len(ids) == len(set(ids)) == 80  # nothing lost, nothing written twice
+    assert parts(run) == parts(driver_run)  # one part per batch: the orphan was replaced, not kept beside
+    assert killed not in set(pq.read_table(run / "outputs" / "part-00001.parquet").column("worker").to_pylist())
+    assert verify_run(run).episodes == 80
+
+
+def s3_location(endpoint: str, prefix: str) -> str:
+    return f"s3://{S3_BUCKET}/{prefix}-{uuid.uuid4().hex[:8]}?endpoint_url={endpoint}"
+
+
+def test_a_run_on_s3_verifies_rescores_and_replays(two_workers, driver_run, s3_server, capsys, tmp_path) -> None:
+    root = s3_location(s3_server, "runs")
+    local = run_on(two_workers, f'"{root}"')  # workers write by default on an object store
+    location = store.location_of(local)
+    assert location.startswith(f"s3://{S3_BUCKET}/") and location.endswith(f"?endpoint_url={s3_server}")
+    remote = store.open_store(location)
+    names = remote.names()
+    rec = json.loads(remote.read(layout.RECORD))
+    assert rec["merkle_root"] == record(driver_run)["merkle_root"]
+    assert {n for n in names if n.startswith((f"{layout.LOG}/", f"{layout.OUTPUTS}/"))} == set(parts(driver_run))
+    assert layout.ATTESTATION in names and store.LOCK_NAME not in names  # complete, and the lock let go
+    assert not list((local / layout.OUTPUTS).iterdir())  # the workers' parts went to the store, not the driver
+    store.discard(local)
+    capsys.readouterr()
+    for command in ("verify", "rescore", "replay"):
+        assert main([command, location]) == 0, capsys.readouterr().err
+        out = capsys.readouterr().out
+        assert ("ok: 80 episodes" in out) or ("bit-identical" in out), out
+    assert main(["report", location, "-o", str(tmp_path / "report.html")]) == 0, capsys.readouterr().err
+    assert main(["export", location, "--format", "inspect", "-o", str(tmp_path / "run.eval")]) == 0
+    with zipfile.ZipFile(tmp_path / "run.eval") as log:
+        assert json.loads(log.read("header.json"))["eval"]["metadata"]["run_dir"] == location  # not the copy read
+
+
+def test_the_stores_lock_keeps_a_second_driver_out(s3_server: str, tmp_path: Path) -> None:
+    """Two drivers' handles on one run directory (each its own store object, as in two processes)."""
+    prefix = f"{S3_BUCKET}/lock-{uuid.uuid4().hex[:8]}"
+    for make in (lambda: store.S3Store(prefix, {"endpoint_url": s3_server}), lambda: store.LocalStore(str(tmp_path))):
+        first, second = make(), make()
+        first.acquire("driver one")
+        with pytest.raises(BadInput, match="another evalrun driver"):
+            second.acquire("driver two")
+        first.release()
+        second.acquire("driver two")
+        second.release()
+
+
+def test_an_unreachable_store_is_refused_before_the_engine_loads(monkeypatch, capsys) -> None:
+    def no_engine(prepared: Any) -> None:
+        raise AssertionError("the engine was loaded before the store was checked")
+
+    monkeypatch.setattr(runner, "open_for", no_engine)
+    code = main(["run", "cluster=inline", "limit=2", 'run.root="s3://nowhere/runs?endpoint_url=http://127.0.0.1:9"'])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and err[0].startswith("evalrun run: error: run.root: s3://nowhere/runs"), err
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        ((), "driver"),  # local Ray on one machine
+        (("cluster=inline",), "driver"),
+        (("cluster=ray", "cluster.address=auto"), "workers"),
+        (('run.root="s3://bucket/runs"',), "workers"),
+        (("cluster=inline", 'run.root="s3://bucket/runs"'), "driver"),  # the inline worker is the driver's process
+        (("cluster=ray", "cluster.address=auto", "run.part_writes=driver"), "driver"),
+    ],
+)
+def test_who_writes_the_parts_by_default(overrides: tuple[str, ...], expected: str) -> None:
+    assert runner.part_writes(load(list(overrides))) == expected
+
+
+def test_workers_cannot_write_the_parts_of_an_inline_run() -> None:
+    with pytest.raises(BadInput, match=r"run\.part_writes"):
+        load(["cluster=inline", "run.part_writes=workers"])
