@@ -99,18 +99,20 @@ def test_a_worker_that_does_not_see_the_run_directory_says_so(tmp_path: Path) ->
 
 
 def test_a_worker_killed_after_writing_a_part_and_before_reporting_it(two_workers, driver_run, tmp_path) -> None:
-    """Batch 1 goes to the first worker (it takes batches 0 and 1 at the start); the worker commits part 1 and
-    SIGKILLs itself before the driver hears of it. The batch runs again under the same name: the part is replaced
-    whole, nothing is lost or doubled, the retry is counted and the run verifies."""
+    """Whichever worker commits part 1 first SIGKILLs itself before the driver hears of it (both are armed, once
+    between them: which worker takes a batch is the dispatcher's to decide). The batch runs again under the same
+    name: the part is replaced whole, nothing is lost or doubled, the retry is counted and the run verifies."""
     import ray
 
-    victim = two_workers.actors()[0]
-    killed = ray.get(victim.info.remote())["worker"]
-    ray.get(victim.arm_failpoint.remote("worker-after-write-1"))
-    run = run_on(two_workers, str(tmp_path), "run.part_writes=workers")
+    actors = two_workers.actors()
+    workers = {ray.get(actor.info.remote())["worker"] for actor in actors}
+    ray.get([actor.arm_failpoint.remote("worker-after-write-1", str(tmp_path / "fired")) for actor in actors])
+    run = run_on(two_workers, str(tmp_path / "runs"), "run.part_writes=workers")
     rec = record(run)
     assert rec["dispatch"]["retries"] >= 1 and rec["dispatch"]["worker_restarts"] == 1
-    assert any(event["worker"] == killed for event in rec["dispatch"]["events"])
+    dead = {event["worker"] for event in rec["dispatch"]["events"]}
+    assert len(dead) == 1 and dead <= workers and (tmp_path / "fired").is_file()
+    (killed,) = dead
     assert rec["merkle_root"] == record(driver_run)["merkle_root"]
     ids = read_outputs(layout.RunDir(run), ["episode_id"]).column("episode_id").to_pylist()
     assert len(ids) == len(set(ids)) == 80  # nothing lost, nothing written twice

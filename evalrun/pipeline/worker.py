@@ -228,10 +228,10 @@ class EngineWorker:
         failpoints.hit(f"worker-after-write-{sink.first_index + number}")  # written, not yet reported
         return replace(outcome, part=part.written(files))
 
-    def arm_failpoint(self, name: str) -> None:
-        """Testing recovery: this worker's process SIGKILLs itself when it reaches failpoint ``name``
-        (:mod:`evalrun.pipeline.failpoints`)."""
-        failpoints.arm(name)
+    def arm_failpoint(self, name: str, once: str | None = None) -> None:
+        """Testing recovery: this worker's process SIGKILLs itself when it reaches failpoint ``name`` (with ``once``,
+        only if it is the first armed process to: :mod:`evalrun.pipeline.failpoints`)."""
+        failpoints.arm(name, once)
 
     def _part_scorer(self, scoring: bytes | None) -> PartScorer | None:
         """The scorer of a pickled setup, built on its first batch. None when this process cannot build it
