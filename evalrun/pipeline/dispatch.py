@@ -31,7 +31,15 @@ from evalrun.episodes.plan import Episode
 from evalrun.errors import BadInput, first_line
 from evalrun.pipeline import cpu_isa
 from evalrun.pipeline.raylocal import start_local
-from evalrun.pipeline.worker import BatchOutcome, CollectedLogs, EngineWorker, WorkerSpec, pack_batch
+from evalrun.pipeline.worker import (
+    ACTOR_CONCURRENCY,
+    BatchOutcome,
+    CollectedLogs,
+    EngineWorker,
+    RayEngineWorker,
+    WorkerSpec,
+    pack_batch,
+)
 from evalrun.records.canonical import canonical_hash
 from evalrun.rundir.writer import PartSink
 from evalrun.scoring.parts import ScoringSetup
@@ -171,9 +179,10 @@ class RayDispatcher:
         gpus = cluster.gpus_per_worker
         if gpus is None:
             gpus = spec.engine.tensor_parallel_size if ray.cluster_resources().get("GPU", 0) > 0 else 0
-        self._actor_class = ray.remote(EngineWorker)
-        self._actor_options: dict[str, Any] = {"num_cpus": cluster.cpus_per_worker, "num_gpus": gpus}
+        self._actor_class = ray.remote(RayEngineWorker)
         self._max_in_flight = cluster.max_in_flight
+        self._actor_options: dict[str, Any] = {"num_cpus": cluster.cpus_per_worker, "num_gpus": gpus,
+                                               "max_concurrency": self._max_in_flight + ACTOR_CONCURRENCY}  # fmt: skip
         self._max_restarts = cluster.max_worker_restarts
         self._max_attempts = cluster.max_batch_attempts
         self._start_timeout = cluster.worker_start_timeout_s

@@ -1,6 +1,7 @@
 """An engine worker: one engine, the determinism layer applied first, episodes in, results out.
 
-The same class runs inline in the driver or as a Ray actor; it never writes files.
+The same class runs inline in the driver or, wrapped in :class:`RayEngineWorker`, as a Ray actor; it writes files only
+when a dispatch hands it a sink for its parts (run.part_writes=workers).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import socket
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, cast
@@ -220,13 +222,7 @@ class EngineWorker:
         (run.part_writes=workers) the worker commits the part into the run directory itself, as batch ``number``,
         and sends the driver only what its commit needs (docs/design.md "Workers write, the driver commits")."""
         outcome = replace(self.run(pickle.loads(batch), generator, self._part_scorer(scoring)), batch=number)
-        if sink is None or number is None:
-            return outcome
-        part = outcome.part
-        assert isinstance(part, EncodedPart)
-        files = sink.write(number, part.log, part.table)
-        failpoints.hit(f"worker-after-write-{sink.first_index + number}")  # written, not yet reported
-        return replace(outcome, part=part.written(files))
+        return outcome if sink is None or number is None else commit(outcome, sink, number)
 
     def arm_failpoint(self, name: str, once: str | None = None) -> None:
         """Testing recovery: this worker's process SIGKILLs itself when it reaches failpoint ``name`` (with ``once``,
@@ -262,6 +258,53 @@ class EngineWorker:
             yield BatchOutcome(kind.encode(results, provenance), len(results), self.name, self._served())
             started = time.perf_counter()
 
+
+def commit(outcome: BatchOutcome, sink: PartSink, number: int) -> BatchOutcome:
+    """Batch ``number``'s part committed through ``sink`` (run.part_writes=workers), and what the driver is sent of it
+    instead of its bytes."""
+    part = outcome.part
+    assert isinstance(part, EncodedPart)
+    files = sink.write(number, part.log, part.table)
+    failpoints.hit(f"worker-after-write-{sink.first_index + number}")  # written, not yet reported
+    return replace(outcome, part=part.written(files))
+
+
+class RayEngineWorker:
+    """An :class:`EngineWorker` as a Ray actor of ``max_concurrency`` >= 2 (:data:`ACTOR_CONCURRENCY` more than the
+    batches the dispatcher keeps in flight for it).
+
+    The engine lives on one thread of its own: the worker is built there (its engine, its torch thread settings,
+    its canary) and every batch runs there, one at a time, in the order the batches reach it; the process's other
+    threads only wait on it. What a batch does after its engine, committing its part (two files, each fsynced, and
+    their directories: tens of milliseconds on a disk, more on a shared file system or an object store) and
+    sending its result, runs on the Ray task's own thread, while the engine thread runs the next batch: a worker's
+    commits never stand between its batches (docs/design.md "Workers write, the driver commits")."""
+
+    def __init__(self, spec: WorkerSpec, name: str) -> None:
+        self._engine_thread = ThreadPoolExecutor(1, thread_name_prefix="evalrun-engine")
+        self._worker = self._engine_thread.submit(EngineWorker, spec, name).result()
+
+    def info(self) -> dict[str, Any]:
+        return self._worker.info()
+
+    def log_text(self) -> str:
+        return self._worker.log_text()
+
+    def arm_failpoint(self, name: str, once: str | None = None) -> None:
+        self._worker.arm_failpoint(name, once)
+
+    def run_packed(self, batch: bytes, generator: dict[str, Any], scoring: bytes | None = None,
+                   sink: PartSink | None = None, number: int | None = None) -> BatchOutcome:  # fmt: skip
+        """:meth:`EngineWorker.run_packed`, its engine work on the engine thread, its commit on this one."""
+        outcome = self._engine_thread.submit(self._worker.run_packed, batch, generator, scoring, None, number).result()
+        return outcome if sink is None or number is None else commit(outcome, sink, number)
+
+    def close(self) -> None:
+        self._engine_thread.submit(self._worker.close).result()
+        self._engine_thread.shutdown()
+
+
+ACTOR_CONCURRENCY = 2  # a RayEngineWorker's threads beyond its batches in flight: its commits, info and logs meanwhile
 
 _LOG = logging.getLogger(__name__)
 
