@@ -23,7 +23,15 @@ import pyarrow as pa
 
 from evalrun.config import DeterminismConfig, EngineConfig
 from evalrun.engines import ClosingEngine, ServedEngine, ServedReport, build_engine, logs
-from evalrun.episodes import EncodedPart, Engines, Planned, Provenance, WrittenPart, kind_of_episodes
+from evalrun.episodes import (
+    EncodedPart,
+    Engines,
+    EpisodeKind,
+    Planned,
+    Provenance,
+    WrittenPart,
+    kind_of_episodes,
+)
 from evalrun.errors import BadInput
 from evalrun.pipeline import cpu_isa, determinism, failpoints
 from evalrun.pipeline.canary import CanaryResult, canary_at_start
@@ -122,6 +130,17 @@ def _unpickle_outcome(log: bytes, log_size: int, table: bytes, heads: PackedHead
 
 
 @dataclass(frozen=True)
+class Generated:
+    """A batch run on a worker's engines, its results not yet encoded: what :meth:`EngineWorker.generate` hands to
+    :meth:`EngineWorker.encode` (in a Ray worker, from its engine's thread to its encoding thread)."""
+
+    kind: EpisodeKind
+    results: list[Any]
+    provenance: Provenance
+    served: ServedReport | None  # what the served engines met while the batch ran (BatchOutcome.served)
+
+
+@dataclass(frozen=True)
 class CollectedLogs:
     """A dispatcher's logs at the end of a run: text by log name (a worker's, as ``inline-0`` or ``ray-1``, or
     ``driver``), and why each one that could not be fetched was not."""
@@ -203,11 +222,21 @@ class EngineWorker:
 
     def run(self, episodes: list[Planned], generator: dict[str, Any], scorer: PartScorer | None = None) -> BatchOutcome:
         """A batch's outcome; its rows scored by ``scorer`` when given, else left for the driver to score."""
+        return self.encode(self.generate(episodes, generator), scorer)
+
+    def generate(self, episodes: list[Planned], generator: dict[str, Any]) -> Generated:
+        """A batch run on the engines, its results not yet encoded (the engines' part of :meth:`run`)."""
         started = time.perf_counter()
         kind = kind_of_episodes(episodes)
         results = kind.run(self.engines, episodes, generator)
         provenance = Provenance(self.name, self.hardware, len(results), time.perf_counter() - started)
-        return BatchOutcome(kind.encode(results, provenance, scorer), len(results), self.name, self._served())
+        return Generated(kind, results, provenance, self._served())
+
+    def encode(self, generated: Generated, scorer: PartScorer | None = None) -> BatchOutcome:
+        """A generated batch's outcome: its part encoded, its rows scored by ``scorer`` when given (the part of
+        :meth:`run` that needs no engine)."""
+        part = generated.kind.encode(generated.results, generated.provenance, scorer)
+        return BatchOutcome(part, len(generated.results), self.name, generated.served)
 
     def _served(self) -> ServedReport | None:
         """What the served engines met since the last batch (None: no engine of this worker is served)."""
@@ -221,7 +250,7 @@ class EngineWorker:
         scorer's CPU is spent in the worker's process, not the driver's (docs/design.md "Scores"). With ``sink``
         (run.part_writes=workers) the worker commits the part into the run directory itself, as batch ``number``,
         and sends the driver only what its commit needs (docs/design.md "Workers write, the driver commits")."""
-        outcome = replace(self.run(pickle.loads(batch), generator, self._part_scorer(scoring)), batch=number)
+        outcome = replace(self.run(pickle.loads(batch), generator, self.part_scorer(scoring)), batch=number)
         return outcome if sink is None or number is None else commit(outcome, sink, number)
 
     def arm_failpoint(self, name: str, once: str | None = None) -> None:
@@ -229,7 +258,7 @@ class EngineWorker:
         only if it is the first armed process to: :mod:`evalrun.pipeline.failpoints`)."""
         failpoints.arm(name, once)
 
-    def _part_scorer(self, scoring: bytes | None) -> PartScorer | None:
+    def part_scorer(self, scoring: bytes | None) -> PartScorer | None:
         """The scorer of a pickled setup, built on its first batch. None when this process cannot build it
         (a scorer registered only in the driver's process, say): the driver then scores the parts."""
         if scoring is None:
@@ -271,17 +300,23 @@ def commit(outcome: BatchOutcome, sink: PartSink, number: int) -> BatchOutcome:
 
 class RayEngineWorker:
     """An :class:`EngineWorker` as a Ray actor of ``max_concurrency`` >= 2 (:data:`ACTOR_CONCURRENCY` more than the
-    batches the dispatcher keeps in flight for it).
+    batches the dispatcher keeps in flight for it): a batch goes through three stages, each on threads of its own,
+    so that the engine never waits for what follows it.
 
-    The engine lives on one thread of its own: the worker is built there (its engine, its torch thread settings,
-    its canary) and every batch runs there, one at a time, in the order the batches reach it; the process's other
-    threads only wait on it. What a batch does after its engine, committing its part (two files, each fsynced, and
-    their directories: tens of milliseconds on a disk, more on a shared file system or an object store) and
-    sending its result, runs on the Ray task's own thread, while the engine thread runs the next batch: a worker's
-    commits never stand between its batches (docs/design.md "Workers write, the driver commits")."""
+    1. The engine lives on one thread: the worker is built there (its engine, its torch thread settings, its canary)
+       and every batch's engine work runs there, one batch at a time (:meth:`EngineWorker.generate`). OpenMP keeps
+       its thread count per calling thread, and a result may depend on it.
+    2. One encoding thread encodes each generated batch's part and scores its rows (:meth:`EngineWorker.encode`),
+       one batch at a time (a scorer need not be thread-safe), while the engine runs the next batch.
+    3. The Ray call's own thread commits the part (run.part_writes=workers: two files, each fsynced, and their
+       directories; tens of milliseconds on a disk, more on a shared file system or an object store) and sends the
+       result.
+
+    (docs/design.md "Workers write, the driver commits")"""
 
     def __init__(self, spec: WorkerSpec, name: str) -> None:
         self._engine_thread = ThreadPoolExecutor(1, thread_name_prefix="evalrun-engine")
+        self._encoding_thread = ThreadPoolExecutor(1, thread_name_prefix="evalrun-encode")
         self._worker = self._engine_thread.submit(EngineWorker, spec, name).result()
 
     def info(self) -> dict[str, Any]:
@@ -295,13 +330,18 @@ class RayEngineWorker:
 
     def run_packed(self, batch: bytes, generator: dict[str, Any], scoring: bytes | None = None,
                    sink: PartSink | None = None, number: int | None = None) -> BatchOutcome:  # fmt: skip
-        """:meth:`EngineWorker.run_packed`, its engine work on the engine thread, its commit on this one."""
-        outcome = self._engine_thread.submit(self._worker.run_packed, batch, generator, scoring, None, number).result()
+        """:meth:`EngineWorker.run_packed` in three stages: the engine's work on the engine thread, the part's encoding
+        and scoring on the encoding thread, its commit on this one."""
+        worker, episodes = self._worker, pickle.loads(batch)
+        generated = self._engine_thread.submit(worker.generate, episodes, generator).result()
+        outcome = self._encoding_thread.submit(lambda: worker.encode(generated, worker.part_scorer(scoring))).result()
+        outcome = replace(outcome, batch=number)
         return outcome if sink is None or number is None else commit(outcome, sink, number)
 
     def close(self) -> None:
         self._engine_thread.submit(self._worker.close).result()
         self._engine_thread.shutdown()
+        self._encoding_thread.shutdown()
 
 
 ACTOR_CONCURRENCY = 2  # a RayEngineWorker's threads beyond its batches in flight: its commits, info and logs meanwhile
