@@ -18,22 +18,24 @@ from evalrun.errors import BadInput, CheckFailed
 from evalrun.pipeline import failpoints
 from evalrun.records.chain import GENESIS
 from evalrun.records.formats import Checkpoint, checkpoint_hash
-from evalrun.records.heads import Heads, PackedHeads
+from evalrun.records.heads import Heads
 from evalrun.rundir import layout, ledger
 from evalrun.rundir.checkpoints import checkpoint_name, read_checkpoints, write_checkpoint
 
 
 class Checkpointer:
     """Told of each part once it is durable (in the part writer's committer thread), it commits a checkpoint when
-    one is due. ``kept`` are a resumed run's parts on disk: their episodes' heads and files' hashes."""
+    one is due. ``heads`` are the part writer's, of its durable parts (a resumed run's kept ones among them), read,
+    never copied: a run holds its heads once. ``kept_files`` are a resumed run's parts on disk: their files'
+    hashes."""
 
-    def __init__(self, run: layout.RunDir, digest: str, settings: RunConfig, key: Path | None,
-                 kept_heads: Heads | None = None, kept_files: Mapping[str, str] | None = None,
+    def __init__(self, run: layout.RunDir, digest: str, settings: RunConfig, key: Path | None, heads: Heads,
+                 kept_files: Mapping[str, str] | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
         self.run, self.digest, self.key, self.clock = run, digest, key, clock
         self.every_parts, self.every_s = settings.checkpoint_every_parts, settings.checkpoint_every_s
         self.ledger = Path(settings.ledger) if settings.ledger is not None else None
-        self.heads = kept_heads.copy() if kept_heads is not None else Heads()  # of the durable parts
+        self.heads = heads
         self.files = dict(kept_files or {})
         self.seq, self.prev = 0, GENESIS
         for rel, found in read_checkpoints(run):  # a resumed run's: they must list only parts it keeps
@@ -49,10 +51,9 @@ class Checkpointer:
     def enabled(self) -> bool:
         return self.every_parts is not None or self.every_s is not None
 
-    def committed(self, heads: PackedHeads, files: Mapping[str, str]) -> None:
-        """A part is durable: its episodes' heads (hashed where the part was made) and its files' hashes; commit a
-        checkpoint if one is due."""
-        self.heads.add_packed(heads)
+    def committed(self, files: Mapping[str, str]) -> None:
+        """A part is durable (its episodes' heads are in ``heads`` by now): its files' hashes; commit a checkpoint
+        if one is due."""
         self.files.update(files)
         self.parts_since += 1
         due_parts = self.every_parts is not None and self.parts_since >= self.every_parts

@@ -228,8 +228,7 @@ def _anchor(run: layout.RunDir, config: EvalConfig) -> None:
 def _checkpointer(run: layout.RunDir, prepared: Prepared, parts: writer.PartWriter) -> Checkpointer | None:
     """The run's checkpoints (none when both run.checkpoint_every_* are null), going on from a resumed run's."""
     kept = dict(parts.file_hashes) if parts.kept_parts else None
-    found = Checkpointer(run, prepared.digest.digest, prepared.config.run, signing_key(),
-                         parts.heads if parts.kept_parts else None, kept)  # fmt: skip
+    found = Checkpointer(run, prepared.digest.digest, prepared.config.run, signing_key(), parts.heads, kept)
     return found if found.enabled else None
 
 
@@ -592,7 +591,7 @@ class _Committed:
         if self.checkpointer is not None:  # the part's files are durable and hashed by now (this thread's)
             names = [f"{layout.LOG}/{self.run.log_part(index).name}",
                      f"{layout.OUTPUTS}/{self.run.output_part(index).name}"]  # fmt: skip
-            self.checkpointer.committed(part.heads, {name: self.file_hashes[name] for name in names})
+            self.checkpointer.committed({name: self.file_hashes[name] for name in names})
 
     def _score(self, index: int, part: EncodedPart | WrittenPart) -> None:
         if part.scored is not None and part.scored.scoring_hash == self.scoring_hash:

@@ -219,6 +219,8 @@ class PartWriter(Generic[P]):
     ) -> None:
         self.run = run
         self.next_index = 0
+        # the episodes of the durable parts (added as each is committed): one copy a run, which its checkpoints
+        # share (64 bytes an episode)
         self.heads = Heads()
         self.kept_ids: frozenset[str] = frozenset()  # the episodes of the parts recover() kept
         self._parts: dict[str, str] = {}  # a part's first episode id -> the digest of all its ids
@@ -293,7 +295,6 @@ class PartWriter(Generic[P]):
             raise RuntimeError(f"a batch overlaps episodes that are already written (episode {first})")
         self._parts[first] = ids  # other overlaps show as a repeated episode id in heads.merkle_root()
         index = self.next_index if index is None else index
-        self.heads.add_packed(packed)
         self.output_tokens += part.output_tokens
         self.next_index = max(self.next_index, index + 1)
         if not self._background:
@@ -371,8 +372,9 @@ class PartWriter(Generic[P]):
                 self.file_hashes[f"{LOG}/{path.name}"] = digest
             for (path, _), digest in zip(tables, _commit_group(tables), strict=True):
                 self.file_hashes[f"{OUTPUTS}/{path.name}"] = digest
-        if self._on_durable is not None:
-            for index, part in parts:
+        for index, part in parts:  # each part's heads, then what follows its being durable (a checkpoint reads them)
+            self.heads.add_packed(part.heads)
+            if self._on_durable is not None:
                 self._on_durable(index, part)
 
 
