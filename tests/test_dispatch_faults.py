@@ -41,8 +41,8 @@ class KillAfterFirstOutcome:
     def workers(self) -> list[dict[str, Any]]:
         return self.inner.workers()
 
-    def map(self, batches, generator, scoring=None, **sink) -> Iterator[Any]:
-        for number, outcome in enumerate(self.inner.map(batches, generator, scoring, **sink)):
+    def map(self, batches, generator, scoring=None, sink=None) -> Iterator[Any]:
+        for number, outcome in enumerate(self.inner.map(batches, generator, scoring, sink)):
             if number == 0:
                 self.kill(self.inner)
             yield outcome
@@ -69,7 +69,7 @@ class CountingTaken(KillAfterFirstOutcome):
         super().__init__(inner, lambda d: None)
         self.taken_at_outcome: list[int] = []
 
-    def map(self, batches, generator, scoring=None, **sink) -> Iterator[Any]:
+    def map(self, batches, generator, scoring=None, sink=None) -> Iterator[Any]:
         taken = 0
 
         def counted() -> Iterator[Any]:
@@ -78,7 +78,7 @@ class CountingTaken(KillAfterFirstOutcome):
                 taken += 1
                 yield batch
 
-        for outcome in self.inner.map(counted(), generator, scoring, **sink):
+        for outcome in self.inner.map(counted(), generator, scoring, sink):
             self.taken_at_outcome.append(taken)
             yield outcome
 

@@ -56,7 +56,7 @@ class StubDispatcher:
                  "judge_engine": None}]  # fmt: skip
 
     def map(self, batches: Iterable[list[Episode]], generator: dict[str, Any],
-            scoring: Any = None) -> Iterator[BatchOutcome]:  # fmt: skip
+            scoring: Any = None, sink: Any = None) -> Iterator[BatchOutcome]:  # fmt: skip
         for number, batch in enumerate(batches):
             if number == self.interrupt_after:
                 raise KeyboardInterrupt
@@ -170,7 +170,7 @@ class LosingDispatcher(StubDispatcher):
         self.swap = swap
 
     def map(self, batches: Iterable[list[Episode]], generator: dict[str, Any],
-            scoring: Any = None) -> Iterator[BatchOutcome]:  # fmt: skip
+            scoring: Any = None, sink: Any = None) -> Iterator[BatchOutcome]:  # fmt: skip
         def tampered() -> Iterator[list[Episode]]:
             for number, batch in enumerate(batches):
                 if number == 1 and self.swap:

@@ -110,8 +110,8 @@ class ReportsAnotherEngineVersion:
         infos[1]["engine"]["version"] = "0.0.1-other"
         return infos[:1] if self.late and not self.served else infos
 
-    def map(self, batches, generator, scoring=None) -> Iterator[Any]:
-        for outcome in self.inner.map(batches, generator, scoring):
+    def map(self, batches, generator, scoring=None, sink=None) -> Iterator[Any]:
+        for outcome in self.inner.map(batches, generator, scoring, sink):
             self.served += 1
             yield outcome
 

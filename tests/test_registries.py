@@ -150,7 +150,8 @@ def test_one_decorated_class_or_function_adds_an_engine_dispatcher_scorer_and_no
 
     @dispatcher("counting")
     class CountingDispatcher(InlineDispatcher):
-        def map(self, batches_: Iterable[list[Any]], generator: dict[str, Any], scoring: Any = None) -> Iterator[Any]:
+        def map(self, batches_: Iterable[list[Any]], generator: dict[str, Any], scoring: Any = None,
+                sink: Any = None) -> Iterator[Any]:  # fmt: skip
             def counted() -> Iterator[list[Any]]:
                 for batch in batches_:
                     batches.append(len(batch))

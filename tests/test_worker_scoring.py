@@ -26,7 +26,7 @@ from evalrun.episodes.harness import run_episodes
 from evalrun.episodes.plan import Episode
 from evalrun.pipeline import runner
 from evalrun.pipeline.dispatch import DispatchStats, dispatcher_key
-from evalrun.pipeline.worker import BatchOutcome, EngineWorker, WorkerSpec, pack_batch
+from evalrun.pipeline.worker import BatchOutcome, RayEngineWorker, WorkerSpec, pack_batch
 from evalrun.rundir import layout, reader
 from evalrun.scoring import Scoring, ScoringContext, score_columns
 from evalrun.scoring.parts import PartScorer, ScoredPart, ScoringSetup
@@ -63,7 +63,7 @@ class WorkerLike:
                  "judge_engine": None}]  # fmt: skip
 
     def map(self, batches: Iterable[list[Episode]], generator: dict[str, Any],
-            scoring: ScoringSetup | None = None) -> Iterator[BatchOutcome]:  # fmt: skip
+            scoring: ScoringSetup | None = None, sink: Any = None) -> Iterator[BatchOutcome]:  # fmt: skip
         scorer = PartScorer(scoring) if scoring is not None and self.scores else None
         for batch in batches:
             part = encode_part(run_episodes(HalfRight(), batch, generator), Provenance("ray-0", "{}", len(batch), 0.0),
@@ -150,7 +150,7 @@ def test_a_worker_that_cannot_build_the_scorer_leaves_the_scoring_to_the_driver(
         return HalfRight()
 
     prepared = runner.prepare(load(list(CONFIG)))
-    worker = EngineWorker(replace(prepared.worker_spec, engine_factory=stub), "ray-0")
+    worker = RayEngineWorker(replace(prepared.worker_spec, engine_factory=stub), "ray-0")
     batch = pack_batch(list(prepared.episodes)[:2])
     generator = {"name": "evalrun", "version": "t", "git_commit": None}
     unknown = pickle.dumps(ScoringSetup(ScorerConfig(name="registered-only-in-the-driver"), ScoringContext()))

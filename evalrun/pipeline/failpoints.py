@@ -3,7 +3,7 @@ itself when it reaches ``NAME`` (no cleanup, no flush: exactly what a power cut 
 
 Points: ``before-first-part``, ``after-part-K`` (K = 0, 1, ...), ``before-record``; in an engine worker that
 writes its own parts, ``worker-after-write-K`` (part K committed, not yet reported to the driver). A test arms a
-point in a running worker's process with :func:`arm` (``EngineWorker.arm_failpoint``), since a Ray worker's
+point in a running worker's process with :func:`arm` (``RayEngineWorker.arm_failpoint``), since a Ray worker's
 environment is fixed when its process starts; armed ``once`` with a marker file, a point fires in the first process
 of all those armed that reaches it (which of several workers takes a batch is the dispatcher's to decide).
 """

@@ -589,9 +589,7 @@ class _Committed:
         failpoints.hit(f"after-part-{index}")
         self._score(index, part)
         if self.checkpointer is not None:  # the part's files are durable and hashed by now (this thread's)
-            names = [f"{layout.LOG}/{self.run.log_part(index).name}",
-                     f"{layout.OUTPUTS}/{self.run.output_part(index).name}"]  # fmt: skip
-            self.checkpointer.committed({name: self.file_hashes[name] for name in names})
+            self.checkpointer.committed({name: self.file_hashes[name] for name in layout.part_names(index)})
 
     def _score(self, index: int, part: EncodedPart | WrittenPart) -> None:
         if part.scored is not None and part.scored.scoring_hash == self.scoring_hash:
@@ -605,7 +603,7 @@ class _Committed:
         if part.rows is not None:
             self.scoring.add(part.rows)
             return
-        where = str(self.run.output_part(index).relative_to(self.run.path))
+        where = layout.part_names(index)[1]
         table = part.table if isinstance(part, EncodedPart) else reader.part_bytes(self.run, where)
         self.scoring.add(reader.decode_output_part(table, where, self.columns))
 
@@ -669,7 +667,7 @@ def _complete(
     sink = part_sink(run, config, first_index)
     with progress, contextlib.closing(parts):
         try:
-            for outcome in dispatcher.map(batches, generator, committed.setup, **({"sink": sink} if sink else {})):
+            for outcome in dispatcher.map(batches, generator, committed.setup, sink):
                 if outcome.worker not in watch.workers:  # a replacement worker: checked before its results count
                     for info in dispatcher.workers():
                         if info["worker"] == outcome.worker:

@@ -220,12 +220,8 @@ class EngineWorker:
         text = logs.stdio_files_text() if self._own_process else None
         return self._log.text() if text is None else text
 
-    def run(self, episodes: list[Planned], generator: dict[str, Any], scorer: PartScorer | None = None) -> BatchOutcome:
-        """A batch's outcome; its rows scored by ``scorer`` when given, else left for the driver to score."""
-        return self.encode(self.generate(episodes, generator), scorer)
-
     def generate(self, episodes: list[Planned], generator: dict[str, Any]) -> Generated:
-        """A batch run on the engines, its results not yet encoded (the engines' part of :meth:`run`)."""
+        """A batch run on the engines, its results not yet encoded (:meth:`encode` makes its part)."""
         started = time.perf_counter()
         kind = kind_of_episodes(episodes)
         results = kind.run(self.engines, episodes, generator)
@@ -233,8 +229,8 @@ class EngineWorker:
         return Generated(kind, results, provenance, self._served())
 
     def encode(self, generated: Generated, scorer: PartScorer | None = None) -> BatchOutcome:
-        """A generated batch's outcome: its part encoded, its rows scored by ``scorer`` when given (the part of
-        :meth:`run` that needs no engine)."""
+        """A generated batch's outcome: its part encoded, its rows scored by ``scorer`` when given, else left for the
+        driver to score (what follows the engines, and needs none)."""
         part = generated.kind.encode(generated.results, generated.provenance, scorer)
         return BatchOutcome(part, len(generated.results), self.name, generated.served)
 
@@ -242,21 +238,6 @@ class EngineWorker:
         """What the served engines met since the last batch (None: no engine of this worker is served)."""
         served = [e for e in self._engines() if isinstance(e, ServedEngine)]
         return sum((e.take_report() for e in served), ServedReport()) if served else None
-
-    def run_packed(self, batch: bytes, generator: dict[str, Any], scoring: bytes | None = None,
-                   sink: PartSink | None = None, number: int | None = None) -> BatchOutcome:  # fmt: skip
-        """:meth:`run` on a batch as :func:`pack_batch` made it (how a Ray dispatcher ships one), its rows
-        scored here with ``scoring`` (a pickled :class:`~evalrun.scoring.parts.ScoringSetup`) when given: the
-        scorer's CPU is spent in the worker's process, not the driver's (docs/design.md "Scores"). With ``sink``
-        (run.part_writes=workers) the worker commits the part into the run directory itself, as batch ``number``,
-        and sends the driver only what its commit needs (docs/design.md "Workers write, the driver commits")."""
-        outcome = replace(self.run(pickle.loads(batch), generator, self.part_scorer(scoring)), batch=number)
-        return outcome if sink is None or number is None else commit(outcome, sink, number)
-
-    def arm_failpoint(self, name: str, once: str | None = None) -> None:
-        """Testing recovery: this worker's process SIGKILLs itself when it reaches failpoint ``name`` (with ``once``,
-        only if it is the first armed process to: :mod:`evalrun.pipeline.failpoints`)."""
-        failpoints.arm(name, once)
 
     def part_scorer(self, scoring: bytes | None) -> PartScorer | None:
         """The scorer of a pickled setup, built on its first batch. None when this process cannot build it
@@ -273,9 +254,9 @@ class EngineWorker:
         return self._scorers[scoring]
 
     def run_batches(self, batches: Iterable[list[Planned]], generator: dict[str, Any]) -> Iterator[BatchOutcome]:
-        """:meth:`run` over each batch, in order, with the same parts, through the kind's ``run_batches`` (a
-        dataset's keeps a queueing engine busy between batches). A part's ``latency_s`` is then the time from
-        the previous part's hand-over to its own results."""
+        """:meth:`generate` and :meth:`encode` over each batch, in order, with the same parts, through the kind's
+        ``run_batches`` (a dataset's keeps a queueing engine busy between batches). A part's ``latency_s`` is then
+        the time from the previous part's hand-over to its own results."""
         source = iter(batches)
         first = next(source, None)
         if first is None:
@@ -286,16 +267,6 @@ class EngineWorker:
             provenance = Provenance(self.name, self.hardware, len(results), time.perf_counter() - started)
             yield BatchOutcome(kind.encode(results, provenance), len(results), self.name, self._served())
             started = time.perf_counter()
-
-
-def commit(outcome: BatchOutcome, sink: PartSink, number: int) -> BatchOutcome:
-    """Batch ``number``'s part committed through ``sink`` (run.part_writes=workers), and what the driver is sent of it
-    instead of its bytes."""
-    part = outcome.part
-    assert isinstance(part, EncodedPart)
-    files = sink.write(number, part.log, part.table)
-    failpoints.hit(f"worker-after-write-{sink.first_index + number}")  # written, not yet reported
-    return replace(outcome, part=part.written(files))
 
 
 class RayEngineWorker:
@@ -326,17 +297,29 @@ class RayEngineWorker:
         return self._worker.log_text()
 
     def arm_failpoint(self, name: str, once: str | None = None) -> None:
-        self._worker.arm_failpoint(name, once)
+        """Testing recovery: this worker's process SIGKILLs itself when it reaches failpoint ``name`` (with ``once``,
+        only if it is the first armed process to: :mod:`evalrun.pipeline.failpoints`)."""
+        failpoints.arm(name, once)
 
     def run_packed(self, batch: bytes, generator: dict[str, Any], scoring: bytes | None = None,
                    sink: PartSink | None = None, number: int | None = None) -> BatchOutcome:  # fmt: skip
-        """:meth:`EngineWorker.run_packed` in three stages: the engine's work on the engine thread, the part's encoding
-        and scoring on the encoding thread, its commit on this one."""
+        """Batch ``number`` as :func:`pack_batch` made it (how a Ray dispatcher ships one), in three stages: the
+        engine's work on the engine thread, the part's encoding on the encoding thread, its rows scored there with
+        ``scoring`` (a pickled :class:`~evalrun.scoring.parts.ScoringSetup`) when given, so the scorer's CPU is spent
+        in the worker's process, not the driver's (docs/design.md "Scores"). With ``sink`` (run.part_writes=workers)
+        this thread commits the part into the run directory and the driver is sent only what its commit needs
+        (docs/design.md "Workers write, the driver commits")."""
         worker, episodes = self._worker, pickle.loads(batch)
         generated = self._engine_thread.submit(worker.generate, episodes, generator).result()
         outcome = self._encoding_thread.submit(lambda: worker.encode(generated, worker.part_scorer(scoring))).result()
         outcome = replace(outcome, batch=number)
-        return outcome if sink is None or number is None else commit(outcome, sink, number)
+        if sink is None or number is None:
+            return outcome
+        part = outcome.part
+        assert isinstance(part, EncodedPart)
+        files = sink.write(number, part.log, part.table)
+        failpoints.hit(f"worker-after-write-{sink.first_index + number}")  # written, not yet reported
+        return replace(outcome, part=part.written(files))
 
     def close(self) -> None:
         self._engine_thread.submit(self._worker.close).result()
@@ -350,7 +333,7 @@ _LOG = logging.getLogger(__name__)
 
 
 def pack_batch(episodes: list[Planned]) -> bytes:
-    """A batch as one bytes object for :meth:`EngineWorker.run_packed`. Ray's own serializer packs a list
+    """A batch as one bytes object for :meth:`RayEngineWorker.run_packed`. Ray's own serializer packs a list
     with msgpack and pickles each episode on its own (about 1.2 ms of driver CPU a batch of 64 single-call
     episodes, against 0.2 ms for one pickle); what plain pickle cannot take (a class defined in a script)
     goes through Ray's cloudpickle, as Ray would have sent it."""

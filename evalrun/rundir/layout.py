@@ -21,7 +21,7 @@ RECORD = "record.json"
 ATTESTATION = "attestation.intoto.json"
 GROUP = "group.json"  # a group's record over its tasks' runs, GROUP_DIR/TASK (evalrun.pipeline.groups)
 REBASELINE = "rebaseline.json"  # written by `evalrun rebaseline` into a sealed run: not in record.json
-LOCK = ".lock"  # present only while a driver holds it
+LOCK = store.LOCK_NAME  # present only while a driver holds it
 # A derived view of the run (``evalrun report``), written after the attestation: not hashed, not
 # listed in record.json, accepted by verify (docs/design.md "Report").
 REPORT = "report.html"
@@ -46,6 +46,12 @@ PART_PATTERN = re.compile(r"^part-(\d{5})\.(parquet|jsonl)$")
 # listed in record.json: CHECKPOINTS/checkpoint-SEQ.json
 CHECKPOINTS = "checkpoints"
 CHECKPOINT_PATTERN = re.compile(r"^checkpoint-(\d{6})\.json$")
+
+
+def part_names(index: int) -> tuple[str, str]:
+    """Part ``index``'s log part and output part, relative to the run directory (a worker that writes its own parts
+    names them so too)."""
+    return f"{LOG}/part-{index:05d}.jsonl", f"{OUTPUTS}/part-{index:05d}.parquet"
 
 
 class RunDir:
@@ -82,10 +88,10 @@ class RunDir:
         return self.logs / f"{name}.log"
 
     def output_part(self, index: int) -> Path:
-        return self.outputs / f"part-{index:05d}.parquet"
+        return self.path / part_names(index)[1]
 
     def log_part(self, index: int) -> Path:
-        return self.log / f"part-{index:05d}.jsonl"
+        return self.path / part_names(index)[0]
 
     def output_parts(self) -> list[Path]:
         return sorted(p for p in self.outputs.glob("part-*.parquet") if PART_PATTERN.match(p.name))

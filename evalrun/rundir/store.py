@@ -17,7 +17,6 @@ straight into the store. The read commands copy the run into a fresh local direc
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
 import socket
@@ -31,10 +30,10 @@ from urllib.parse import parse_qsl, urlencode, urlsplit
 
 from evalrun.config.registry import Registry
 from evalrun.errors import BadInput, WriteFailed, write_failed
-from evalrun.records.canonical import file_sha256, sha256_hex
+from evalrun.records.canonical import canonical_json, file_sha256, sha256_hex
 
 Data = bytes | Callable[[BinaryIO], None]  # a file's bytes, or what a function writes into the open file
-LOCK_NAME = ".lock"  # the run's lock (evalrun.rundir.layout.LOCK)
+LOCK_NAME = ".lock"  # the run's lock (evalrun.rundir.layout.LOCK is this name)
 
 
 class Store(Protocol):
@@ -472,4 +471,4 @@ def discard(local: Path) -> None:
 
 def holder() -> str:
     """Who takes a lock: this process, for the error a second driver gets."""
-    return json.dumps({"pid": os.getpid(), "host": socket.gethostname()}, separators=(",", ":"))
+    return canonical_json({"host": socket.gethostname(), "pid": os.getpid()})

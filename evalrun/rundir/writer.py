@@ -37,6 +37,7 @@ from evalrun.rundir.layout import (
     TOKENIZER,
     TOKENIZER_FILES,
     RunDir,
+    part_names,
 )
 
 T = TypeVar("T")
@@ -85,7 +86,8 @@ def _commit_group(paths: list[tuple[Path, store.Data]]) -> list[str]:
         remote, first = published
         folder = first.rpartition("/")[0]
         names = [f"{folder}/{path.name}" if folder else path.name for path, _ in paths]
-        remote.commit([(name, path.read_bytes()) for name, (path, _) in zip(names, paths, strict=True)])
+        bodies = [path.read_bytes() if callable(data) else data for path, data in paths]  # a streamed file: as written
+        remote.commit(list(zip(names, bodies, strict=True)))
     return digests
 
 
@@ -138,11 +140,6 @@ class PartFiles:
 
     def hashes(self) -> dict[str, str]:
         return {self.log[0]: self.log[1], self.output[0]: self.output[1]}
-
-
-def part_names(index: int) -> tuple[str, str]:
-    """Part ``index``'s log part and output part, relative to the run directory."""
-    return f"{LOG}/part-{index:05d}.jsonl", f"{OUTPUTS}/part-{index:05d}.parquet"
 
 
 @dataclass(frozen=True)

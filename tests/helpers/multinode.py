@@ -24,8 +24,8 @@ class RemoveNodeAfterFirstOutcome:
     def workers(self):
         return self.inner.workers()
 
-    def map(self, batches, generator, scoring=None, **sink):
-        for number, outcome in enumerate(self.inner.map(batches, generator, scoring, **sink)):
+    def map(self, batches, generator, scoring=None, sink=None):
+        for number, outcome in enumerate(self.inner.map(batches, generator, scoring, sink)):
             if number == 0:
                 self.cluster.remove_node(self.node)
             self.stats = self.inner.stats
