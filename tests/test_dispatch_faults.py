@@ -13,7 +13,7 @@ import pytest
 import ray
 
 from evalrun.config import load
-from evalrun.pipeline.dispatch import Dispatcher, RayDispatcher
+from evalrun.pipeline.dispatch import MAX_LEASE, Dispatcher, RayDispatcher
 from evalrun.pipeline.runner import execute, prepare
 from evalrun.rundir.layout import RunDir
 from evalrun.rundir.reader import read_outputs
@@ -89,10 +89,12 @@ def test_two_workers_and_any_batch_size_give_the_same_root(two_workers, referenc
     assert record(run)["merkle_root"] == reference_root
     workers = set(read_outputs(RunDir(run), ["worker"]).column("worker").to_pylist())
     assert len(workers) == 2  # both workers served batches
-    # batches are taken as workers can take them: never more than 2 workers x max_in_flight ahead
+    # batches are taken as workers can take them: never more than 2 workers x max_in_flight calls ahead, each of at
+    # most a lease of batches, and a lease is at most half an equal share of what is left
     in_flight = 2 * load([]).cluster.max_in_flight
     assert len(counting.taken_at_outcome) == 27  # 80 episodes in batches of 3
-    assert all(taken - done <= in_flight for done, taken in enumerate(counting.taken_at_outcome, start=1))
+    ahead = [taken - done for done, taken in enumerate(counting.taken_at_outcome, start=1)]
+    assert all(n <= in_flight * min(MAX_LEASE, 27 // (2 * in_flight)) for n in ahead)
 
 
 def _ray_kill(d: RayDispatcher) -> None:

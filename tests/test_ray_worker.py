@@ -17,7 +17,7 @@ import pytest
 from evalrun.config import load
 from evalrun.engines import Completion, GenerationRequest
 from evalrun.pipeline import runner
-from evalrun.pipeline.worker import RayEngineWorker, WorkerSpec, pack_batch
+from evalrun.pipeline.worker import RayEngineWorker, RunContext, WorkerSpec
 from evalrun.rundir.writer import PartFiles, PartSink
 
 GENERATOR = {"name": "evalrun", "version": "t", "git_commit": None}
@@ -57,17 +57,24 @@ class HeldSink(PartSink):
 
 
 @pytest.fixture
-def worker_and_batches() -> tuple[RayEngineWorker, list[bytes]]:
+def worker_and_plan() -> tuple[RayEngineWorker, Any]:
     prepared = runner.prepare(load(["limit=4", "cluster=inline", "run.progress=false"]))
     worker = RayEngineWorker(replace(prepared.worker_spec, engine_factory=thread_noting), "ray-0")
-    episodes = list(prepared.episodes)
-    return worker, [pack_batch(episodes[:2]), pack_batch(episodes[2:])]
+    return worker, prepared.episodes
 
 
-def test_the_engine_runs_every_batch_on_the_thread_that_built_it(worker_and_batches: Any) -> None:
-    worker, batches = worker_and_batches
+def batch(number: int) -> tuple[int, int, int]:
+    """Batch ``number``: episodes 0 and 1 of the plan, or 2 and 3, in turn."""
+    return number, 2 * (number % 2), 2 * (number % 2) + 2
+
+
+def test_the_engine_runs_every_batch_on_the_thread_that_built_it(worker_and_plan: Any) -> None:
+    worker, plan = worker_and_plan
+    run = RunContext(plan, GENERATOR)
     with ThreadPoolExecutor(4) as calls:  # as Ray's pool calls an actor of max_concurrency 4
-        outcomes = list(calls.map(lambda n: worker.run_packed(batches[n % 2], GENERATOR, None, None, n), range(6)))
+        leases = list(calls.map(lambda n: worker.run_batches(run, [batch(n)]), range(5)))
+    leases.append(worker.run_batches(run, [batch(5)]))
+    outcomes = [outcome for lease in leases for outcome in lease]
     engine = worker._worker.engine
     assert engine.built_on != threading.main_thread().ident
     assert engine.generated_on == [engine.built_on] * 6
@@ -75,20 +82,21 @@ def test_the_engine_runs_every_batch_on_the_thread_that_built_it(worker_and_batc
     worker.close()
 
 
-def test_a_part_s_commit_overlaps_the_next_batch(worker_and_batches: Any, tmp_path: Path) -> None:
-    worker, batches = worker_and_batches
+def test_a_part_s_commit_overlaps_the_next_batch(worker_and_plan: Any, tmp_path: Path) -> None:
+    worker, plan = worker_and_plan
     sink = HeldSink(str(tmp_path), 0, threading.Event(), [])
+    run = RunContext(plan, GENERATOR, sink=sink)
     engine = worker._worker.engine
     with ThreadPoolExecutor(2) as calls:
-        first = calls.submit(worker.run_packed, batches[0], GENERATOR, None, sink, 0)
+        first = calls.submit(worker.run_batches, run, [batch(0)])
         while not engine.generated_on:  # batch 0 generated; its commit now waits on the sink
             assert not first.done()
             threading.Event().wait(0.01)
-        second = calls.submit(worker.run_packed, batches[1], GENERATOR, None, sink, 1)
-        assert second.result(timeout=30).batch == 1  # generated and committed while batch 0's commit waits
+        second = calls.submit(worker.run_batches, run, [batch(1)])
+        assert second.result(timeout=30)[0].batch == 1  # generated and committed while batch 0's commit waits
         assert not first.done() and [number for number, _ in sink.committed] == [1]
         sink.release.set()
-        written = first.result(timeout=30)
+        [written] = first.result(timeout=30)
     assert written.part.files.log[0] == "log/0" and [number for number, _ in sink.committed] == [1, 0]
     assert all(thread != engine.built_on for _, thread in sink.committed)  # never on the engine's thread
     worker.close()

@@ -1,19 +1,22 @@
 """A Ray actor's batch result crosses to the driver pickled (evalrun.pipeline.worker.BatchOutcome): its log part
 travels compressed and arrives byte for byte, and a batch of 64 single-call episodes stays under Ray's 100 KiB
-limit for returning a result inline (docs/design.md "Data flow")."""
+limit for returning a result inline (docs/design.md "Data flow"). A batch crosses to a worker as bounds in the
+run's plan, which gives the driver its episodes' ids without making them."""
 
 from __future__ import annotations
 
 import pickle
-from dataclasses import dataclass, replace
 from typing import Any
 
+from evalrun.config import load
 from evalrun.engines import Completion, GenerationRequest, SamplingSpec
-from evalrun.episodes import Provenance
+from evalrun.episodes import PlanSlice, Provenance, planned_ids
 from evalrun.episodes.encode import encode_part
 from evalrun.episodes.harness import run_episodes
-from evalrun.episodes.plan import Episode, episode_id
-from evalrun.pipeline.worker import BatchOutcome, pack_batch
+from evalrun.episodes.plan import Episode, Plan, episode_id
+from evalrun.pipeline import runner
+from evalrun.pipeline.runner import prepare
+from evalrun.pipeline.worker import BatchOutcome
 
 RAY_INLINE_RESULT_LIMIT = 100 * 1024  # Ray's max_direct_call_object_size default
 
@@ -62,13 +65,23 @@ def test_a_batch_of_64_is_returned_inline_by_ray() -> None:
     assert size < (len(sent.part.log) + len(sent.part.table)) / 2  # the log, most of it, travels compressed
 
 
-def test_a_packed_batch_unpacks_to_the_same_episodes_even_with_a_class_pickle_cannot_name() -> None:
-    batch = outcome_episodes(3)
-    assert pickle.loads(pack_batch(batch)) == batch
+def test_a_plan_gives_its_episodes_ids_without_making_them_and_its_slices_make_its_episodes() -> None:
+    plan = prepare(load(["cluster=inline", "seeds.set=[0,1,2]", "seeds.repeats=2", "limit=7"])).episodes
+    assert isinstance(plan, Plan) and len(plan) == 42
+    for start, stop in ((0, 42), (5, 19), (13, 14), (40, 42), (20, 20)):
+        assert plan.episode_ids(start, stop) == [e.episode_id for e in plan[start:stop]]
+        batch = PlanSlice(plan, start, stop)
+        assert len(batch) == stop - start and list(batch) == plan[start:stop]
+    assert PlanSlice(plan, 5, 19)[-1] == plan[18] and PlanSlice(plan, 5, 19)[2:4] == plan[7:9]
+    # a list of episodes (a world's plan) gives its ids through its episodes
+    assert planned_ids(list(plan), 3, 9) == plan.episode_ids(3, 9)
 
-    @dataclass(frozen=True)
-    class Local:  # a class plain pickle cannot find by name: Ray's cloudpickle ships it by value
-        n: int
 
-    odd = [replace(batch[0], fields={"local": Local(1)})]
-    assert pickle.loads(pack_batch(odd)) == odd
+def test_a_resumed_run_s_batches_are_the_runs_of_episodes_it_does_not_keep() -> None:
+    plan = prepare(load(["cluster=inline", "seeds.set=[0,1]", "limit=10"])).episodes
+    kept = frozenset(plan.episode_ids(4, 8)) | {plan[15].episode_id}
+    plan_pass = runner._PlanPass(kept)
+    batches = [(batch.start, batch.stop) for batch in plan_pass.slices(plan, 8)]
+    assert batches == [(0, 4), (8, 15), (16, 20)]
+    assert plan_pass.kept_seen == 5
+    assert plan_pass.id_sum == sum(int(e.episode_id, 16) for e in plan) % (1 << 256)

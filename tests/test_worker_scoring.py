@@ -26,7 +26,7 @@ from evalrun.episodes.harness import run_episodes
 from evalrun.episodes.plan import Episode
 from evalrun.pipeline import runner
 from evalrun.pipeline.dispatch import DispatchStats, dispatcher_key
-from evalrun.pipeline.worker import BatchOutcome, RayEngineWorker, WorkerSpec, pack_batch
+from evalrun.pipeline.worker import BatchOutcome, RayEngineWorker, RunContext, WorkerSpec
 from evalrun.rundir import layout, reader
 from evalrun.scoring import Scoring, ScoringContext, score_columns
 from evalrun.scoring.parts import PartScorer, ScoredPart, ScoringSetup
@@ -151,10 +151,11 @@ def test_a_worker_that_cannot_build_the_scorer_leaves_the_scoring_to_the_driver(
 
     prepared = runner.prepare(load(list(CONFIG)))
     worker = RayEngineWorker(replace(prepared.worker_spec, engine_factory=stub), "ray-0")
-    batch = pack_batch(list(prepared.episodes)[:2])
     generator = {"name": "evalrun", "version": "t", "git_commit": None}
     unknown = pickle.dumps(ScoringSetup(ScorerConfig(name="registered-only-in-the-driver"), ScoringContext()))
-    assert worker.run_packed(batch, generator, unknown).part.scored is None
+    [outcome] = worker.run_batches(RunContext(prepared.episodes, generator, unknown), [(0, 0, 2)])
+    assert outcome.part.scored is None
     known = pickle.dumps(ScoringSetup(ScorerConfig(), ScoringContext()))
-    scored = worker.run_packed(batch, generator, known).part.scored
+    [outcome] = worker.run_batches(RunContext(prepared.episodes, generator, known), [(0, 0, 2)])
+    scored = outcome.part.scored
     assert scored is not None and pc.sum(pc.list_value_length(scored.table().column("value"))).as_py() == 2

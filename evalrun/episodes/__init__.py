@@ -130,6 +130,41 @@ class Planned(Protocol):
     def episode_id(self) -> str: ...
 
 
+@runtime_checkable
+class IdentifiedPlan(Protocol):
+    """A plan that gives its episodes' ids without making the episodes (:class:`~evalrun.episodes.plan.Plan`)."""
+
+    def episode_ids(self, start: int, stop: int) -> list[str]: ...
+
+
+def planned_ids(plan: Sequence[Planned], start: int, stop: int) -> list[str]:
+    """The ids of episodes ``start`` to ``stop`` of ``plan``, made without the episodes where the plan can."""
+    if isinstance(plan, IdentifiedPlan):
+        return plan.episode_ids(start, stop)
+    return [episode.episode_id for episode in plan[start:stop]]
+
+
+@dataclass(frozen=True)
+class PlanSlice(Sequence[Any]):
+    """Episodes ``start`` to ``stop`` of a plan: a batch as the runner hands it to a dispatcher. Iterating or indexing
+    it makes the episodes; a dispatcher whose workers hold the plan sends them only the bounds (docs/design.md
+    "Workers write, the driver commits")."""
+
+    plan: Sequence[Planned]
+    start: int
+    stop: int
+
+    def __len__(self) -> int:
+        return self.stop - self.start
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self.plan[self.start : self.stop])
+
+    def __getitem__(self, index: Any) -> Any:
+        positions = range(self.start, self.stop)[index]  # a position, or a range of them
+        return self.plan[positions] if isinstance(positions, int) else [self.plan[i] for i in positions]
+
+
 class Result(Protocol):
     """A finished episode: its chain (lines and head)."""
 

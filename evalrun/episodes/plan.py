@@ -176,6 +176,22 @@ class Plan(Sequence[Episode]):
         repeat, item_index = divmod(within, len(self.items))
         return self._episode(self._seeds[seed_index], repeat, item_index)
 
+    def episode_ids(self, start: int, stop: int) -> list[str]:
+        """The ids of episodes ``start`` to ``stop``, as the episodes would have them, without making the episodes
+        (what the driver checks a run's written episodes against: evalrun.episodes.planned_ids). Two sha256s an
+        episode, about 2.5 us: a fifth of making it."""
+        first, last, _ = slice(start, stop).indices(len(self))
+        items, ids = len(self.items), []
+        while first < last:  # a run of items under one (seed, repeat) at a time
+            seed_index, within = divmod(first, self._repeats * items)
+            repeat, item_index = divmod(within, items)
+            run = min(last - first, items - item_index)
+            seed, repeat_text = canonical_integer(self._seeds[seed_index]), canonical_integer(repeat)
+            for templates in self._templates[item_index : item_index + run]:
+                ids.append(templates.episode_id(seed, repeat_text, templates.sampling_seed(seed, repeat_text)))
+            first += run
+        return ids
+
     def __iter__(self) -> Iterator[Episode]:
         for seed in self._seeds:
             for repeat in range(self._repeats):
@@ -185,7 +201,8 @@ class Plan(Sequence[Episode]):
     def _episode(self, seed: int, repeat: int, item_index: int) -> Episode:
         planned, templates = self.items[item_index], self._templates[item_index]
         name, item, master = self.task_name, planned.item, self._master
-        sampling = sampling_spec(self._decoding, templates.sampling_seed(seed, repeat))
+        seed_text, repeat_text = canonical_integer(seed), canonical_integer(repeat)
+        sampling = sampling_spec(self._decoding, templates.sampling_seed(seed_text, repeat_text))
         judge_calls = tuple(
             JudgeCall(criterion, judge, shown_order, sampling_spec(
                 self._judge_decoding, derive_seed(master, "judge", name, item.id, seed, repeat, criterion, judge)
@@ -194,7 +211,7 @@ class Plan(Sequence[Episode]):
         )  # fmt: skip
         rubric = self._rubric
         return Episode(
-            episode_id=templates.episode_id(seed, repeat, sampling.seed),
+            episode_id=templates.episode_id(seed_text, repeat_text, sampling.seed),
             task=name,
             item_id=item.id,
             seed=seed,
@@ -234,15 +251,14 @@ class _EpisodeTemplates:
                                   "seeds": {"sampling": SLOT}}, 3)  # fmt: skip
         return cls(seeds, ids)
 
-    def sampling_seed(self, seed: int, repeat: int) -> int:
+    def sampling_seed(self, seed: str, repeat: str) -> int:
+        """The sampling seed of the seed and repeat written as canonical integers (:func:`canonical_integer`)."""
         pre, mid, post = self.seed_text
-        return seed_of(f"{pre}{canonical_integer(seed)}{mid}{canonical_integer(repeat)}{post}")
+        return seed_of(f"{pre}{seed}{mid}{repeat}{post}")
 
-    def episode_id(self, seed: int, repeat: int, sampling_seed: int) -> str:
+    def episode_id(self, seed: str, repeat: str, sampling_seed: int) -> str:
         pre, after_repeat, after_seed, post = self.id_text
-        return sha256_hex(
-            f'{pre}{canonical_integer(repeat)}{after_repeat}{canonical_integer(seed)}{after_seed}"{sampling_seed}"{post}'
-        )
+        return sha256_hex(f'{pre}{repeat}{after_repeat}{seed}{after_seed}"{sampling_seed}"{post}')
 
 
 def build_plan(task: Task, decoding: DecodingConfig, seeds: SeedsConfig) -> Plan:

@@ -20,14 +20,14 @@ import dataclasses
 import pickle
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol, TypeVar
 
 from evalrun.config import ClusterConfig
 from evalrun.config.registry import Registry
 from evalrun.engines import logs
-from evalrun.episodes.plan import Episode
+from evalrun.episodes import PlanSlice
 from evalrun.errors import BadInput, first_line
 from evalrun.pipeline import cpu_isa
 from evalrun.pipeline.raylocal import start_local
@@ -37,14 +37,15 @@ from evalrun.pipeline.worker import (
     CollectedLogs,
     EngineWorker,
     RayEngineWorker,
+    RunContext,
     WorkerSpec,
-    pack_batch,
 )
 from evalrun.records.canonical import canonical_hash
 from evalrun.rundir.writer import PartSink
 from evalrun.scoring.parts import ScoringSetup
 
 LOG_TIMEOUT_S = 30.0  # how long the driver waits for a worker's log at the end of a run
+MAX_LEASE = 8  # batches one call of a Ray worker takes at most (Ray's cost, half a millisecond of CPU, is per call)
 
 
 @dataclass
@@ -65,12 +66,13 @@ class Dispatcher(Protocol):
 
     def workers(self) -> list[dict[str, Any]]: ...
 
-    def map(self, batches: Iterable[list[Episode]], generator: dict[str, Any], scoring: ScoringSetup | None = None,
+    def map(self, batches: Iterable[PlanSlice], generator: dict[str, Any], scoring: ScoringSetup | None = None,
             sink: PartSink | None = None) -> Iterator[BatchOutcome]:  # fmt: skip
         """Each batch's outcome as it arrives, with its number in ``batches`` (``BatchOutcome.batch``); batches are
-        taken from ``batches`` only as workers can take them. With ``scoring``, workers in processes of their own
-        score their parts' rows (``EncodedPart.scored``). With ``sink`` (run.part_writes=workers), each worker
-        commits its batches' parts there itself and sends a ``WrittenPart``."""
+        slices of one plan, taken from ``batches`` only as workers can take them. With ``scoring``, workers in
+        processes of their own score their parts' rows (``EncodedPart.scored``). With ``sink``
+        (run.part_writes=workers), each worker commits its batches' parts there itself and sends a
+        ``WrittenPart``."""
         ...
 
     def logs(self) -> CollectedLogs: ...
@@ -112,7 +114,7 @@ class IdleDispatcher:
     def workers(self) -> list[dict[str, Any]]:
         return []
 
-    def map(self, batches: Iterable[list[Episode]], generator: dict[str, Any], scoring: ScoringSetup | None = None,
+    def map(self, batches: Iterable[PlanSlice], generator: dict[str, Any], scoring: ScoringSetup | None = None,
             sink: PartSink | None = None) -> Iterator[BatchOutcome]:  # fmt: skip
         for batch in batches:  # taken to the end: the plan pass counts the kept episodes as it goes
             raise RuntimeError(f"a batch of {len(batch)} episodes to run, but every episode was kept")
@@ -135,7 +137,7 @@ class InlineDispatcher:
     def workers(self) -> list[dict[str, Any]]:
         return [self.worker.info()]
 
-    def map(self, batches: Iterable[list[Episode]], generator: dict[str, Any], scoring: ScoringSetup | None = None,
+    def map(self, batches: Iterable[PlanSlice], generator: dict[str, Any], scoring: ScoringSetup | None = None,
             sink: PartSink | None = None) -> Iterator[BatchOutcome]:  # fmt: skip
         """The parts carry their rows unscored (``EncodedPart.rows``): in this process, the driver's part
         writer scores them in its own thread, alongside the engine, at no cost of decoding. The worker is the
@@ -143,7 +145,7 @@ class InlineDispatcher:
         if sink is not None:
             raise ValueError("cluster=inline runs its worker in the driver's process: the driver writes the parts")
         self.stats = DispatchStats()
-        for number, outcome in enumerate(self.worker.run_batches(batches, generator)):
+        for number, outcome in enumerate(self.worker.run_batches((list(batch) for batch in batches), generator)):
             yield dataclasses.replace(outcome, batch=number)
 
     def logs(self) -> CollectedLogs:
@@ -230,7 +232,7 @@ class RayDispatcher:
         """The live actors, in worker order (for tests and operators that need to reach one)."""
         return [slot.actor for slot in self._slots if slot.live]
 
-    def map(self, batches: Iterable[list[Episode]], generator: dict[str, Any], scoring: ScoringSetup | None = None,
+    def map(self, batches: Iterable[PlanSlice], generator: dict[str, Any], scoring: ScoringSetup | None = None,
             sink: PartSink | None = None) -> Iterator[BatchOutcome]:  # fmt: skip
         import ray
 
@@ -238,27 +240,54 @@ class RayDispatcher:
         packed_scoring = _packed_scoring(scoring)
         self.stats = stats = DispatchStats()
         source = enumerate(batches)  # taken as workers can take batches: the driver holds those in flight
-        pending: deque[tuple[int, list[Episode]]] = deque()  # batches to run again
+        pending: deque[tuple[int, PlanSlice]] = deque()  # batches to run again
         attempts: dict[int, int] = {}  # batch number -> attempts, while it is in flight or pending
         unsent = True  # batches may be left in source
-        in_flight: dict[Any, tuple[_Slot, Any, int, list[Episode]]] = {}  # ref -> slot, actor, batch
+        in_flight: dict[Any, tuple[_Slot, Any, list[tuple[int, PlanSlice]]]] = {}  # ref -> slot, actor, batches
         starting = self._starting  # info() refs of replacement actors, kept across runs
         self._restarts_total = 0  # the restart budget is per run
+        # The run's context (its plan among it) in Ray's object store, put when the first batch is taken: each worker
+        # fetches it once, and a batch crosses to a worker as its number and bounds (in a list, Ray passes the ref).
+        context: list[Any] = []
+        plan: list[Sequence[Any]] = []
+        holding: set[int] = set()  # the actors (by id) that were sent the context
 
-        def take() -> tuple[int, list[Episode]] | None:
-            nonlocal unsent
+        context_key = ""
+
+        def take() -> tuple[int, PlanSlice] | None:
+            nonlocal unsent, context_key
             if pending:
                 return pending.popleft()
             taken = next(source, None) if unsent else None
             unsent = taken is not None
+            if taken is not None and not plan:
+                plan.append(taken[1].plan)
+                context.append(ray.put(RunContext(taken[1].plan, generator, packed_scoring, sink)))
+                context_key = context[0].hex()
+            if taken is not None and taken[1].plan is not plan[0]:
+                raise ValueError("the batches of one dispatch are slices of one plan")
             return taken
 
+        def lease(slot: _Slot) -> list[tuple[int, PlanSlice]]:
+            """The batches of the worker's next call: one, or several while many are left (Ray's cost is per call),
+            never more than a share of what is left, so the workers finish together."""
+            batches: list[tuple[int, PlanSlice]] = []
+            while not batches or len(batches) < self._lease_size(batches[0][1]):
+                taken = take()
+                if taken is None:
+                    break
+                batches.append(taken)
+            return batches
+
         def fill(slot: _Slot) -> None:
-            while slot.live and slot.load < self._max_in_flight and (taken := take()) is not None:
-                number, batch = taken
-                attempts[number] = attempts.get(number, 0) + 1
-                ref = slot.actor.run_packed.remote(pack_batch(batch), generator, packed_scoring, sink, number)
-                in_flight[ref] = (slot, slot.actor, number, batch)
+            while slot.live and slot.load < self._max_in_flight and (batches := lease(slot)):
+                for number, _ in batches:
+                    attempts[number] = attempts.get(number, 0) + 1
+                bounds = [(number, batch.start, batch.stop) for number, batch in batches]
+                first = id(slot.actor) not in holding
+                ref = slot.actor.run_slices.remote(context_key, bounds, context if first else None)
+                holding.add(id(slot.actor))
+                in_flight[ref] = (slot, slot.actor, batches)
                 slot.load += 1
 
         def replace(slot: _Slot, actor: Any, error: BaseException) -> None:
@@ -297,29 +326,39 @@ class RayDispatcher:
                     replace(slot, slot.actor, exc)
                 fill(slot)
                 continue
-            slot, actor, number, batch = in_flight.pop(ref)
+            slot, actor, batches = in_flight.pop(ref)
             if slot.actor is actor:
                 slot.load -= 1
+            episodes = sum(len(batch) for _, batch in batches)
             try:
-                outcome = ray.get(ref)
+                outcomes = ray.get(ref)
             except ray.exceptions.RayError as exc:
                 if _raised_by_the_batch(exc):
                     # The batch's code raised in a live worker: running it again would raise again.
                     if isinstance(exc.cause, BadInput):  # a worker's commit of its part failed: named, one line
                         raise exc.cause from None
                     worker = (slot.info or {}).get("worker")
-                    raise RuntimeError(f"a batch of {len(batch)} episodes failed on {worker}: {exc.cause!r}") from exc
-                if attempts[number] >= self._max_attempts:
-                    raise RuntimeError(f"a batch of {len(batch)} episodes failed {attempts[number]} times") from exc
-                stats.retries += 1
-                pending.appendleft((number, batch))
+                    raise RuntimeError(f"a batch of {episodes} episodes failed on {worker}: {exc.cause!r}") from exc
+                if max(attempts[number] for number, _ in batches) >= self._max_attempts:
+                    raise RuntimeError(f"a batch of {episodes} episodes failed {self._max_attempts} times") from exc
+                stats.retries += len(batches)
+                pending.extendleft(reversed(batches))
                 replace(slot, actor, exc)
                 for other in self._slots:
                     fill(other)
                 continue
-            del attempts[number]
+            for number, _ in batches:
+                del attempts[number]
             fill(slot)
-            yield outcome
+            yield from outcomes
+
+    def _lease_size(self, batch: PlanSlice) -> int:
+        """How many batches a worker's next call takes, when ``batch`` is its first: half an equal share of the batches
+        left after it per call a worker may have in flight, at least one and at most ``MAX_LEASE`` (guided
+        self-scheduling: the calls shrink to one batch as the run ends, so the workers finish together)."""
+        left = (len(batch.plan) - batch.stop) // max(1, len(batch))
+        live = max(1, sum(slot.live for slot in self._slots))
+        return max(1, min(MAX_LEASE, left // (2 * live * self._max_in_flight)))
 
     def logs(self, timeout_s: float = LOG_TIMEOUT_S) -> CollectedLogs:
         """Each live worker's log (fetched from its process, wherever it runs), and the driver's own records

@@ -8,10 +8,9 @@ too); record.json and then the attestation are written last, and a run is comple
 from __future__ import annotations
 
 import contextlib
-import itertools
 import sys
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
@@ -24,7 +23,17 @@ import pyarrow as pa
 from evalrun.config import EngineConfig, EvalConfig, ModelConfig, load_stored, parse_overrides, to_yaml, validate
 from evalrun.engines import ENGINES, EngineDown, preflight, weights_pinned
 from evalrun.engines.pins import ResolvedModel, model_directory, resolve_model
-from evalrun.episodes import EPISODE_KINDS, EncodedPart, EpisodeKind, Planned, WrittenPart, kind_of, model_files
+from evalrun.episodes import (
+    EPISODE_KINDS,
+    EncodedPart,
+    EpisodeKind,
+    Planned,
+    PlanSlice,
+    WrittenPart,
+    kind_of,
+    model_files,
+    planned_ids,
+)
 from evalrun.episodes.checked import verify_part
 from evalrun.errors import BadInput, CheckFailed, Interrupted, WriteFailed, first_line
 from evalrun.pipeline import canary, cpu_isa, failpoints
@@ -297,13 +306,6 @@ def _engine_needs(prepared: Prepared) -> tuple[frozenset[str], frozenset[str]]:
     policy = {"loglikelihood"} if context.choice_scoring in ("loglikelihood", "both") else set()
     judges = {"loglikelihood"} if rubric is not None and rubric.scoring == "loglikelihood" else set()
     return frozenset(policy), frozenset(judges)
-
-
-def _batches(episodes: Iterable[Any], size: int) -> Iterator[list[Any]]:
-    """Batches as the dispatcher asks for them, so the driver never holds more of the plan than is in flight."""
-    source = iter(episodes)
-    while batch := list(itertools.islice(source, size)):
-        yield batch
 
 
 def _checked_dispatcher(prepared: Prepared, dispatcher: Dispatcher | None) -> tuple[Dispatcher, bool]:
@@ -614,23 +616,32 @@ def _write_scores(run: layout.RunDir, schema: pa.Schema, chunks: Iterator[pa.Tab
 
 
 class _PlanPass:
-    """One pass over the plan for a run's dispatch: the episodes not yet written, and what the end of the
-    run checks the written episodes against (their count and the sum of their ids: a pass that never
-    holds the plan's ids; ids are sha256 digests, and a repeated one fails the Merkle root)."""
+    """One pass over the plan for a run's dispatch: the episodes not yet written, as slices of the plan, and what
+    the end of the run checks the written episodes against (their count and the sum of their ids, which the plan
+    gives without making its episodes: a pass that never holds the plan's ids; ids are sha256 digests, and a
+    repeated one fails the Merkle root)."""
 
     def __init__(self, kept: frozenset[str]) -> None:
         self._kept = kept
         self.id_sum = 0
         self.kept_seen = 0
 
-    def remaining(self, episodes: Iterable[Planned]) -> Iterator[Planned]:
+    def slices(self, plan: Sequence[Planned], size: int) -> Iterator[PlanSlice]:
+        """Batches of at most ``size`` episodes, each a run of consecutive episodes of ``plan`` that are not kept
+        (a kept part's episodes split a batch: a resumed run's batches fall where the first run's did)."""
         total = 0
-        for e in episodes:
-            total += int(e.episode_id, 16)
-            if e.episode_id in self._kept:
-                self.kept_seen += 1
-                continue
-            yield e
+        for begin in range(0, len(plan), size):
+            ids = planned_ids(plan, begin, min(begin + size, len(plan)))
+            total += sum(int(episode_id, 16) for episode_id in ids)
+            start = begin
+            for position, episode_id in enumerate(ids, begin):
+                if episode_id in self._kept:
+                    self.kept_seen += 1
+                    if start < position:
+                        yield PlanSlice(plan, start, position)
+                    start = position + 1
+            if start < begin + len(ids):
+                yield PlanSlice(plan, start, begin + len(ids))
         self.id_sum = total % (1 << 256)
 
     def check(self, heads: Heads, planned: int) -> None:
@@ -659,7 +670,7 @@ def _complete(
     planned = len(prepared.episodes)
     plan = _PlanPass(parts.kept_ids)
     generator = generator_info()
-    batches = _batches(plan.remaining(prepared.episodes), config.cluster.batch_size)
+    batches = plan.slices(prepared.episodes, config.cluster.batch_size)
     progress = RunProgress(planned, prepared.task.name, enabled=config.run.progress, done=len(parts.kept_ids))
     clock.lap("start-up")
     writing = 0.0

@@ -12,12 +12,13 @@ import os
 import pickle
 import socket
 import sys
+import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import pyarrow as pa
 
@@ -269,6 +270,18 @@ class EngineWorker:
             started = time.perf_counter()
 
 
+@dataclass(frozen=True)
+class RunContext:
+    """What every batch of one dispatch shares, sent to each Ray worker once (through Ray's object store) rather than
+    with each batch: the plan whose slices the batches are, the generator record, the pickled scoring setup (None:
+    the driver scores the parts) and, with run.part_writes=workers, the sink the worker commits its parts to."""
+
+    plan: Sequence[Planned]
+    generator: dict[str, Any]
+    scoring: bytes | None = None
+    sink: PartSink | None = None
+
+
 class RayEngineWorker:
     """An :class:`EngineWorker` as a Ray actor of ``max_concurrency`` >= 2 (:data:`ACTOR_CONCURRENCY` more than the
     batches the dispatcher keeps in flight for it): a batch goes through three stages, each on threads of its own,
@@ -289,6 +302,8 @@ class RayEngineWorker:
         self._engine_thread = ThreadPoolExecutor(1, thread_name_prefix="evalrun-engine")
         self._encoding_thread = ThreadPoolExecutor(1, thread_name_prefix="evalrun-encode")
         self._worker = self._engine_thread.submit(EngineWorker, spec, name).result()
+        self._context_changed = threading.Condition()
+        self._run: tuple[str, RunContext] | None = None  # the latest run's key and context
 
     def info(self) -> dict[str, Any]:
         return self._worker.info()
@@ -301,25 +316,53 @@ class RayEngineWorker:
         only if it is the first armed process to: :mod:`evalrun.pipeline.failpoints`)."""
         failpoints.arm(name, once)
 
-    def run_packed(self, batch: bytes, generator: dict[str, Any], scoring: bytes | None = None,
-                   sink: PartSink | None = None, number: int | None = None) -> BatchOutcome:  # fmt: skip
-        """Batch ``number`` as :func:`pack_batch` made it (how a Ray dispatcher ships one), in three stages: the
-        engine's work on the engine thread, the part's encoding on the encoding thread, its rows scored there with
-        ``scoring`` (a pickled :class:`~evalrun.scoring.parts.ScoringSetup`) when given, so the scorer's CPU is spent
-        in the worker's process, not the driver's (docs/design.md "Scores"). With ``sink`` (run.part_writes=workers)
-        this thread commits the part into the run directory and the driver is sent only what its commit needs
-        (docs/design.md "Workers write, the driver commits")."""
-        worker, episodes = self._worker, pickle.loads(batch)
-        generated = self._engine_thread.submit(worker.generate, episodes, generator).result()
-        outcome = self._encoding_thread.submit(lambda: worker.encode(generated, worker.part_scorer(scoring))).result()
-        outcome = replace(outcome, batch=number)
-        if sink is None or number is None:
-            return outcome
-        part = outcome.part
-        assert isinstance(part, EncodedPart)
-        files = sink.write(number, part.log, part.table)
-        failpoints.hit(f"worker-after-write-{sink.first_index + number}")  # written, not yet reported
-        return replace(outcome, part=part.written(files))
+    def run_slices(self, key: str, slices: list[tuple[int, int, int]],
+                   context: list[Any] | None = None) -> list[BatchOutcome]:  # fmt: skip
+        """Batches ``(number, start, stop)`` of the run ``key``, whose :class:`RunContext` comes with the run's first
+        call to this worker: ``context`` holds its object ref (in a list, so that Ray hands over the ref, and the
+        worker fetches the context, the plan among it, once a run). A later call that starts first waits for it."""
+        return self.run_batches(self._context(key, context), slices)
+
+    def run_batches(self, run: RunContext, slices: list[tuple[int, int, int]]) -> list[BatchOutcome]:
+        """Batches ``(number, start, stop)``, episodes ``start`` to ``stop`` of the run's plan, each in three stages:
+        the engine's work on the engine thread, one batch after another; the part's encoding on the encoding thread,
+        its rows scored there when the run's scoring setup is given, so the scorer's CPU is spent in the worker's
+        process, not the driver's (docs/design.md "Scores"); with a sink (run.part_writes=workers), the part's commit
+        into the run directory on this thread, the driver then sent only what its commit needs (docs/design.md
+        "Workers write, the driver commits")."""
+        worker, scorer = self._worker, self._worker.part_scorer(run.scoring)
+
+        def generate_then_encode(episodes: list[Planned]) -> Future[BatchOutcome]:
+            generated = worker.generate(episodes, run.generator)
+            return self._encoding_thread.submit(worker.encode, generated, scorer)
+
+        stages = [self._engine_thread.submit(generate_then_encode, run.plan[start:stop]) for _, start, stop in slices]
+        outcomes = []
+        for (number, _, _), stage in zip(slices, stages, strict=True):
+            outcome = replace(stage.result().result(), batch=number)
+            if run.sink is not None:
+                part = outcome.part
+                assert isinstance(part, EncodedPart)
+                files = run.sink.write(number, part.log, part.table)
+                failpoints.hit(f"worker-after-write-{run.sink.first_index + number}")  # written, not yet reported
+                outcome = replace(outcome, part=part.written(files))
+            outcomes.append(outcome)
+        return outcomes
+
+    def _context(self, key: str, context: list[Any] | None) -> RunContext:
+        """The context of run ``key``: fetched from ``context`` when given, else the one its first call fetches (the
+        worker keeps the latest run's)."""
+        import ray
+
+        with self._context_changed:
+            if context is not None and (self._run is None or self._run[0] != key):
+                self._run = (key, ray.get(context[0]))
+                self._context_changed.notify_all()
+            if not self._context_changed.wait_for(lambda: self._run is not None and self._run[0] == key,
+                                                  CONTEXT_WAIT_S):  # fmt: skip
+                raise RuntimeError(f"the context of run {key} did not come within {CONTEXT_WAIT_S:g} s")
+            assert self._run is not None
+            return self._run[1]
 
     def close(self) -> None:
         self._engine_thread.submit(self._worker.close).result()
@@ -327,22 +370,10 @@ class RayEngineWorker:
         self._encoding_thread.shutdown()
 
 
+CONTEXT_WAIT_S = 600.0  # how long a worker's call waits for its run's context, which an earlier call carries
 ACTOR_CONCURRENCY = 2  # a RayEngineWorker's threads beyond its batches in flight: its commits, info and logs meanwhile
 
 _LOG = logging.getLogger(__name__)
-
-
-def pack_batch(episodes: list[Planned]) -> bytes:
-    """A batch as one bytes object for :meth:`RayEngineWorker.run_packed`. Ray's own serializer packs a list
-    with msgpack and pickles each episode on its own (about 1.2 ms of driver CPU a batch of 64 single-call
-    episodes, against 0.2 ms for one pickle); what plain pickle cannot take (a class defined in a script)
-    goes through Ray's cloudpickle, as Ray would have sent it."""
-    try:
-        return pickle.dumps(episodes, protocol=pickle.HIGHEST_PROTOCOL)
-    except (pickle.PicklingError, TypeError, AttributeError):
-        from ray import cloudpickle
-
-        return cast(bytes, cloudpickle.dumps(episodes, protocol=pickle.HIGHEST_PROTOCOL))
 
 
 def judge_spec(spec: WorkerSpec) -> WorkerSpec:
