@@ -5,8 +5,9 @@
 (b) A fixed-latency stand-in engine (sleeps LATENCY per batch, returns canned completions) on 1, 2,
     4 and 8 Ray workers (each warmed with a batch first; medians of --rounds interleaved runs, the range
     of whole-run times in brackets): parallel efficiency = throughput(N) / (N x throughput(1)) over the
-    whole run (plan excluded; dispatch, chains arriving, parts, scoring, record included: the issue's
-    figure), the driver's CPU time per episode, and on a second line the
+    whole run (the plan made before, as `evalrun run` makes it: items and templates; then dispatch, the driver's
+    pass over the plan's episode ids, chains arriving, parts, scoring, record included: the issue's figure), the
+    driver's CPU time per episode, and on a second line the
     same efficiency of the dispatch loop alone (record.json's timings generation + writing: batches
     sent, answered and committed; the serial scoring and records phases left out) with every phase.
 
@@ -114,7 +115,6 @@ def part_b(latency: float, batch_size: int, seeds: int, worker_counts: list[int]
         for path in paths:
             writes = [f"run.part_writes={path}"] if path != "default" else []
             prepared = stand_in(f"seeds.set=[{','.join(map(str, range(seeds)))}]", *writes)
-            prepared = type(prepared)(**{**prepared.__dict__, "episodes": list(prepared.episodes)})  # plan excluded
             dispatcher = dispatcher or RayDispatcher(prepared.worker_spec, prepared.config.cluster)
             # Warm-up: first calls, imports (a worker's first part imports pandas through pyarrow: about 0.5 s of
             # CPU), part writer. Every worker gets a batch: the dispatcher hands max_in_flight to each in turn.

@@ -165,6 +165,7 @@ class _Slot:
     live: bool = False
     load: int = 0
     info: dict[str, Any] | None = None
+    holds: str = ""  # the key of the run context the actor was sent
 
 
 @dispatcher("local")
@@ -250,7 +251,6 @@ class RayDispatcher:
         # fetches it once, and a batch crosses to a worker as its number and bounds (in a list, Ray passes the ref).
         context: list[Any] = []
         plan: list[Sequence[Any]] = []
-        holding: set[int] = set()  # the actors (by id) that were sent the context
 
         context_key = ""
 
@@ -284,9 +284,8 @@ class RayDispatcher:
                 for number, _ in batches:
                     attempts[number] = attempts.get(number, 0) + 1
                 bounds = [(number, batch.start, batch.stop) for number, batch in batches]
-                first = id(slot.actor) not in holding
-                ref = slot.actor.run_slices.remote(context_key, bounds, context if first else None)
-                holding.add(id(slot.actor))
+                ref = slot.actor.run_slices.remote(context_key, bounds, context if slot.holds != context_key else None)
+                slot.holds = context_key
                 in_flight[ref] = (slot, slot.actor, batches)
                 slot.load += 1
 
@@ -300,7 +299,7 @@ class RayDispatcher:
             if self._restarts_total < self._max_restarts:
                 self._restarts_total += 1
                 stats.worker_restarts += 1
-                slot.actor, slot.info, slot.load = self._new_actor(slot.index), None, 0
+                slot.actor, slot.info, slot.load, slot.holds = self._new_actor(slot.index), None, 0, ""
                 starting[slot.actor.info.remote()] = slot
 
         for slot in self._slots:

@@ -8,7 +8,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from evalrun.records.merkle import leaf_hash, root_of_leaf_hashes
 
@@ -24,6 +23,25 @@ def digest_bytes(text: str, what: str) -> bytes:
     if len(raw) != DIGEST_BYTES or raw.hex() != text:
         raise ValueError(f"{what} {text!r} is not a sha256 hex digest")
     return raw
+
+
+def digest_order(digests: np.ndarray) -> np.ndarray:
+    """The order that sorts digests (an n x 32 array of bytes) ascending, as sorting their hex strings would: a
+    lexicographic sort of each digest's four big-endian 64-bit words, about twenty times as fast as Arrow's sort
+    of fixed-size binaries."""
+    words = np.ascontiguousarray(digests).view(">u8").reshape(-1, DIGEST_BYTES // 8)
+    return np.lexsort(words.T[::-1]).astype(np.int64)
+
+
+_HEX = np.frombuffer(b"".join(b"%02x" % i for i in range(256)), np.uint8).reshape(256, 2)
+
+
+def digest_hex(digests: np.ndarray) -> pa.StringArray:
+    """Digests (an n x 32 array of bytes) as an Arrow array of their hex strings, made without a Python string each."""
+    n = len(digests)
+    offsets = np.arange(0, 2 * DIGEST_BYTES * n + 1, 2 * DIGEST_BYTES, dtype=np.int32)
+    text = _HEX[np.ascontiguousarray(digests)].tobytes()
+    return pa.StringArray.from_buffers(n, pa.py_buffer(offsets), pa.py_buffer(text))
 
 
 @dataclass(frozen=True)
@@ -104,8 +122,7 @@ class Heads:
         episode id written more than once (a run's episodes are unique)."""
         ids = np.frombuffer(self._ids, np.uint8).reshape(-1, DIGEST_BYTES)
         leaves = np.frombuffer(self._leaves, np.uint8).reshape(-1, DIGEST_BYTES)
-        as_binary = pa.FixedSizeBinaryArray.from_buffers(pa.binary(DIGEST_BYTES), len(self), [None, pa.py_buffer(ids)])
-        order = pc.sort_indices(as_binary).to_numpy()  # bytes order is hex order: as sorting the hex strings
+        order = digest_order(ids)
 
         def sorted_leaves() -> Iterator[bytes]:
             previous = ids[:0]

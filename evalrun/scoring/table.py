@@ -11,7 +11,7 @@ import pyarrow.compute as pc
 
 from evalrun.config import ScorerConfig
 from evalrun.errors import BadInput
-from evalrun.records.heads import DIGEST_BYTES, digest_bytes
+from evalrun.records.heads import DIGEST_BYTES, digest_bytes, digest_hex, digest_order
 from evalrun.records.outputs import FAILED_FINISH_REASON, SCORE_ERROR_COLUMN, SCORES_SCHEMA
 from evalrun.scoring.context import ScoringContext
 from evalrun.scoring.registry import IDENTITY_COLUMNS, NORMALIZERS, SCORERS, RowScorer
@@ -148,7 +148,7 @@ class Scoring:
         self._combine()
         tables, self._tables = self._tables or [SCORED_SCHEMA.empty_table()], []
         episodes = pa.concat_tables(tables)
-        order = pc.sort_indices(episodes, sort_keys=[(_EPISODE_ID, "ascending")]).to_numpy().astype(np.int64)
+        order = digest_order(_digests(episodes.column(_EPISODE_ID)))
         errors = episodes.column(SCORE_ERROR_COLUMN)
         with_error = errors.null_count < episodes.num_rows
         schema = SCORES_SCHEMA if with_error else _WITHOUT_ERROR
@@ -174,13 +174,21 @@ class Scoring:
             rows = episodes.take(pc.list_parent_indices(lists))
         n = rows.num_rows
         columns: dict[str, Any] = {name: rows.column(name) for name in IDENTITY_COLUMNS}
-        columns[_EPISODE_ID] = pa.array([episode.hex() for episode in rows.column(_EPISODE_ID).to_pylist()],
-                                        SCORES_SCHEMA.field(_EPISODE_ID).type)  # fmt: skip
+        columns[_EPISODE_ID] = digest_hex(_digests(rows.column(_EPISODE_ID))).cast(
+            SCORES_SCHEMA.field(_EPISODE_ID).type
+        )
         columns.update({name: pc.list_flatten(episodes.column(name)) for name in (_METRICS, _VALUES, _EXTRACTED)})
         columns.update(scorer=[self._spec.name] * n, scorer_version=[self._entry.version] * n)
         if SCORE_ERROR_COLUMN in schema.names:
             columns[SCORE_ERROR_COLUMN] = rows.column(SCORE_ERROR_COLUMN)
         return pa.table(columns, schema=schema).combine_chunks()
+
+
+def _digests(column: pa.ChunkedArray) -> np.ndarray:
+    """A column of 32-byte episode ids as an n x 32 array of bytes."""
+    parts = [np.frombuffer(chunk.buffers()[1], np.uint8, count=(chunk.offset + len(chunk)) * DIGEST_BYTES)
+             .reshape(-1, DIGEST_BYTES)[chunk.offset :] for chunk in column.chunks if len(chunk)]  # fmt: skip
+    return np.concatenate(parts) if parts else np.empty((0, DIGEST_BYTES), np.uint8)
 
 
 def _take(tables: list[pa.Table], starts: np.ndarray, indices: np.ndarray) -> pa.Table:
