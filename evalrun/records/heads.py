@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from evalrun.records.merkle import leaf_hash, root_of_leaf_hashes
+from evalrun.records.merkle import BLOCK_LEAVES, leaf_hash, root_of_leaf_blocks
 
 DIGEST_BYTES = 32
 
@@ -81,7 +81,7 @@ class Heads:
     the sum of the ids mod 2**256, which lets a run check its episodes against its plan without holding
     either set."""
 
-    SORT_CHUNK = 65536  # leaves taken in episode-id order at a time
+    SORT_CHUNK = 16 * BLOCK_LEAVES  # leaves taken in episode-id order at a time
 
     def __init__(self, pairs: Iterable[tuple[str, str]] = ()) -> None:
         self._ids = bytearray()
@@ -133,7 +133,6 @@ class Heads:
                 if len(repeated):
                     raise ValueError(f"episode {in_order[repeated[0]].tobytes().hex()} was written more than once")
                 previous = in_order[-1:]
-                data = leaves[chunk].tobytes()
-                yield from (data[i : i + DIGEST_BYTES] for i in range(0, len(data), DIGEST_BYTES))
+                yield leaves[chunk].tobytes()
 
-        return root_of_leaf_hashes(sorted_leaves())
+        return root_of_leaf_blocks(sorted_leaves())

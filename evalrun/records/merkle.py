@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import hashlib
+import itertools
 from collections.abc import Iterable, Sequence
 
 EMPTY_ROOT = hashlib.sha256(b"").hexdigest()
+DIGEST_SIZE = 32
 
 
 def leaf(episode_id: str, head: str) -> bytes:
@@ -32,23 +34,47 @@ def _tree_hash(hashes: Sequence[bytes]) -> bytes:
     return _node_hash(_tree_hash(hashes[:split]), _tree_hash(hashes[split:]))
 
 
+BLOCK_LEAVES = 4096  # leaves hashed a level at a time: a perfect subtree of the tree
+
+
 def root_of_leaf_hashes(leaf_hashes: Iterable[bytes]) -> str:
-    """Root over leaf hashes already in episode-id order, folded as they come: memory is one hash per
-    level. RFC 6962's tree splits at the largest power of two below n, so it is the perfect subtrees
-    of n's binary digits, largest first, joined from the right."""
+    """Root over leaf hashes already in episode-id order (:func:`root_of_leaf_blocks` of their blocks)."""
+    source = iter(leaf_hashes)
+    return root_of_leaf_blocks(iter(lambda: b"".join(itertools.islice(source, BLOCK_LEAVES)), b""))
+
+
+def root_of_leaf_blocks(blocks: Iterable[bytes]) -> str:
+    """Root over leaf hashes already in episode-id order, given as blocks of concatenated hashes, each but the last
+    a multiple of :data:`BLOCK_LEAVES` hashes long. Folded as they come: memory is a block and one hash per level.
+    RFC 6962's tree splits at the largest power of two below n, so it is the perfect subtrees of n's binary digits,
+    largest first, joined from the right; each block's full :data:`BLOCK_LEAVES` are such subtrees, hashed a level
+    at a time (a pass over bytes, not a Python object a node), and the last block's rest is split by its digits."""
     subtrees: list[tuple[int, bytes]] = []  # (leaves, hash) of perfect subtrees, sizes strictly decreasing
-    for node in leaf_hashes:
-        size = 1
-        while subtrees and subtrees[-1][0] == size:
-            node = _node_hash(subtrees.pop()[1], node)
-            size *= 2
-        subtrees.append((size, node))
+    for block in blocks:
+        leaves, offset = len(block) // DIGEST_SIZE, 0
+        sizes = [BLOCK_LEAVES] * (leaves // BLOCK_LEAVES)
+        sizes += [1 << bit for bit in reversed(range(BLOCK_LEAVES.bit_length())) if leaves % BLOCK_LEAVES & 1 << bit]
+        for size in sizes:
+            node = _perfect_root(block[offset * DIGEST_SIZE : (offset + size) * DIGEST_SIZE])
+            offset += size
+            while subtrees and subtrees[-1][0] == size:
+                node = _node_hash(subtrees.pop()[1], node)
+                size *= 2
+            subtrees.append((size, node))
     if not subtrees:
         return EMPTY_ROOT
     root = subtrees.pop()[1]
     while subtrees:
         root = _node_hash(subtrees.pop()[1], root)
     return root.hex()
+
+
+def _perfect_root(hashes: bytes) -> bytes:
+    """The root of a perfect subtree: its leaf hashes (a power of two of them) concatenated."""
+    while len(hashes) > DIGEST_SIZE:
+        hashes = b"".join([hashlib.sha256(b"\x01" + hashes[i : i + 2 * DIGEST_SIZE]).digest()
+                           for i in range(0, len(hashes), 2 * DIGEST_SIZE)])  # fmt: skip
+    return hashes
 
 
 def merkle_root(heads: Iterable[tuple[str, str]]) -> str:
