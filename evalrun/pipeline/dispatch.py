@@ -248,39 +248,38 @@ class RayDispatcher:
         starting = self._starting  # info() refs of replacement actors, kept across runs
         self._restarts_total = 0  # the restart budget is per run
         # The run's context (its plan among it) in Ray's object store, put when the first batch is taken: each worker
-        # fetches it once, and a batch crosses to a worker as its number and bounds (in a list, Ray passes the ref).
-        context: list[Any] = []
-        plan: list[Sequence[Any]] = []
-
+        # fetches it with its first call of the run, and a batch crosses to a worker as its number and bounds.
+        plan: Sequence[Any] | None = None
+        context: list[Any] = []  # [the context's object ref]: in a list, Ray passes the ref, not the object
         context_key = ""
 
         def take() -> tuple[int, PlanSlice] | None:
-            nonlocal unsent, context_key
+            nonlocal unsent, plan, context_key
             if pending:
                 return pending.popleft()
             taken = next(source, None) if unsent else None
             unsent = taken is not None
-            if taken is not None and not plan:
-                plan.append(taken[1].plan)
-                context.append(ray.put(RunContext(taken[1].plan, generator, packed_scoring, sink)))
+            if taken is not None and plan is None:
+                plan = taken[1].plan
+                context.append(ray.put(RunContext(plan, generator, packed_scoring, sink)))
                 context_key = context[0].hex()
-            if taken is not None and taken[1].plan is not plan[0]:
+            if taken is not None and taken[1].plan is not plan:
                 raise ValueError("the batches of one dispatch are slices of one plan")
             return taken
 
-        def lease(slot: _Slot) -> list[tuple[int, PlanSlice]]:
-            """The batches of the worker's next call: one, or several while many are left (Ray's cost is per call),
-            never more than a share of what is left, so the workers finish together."""
-            batches: list[tuple[int, PlanSlice]] = []
-            while not batches or len(batches) < self._lease_size(batches[0][1]):
-                taken = take()
-                if taken is None:
-                    break
+        def lease() -> list[tuple[int, PlanSlice]]:
+            """The batches of a worker's next call: one, or several while many are left (Ray's cost is per call)."""
+            first = take()
+            if first is None:
+                return []
+            batches = [first]
+            size = self._lease_size(first[1])
+            while len(batches) < size and (taken := take()) is not None:
                 batches.append(taken)
             return batches
 
         def fill(slot: _Slot) -> None:
-            while slot.live and slot.load < self._max_in_flight and (batches := lease(slot)):
+            while slot.live and slot.load < self._max_in_flight and (batches := lease()):
                 for number, _ in batches:
                     attempts[number] = attempts.get(number, 0) + 1
                 bounds = [(number, batch.start, batch.stop) for number, batch in batches]
@@ -328,18 +327,18 @@ class RayDispatcher:
             slot, actor, batches = in_flight.pop(ref)
             if slot.actor is actor:
                 slot.load -= 1
-            episodes = sum(len(batch) for _, batch in batches)
             try:
                 outcomes = ray.get(ref)
             except ray.exceptions.RayError as exc:
+                call = f"a call of {len(batches)} batches ({sum(len(batch) for _, batch in batches)} episodes)"
                 if _raised_by_the_batch(exc):
                     # The batch's code raised in a live worker: running it again would raise again.
                     if isinstance(exc.cause, BadInput):  # a worker's commit of its part failed: named, one line
                         raise exc.cause from None
                     worker = (slot.info or {}).get("worker")
-                    raise RuntimeError(f"a batch of {episodes} episodes failed on {worker}: {exc.cause!r}") from exc
+                    raise RuntimeError(f"{call} failed on {worker}: {exc.cause!r}") from exc
                 if max(attempts[number] for number, _ in batches) >= self._max_attempts:
-                    raise RuntimeError(f"a batch of {episodes} episodes failed {self._max_attempts} times") from exc
+                    raise RuntimeError(f"{call} failed: a batch of it has failed {self._max_attempts} times") from exc
                 stats.retries += len(batches)
                 pending.extendleft(reversed(batches))
                 replace(slot, actor, exc)

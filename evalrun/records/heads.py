@@ -9,9 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from evalrun.records.merkle import BLOCK_LEAVES, leaf_hash, root_of_leaf_blocks
-
-DIGEST_BYTES = 32
+from evalrun.records.merkle import BLOCK_LEAVES, DIGEST_BYTES, leaf_hash, root_of_leaf_blocks
 
 
 def digest_bytes(text: str, what: str) -> bytes:

@@ -7,7 +7,7 @@ import itertools
 from collections.abc import Iterable, Sequence
 
 EMPTY_ROOT = hashlib.sha256(b"").hexdigest()
-DIGEST_SIZE = 32
+DIGEST_BYTES = 32  # a sha256 digest
 
 
 def leaf(episode_id: str, head: str) -> bytes:
@@ -51,11 +51,12 @@ def root_of_leaf_blocks(blocks: Iterable[bytes]) -> str:
     at a time (a pass over bytes, not a Python object a node), and the last block's rest is split by its digits."""
     subtrees: list[tuple[int, bytes]] = []  # (leaves, hash) of perfect subtrees, sizes strictly decreasing
     for block in blocks:
-        leaves, offset = len(block) // DIGEST_SIZE, 0
+        leaves, offset = len(block) // DIGEST_BYTES, 0
         sizes = [BLOCK_LEAVES] * (leaves // BLOCK_LEAVES)
-        sizes += [1 << bit for bit in reversed(range(BLOCK_LEAVES.bit_length())) if leaves % BLOCK_LEAVES & 1 << bit]
+        rest = leaves % BLOCK_LEAVES  # the last block's: its binary digits, largest first
+        sizes += [1 << bit for bit in reversed(range(BLOCK_LEAVES.bit_length())) if rest & (1 << bit)]
         for size in sizes:
-            node = _perfect_root(block[offset * DIGEST_SIZE : (offset + size) * DIGEST_SIZE])
+            node = _perfect_root(block[offset * DIGEST_BYTES : (offset + size) * DIGEST_BYTES])
             offset += size
             while subtrees and subtrees[-1][0] == size:
                 node = _node_hash(subtrees.pop()[1], node)
@@ -71,9 +72,9 @@ def root_of_leaf_blocks(blocks: Iterable[bytes]) -> str:
 
 def _perfect_root(hashes: bytes) -> bytes:
     """The root of a perfect subtree: its leaf hashes (a power of two of them) concatenated."""
-    while len(hashes) > DIGEST_SIZE:
-        hashes = b"".join([hashlib.sha256(b"\x01" + hashes[i : i + 2 * DIGEST_SIZE]).digest()
-                           for i in range(0, len(hashes), 2 * DIGEST_SIZE)])  # fmt: skip
+    while len(hashes) > DIGEST_BYTES:
+        hashes = b"".join([hashlib.sha256(b"\x01" + hashes[i : i + 2 * DIGEST_BYTES]).digest()
+                           for i in range(0, len(hashes), 2 * DIGEST_BYTES)])  # fmt: skip
     return hashes
 
 
