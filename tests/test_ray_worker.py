@@ -100,3 +100,15 @@ def test_a_part_s_commit_overlaps_the_next_batch(worker_and_plan: Any, tmp_path:
     assert written.part.files.log[0] == "log/0" and [number for number, _ in sink.committed] == [1, 0]
     assert all(thread != engine.built_on for _, thread in sink.committed)  # never on the engine's thread
     worker.close()
+
+
+def test_a_lease_of_batches_answers_each_in_order_and_commits_each(worker_and_plan: Any, tmp_path: Path) -> None:
+    worker, plan = worker_and_plan
+    sink = HeldSink(str(tmp_path), 0, threading.Event(), [])
+    sink.release.set()
+    outcomes = worker.run_batches(RunContext(plan, GENERATOR, sink=sink), [batch(4), batch(5), batch(6)])
+    assert [o.batch for o in outcomes] == [4, 5, 6] and [n for n, _ in sink.committed] == [4, 5, 6]
+    assert [o.part.files.log[0] for o in outcomes] == ["log/4", "log/5", "log/6"]
+    assert [o.part.heads.episode_ids() for o in outcomes] == [plan.episode_ids(0, 2), plan.episode_ids(2, 4),
+                                                              plan.episode_ids(0, 2)]  # fmt: skip
+    worker.close()
