@@ -109,6 +109,6 @@ def test_a_lease_of_batches_answers_each_in_order_and_commits_each(worker_and_pl
     outcomes = worker.run_batches(RunContext(plan, GENERATOR, sink=sink), [batch(4), batch(5), batch(6)])
     assert [o.batch for o in outcomes] == [4, 5, 6] and [n for n, _ in sink.committed] == [4, 5, 6]
     assert [o.part.files.log[0] for o in outcomes] == ["log/4", "log/5", "log/6"]
-    assert [o.part.heads.episode_ids() for o in outcomes] == [plan.episode_ids(0, 2), plan.episode_ids(2, 4),
-                                                              plan.episode_ids(0, 2)]  # fmt: skip
+    assert [o.part.heads.ids for o in outcomes] == [plan.episode_digests(0, 2), plan.episode_digests(2, 4),
+                                                    plan.episode_digests(0, 2)]  # fmt: skip
     worker.close()

@@ -6,6 +6,7 @@ import hashlib
 import json
 import random
 
+import numpy as np
 import pytest
 import rfc8785
 from hypothesis import given, settings
@@ -23,7 +24,7 @@ from evalrun.records.canonical import (
 from evalrun.records.chain import GENESIS, ChainBuilder, chain_head
 from evalrun.records.entries import EndEntry, EpisodeSeeds, HeaderEntry
 from evalrun.records.formats import Generator
-from evalrun.records.heads import Heads
+from evalrun.records.heads import Heads, digest_hex, digest_order, digest_sum
 from evalrun.records.merkle import EMPTY_ROOT, merkle_root
 from evalrun.records.seeds import derive_seed
 
@@ -85,6 +86,25 @@ def test_merkle_root_is_rfc6962_over_sorted_leaves(n: int) -> None:
     assert heads.id_sum == sum(int(e, 16) for e, _ in pairs) % 2**256
     changed = [*pairs[:-1], (pairs[-1][0], "0" * 64)]
     assert merkle_root(changed) != expected and Heads(changed).merkle_root() != expected
+
+
+def test_digest_sum_is_the_sum_of_the_digests_as_integers_mod_2_256() -> None:
+    random_digests = [hashlib.sha256(str(i).encode()).digest() for i in range(1000)]
+    largest = [b"\xff" * 32] * 70_000  # every column's carries, and a sum past 2**256
+    for digests in (random_digests, largest, [bytes(32)], []):
+        expected = sum(int.from_bytes(d, "big") for d in digests) % 2**256
+        assert digest_sum(b"".join(digests)) == expected
+
+
+@pytest.mark.parametrize("shared_prefix", [False, True])
+def test_digests_sort_and_print_as_their_hex_strings_do(shared_prefix: bool) -> None:
+    digests = [hashlib.sha256(str(i).encode()).digest() for i in range(3000)]
+    if shared_prefix:  # the first 64-bit word alike: the order falls to the later words
+        digests += [digests[7][:8] + hashlib.sha256(f"twin {i}".encode()).digest()[8:] for i in range(5)]
+    array = np.frombuffer(b"".join(digests), np.uint8).reshape(-1, 32)
+    texts = [d.hex() for d in digests]
+    assert [texts[i] for i in digest_order(array)] == sorted(texts)
+    assert digest_hex(array).to_pylist() == texts
 
 
 def test_heads_refuse_a_repeated_episode_and_anything_but_sha256_hex() -> None:

@@ -10,7 +10,7 @@ from typing import Any
 
 from evalrun.config import load
 from evalrun.engines import Completion, GenerationRequest, SamplingSpec
-from evalrun.episodes import PlanSlice, Provenance, planned_ids
+from evalrun.episodes import PlanSlice, Provenance, planned_digests
 from evalrun.episodes.encode import encode_part
 from evalrun.episodes.harness import run_episodes
 from evalrun.episodes.plan import Episode, Plan, episode_id
@@ -69,17 +69,17 @@ def test_a_plan_gives_its_episodes_ids_without_making_them_and_its_slices_make_i
     plan = prepare(load(["cluster=inline", "seeds.set=[0,1,2]", "seeds.repeats=2", "limit=7"])).episodes
     assert isinstance(plan, Plan) and len(plan) == 42
     for start, stop in ((0, 42), (5, 19), (13, 14), (40, 42), (20, 20)):
-        assert plan.episode_ids(start, stop) == [e.episode_id for e in plan[start:stop]]
+        assert plan.episode_digests(start, stop) == b"".join(bytes.fromhex(e.episode_id) for e in plan[start:stop])
         batch = PlanSlice(plan, start, stop)
         assert len(batch) == stop - start and list(batch) == plan[start:stop]
     assert PlanSlice(plan, 5, 19)[-1] == plan[18] and PlanSlice(plan, 5, 19)[2:4] == plan[7:9]
     # a list of episodes (a world's plan) gives its ids through its episodes
-    assert planned_ids(list(plan), 3, 9) == plan.episode_ids(3, 9)
+    assert planned_digests(list(plan), 3, 9) == plan.episode_digests(3, 9)
 
 
 def test_a_resumed_run_s_batches_are_the_runs_of_episodes_it_does_not_keep() -> None:
     plan = prepare(load(["cluster=inline", "seeds.set=[0,1]", "limit=10"])).episodes
-    kept = frozenset(plan.episode_ids(4, 8)) | {plan[15].episode_id}
+    kept = frozenset(e.episode_id for e in plan[4:8]) | {plan[15].episode_id}
     plan_pass = runner._PlanPass(kept)
     batches = [(batch.start, batch.stop) for batch in plan_pass.slices(plan, 8)]
     assert batches == [(0, 4), (8, 15), (16, 20)]

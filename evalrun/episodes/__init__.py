@@ -134,14 +134,15 @@ class Planned(Protocol):
 class IdentifiedPlan(Protocol):
     """A plan that gives its episodes' ids without making the episodes (:class:`~evalrun.episodes.plan.Plan`)."""
 
-    def episode_ids(self, start: int, stop: int) -> list[str]: ...
+    def episode_digests(self, start: int, stop: int) -> bytes: ...
 
 
-def planned_ids(plan: Sequence[Planned], start: int, stop: int) -> list[str]:
-    """The ids of episodes ``start`` to ``stop`` of ``plan``, made without the episodes where the plan can."""
+def planned_digests(plan: Sequence[Planned], start: int, stop: int) -> bytes:
+    """The ids of episodes ``start`` to ``stop`` of ``plan``, each its 32 bytes, concatenated; made without the
+    episodes where the plan can."""
     if isinstance(plan, IdentifiedPlan):
-        return plan.episode_ids(start, stop)
-    return [episode.episode_id for episode in plan[start:stop]]
+        return plan.episode_digests(start, stop)
+    return b"".join(bytes.fromhex(episode.episode_id) for episode in plan[start:stop])
 
 
 @dataclass(frozen=True)

@@ -351,13 +351,13 @@ class RayDispatcher:
             yield from outcomes
 
     def _lease_size(self, batch: PlanSlice) -> int:
-        """How many batches a worker's next call takes, when ``batch`` is its first: a fourth of an equal share of
-        the batches left after it per call a worker may have in flight, at least one and at most ``MAX_LEASE``
-        (guided self-scheduling: the calls shrink to one batch well before the run ends, so the workers finish
-        together; at a half share, 8 stand-in workers lost 1 to 2% of their whole-run efficiency to the tail)."""
+        """How many batches a worker's next call takes, when ``batch`` is its first: an equal share of the batches
+        left after it among the calls the workers may have in flight, at least one and at most ``MAX_LEASE``
+        (guided self-scheduling: the calls shrink as the batches run out, the last ones to one batch each, so the
+        workers finish together; docs/design.md "Ray's crossings")."""
         left = (len(batch.plan) - batch.stop) // max(1, len(batch))
         live = max(1, sum(slot.live for slot in self._slots))
-        return max(1, min(MAX_LEASE, left // (4 * live * self._max_in_flight)))
+        return max(1, min(MAX_LEASE, left // (live * self._max_in_flight)))
 
     def logs(self, timeout_s: float = LOG_TIMEOUT_S) -> CollectedLogs:
         """Each live worker's log (fetched from its process, wherever it runs), and the driver's own records

@@ -32,7 +32,7 @@ from evalrun.episodes import (
     WrittenPart,
     kind_of,
     model_files,
-    planned_ids,
+    planned_digests,
 )
 from evalrun.episodes.checked import verify_part
 from evalrun.errors import BadInput, CheckFailed, Interrupted, WriteFailed, first_line
@@ -54,7 +54,8 @@ from evalrun.pipeline.runlogs import write_logs
 from evalrun.pipeline.worker import WorkerSpec
 from evalrun.records.canonical import differences, file_sha256
 from evalrun.records.formats import SEAL_FORMAT_ALL, EpisodeCounts, Record, seal_of
-from evalrun.records.heads import Heads
+from evalrun.records.heads import Heads, digest_sum
+from evalrun.records.merkle import DIGEST_BYTES
 from evalrun.rundir import layout, ledger, reader, store, writer
 from evalrun.rundir.attest import attest_finished_run, signing_key
 from evalrun.rundir.writer import PartSink
@@ -622,7 +623,7 @@ class _PlanPass:
     repeated one fails the Merkle root)."""
 
     def __init__(self, kept: frozenset[str]) -> None:
-        self._kept = kept
+        self._kept = frozenset(bytes.fromhex(episode_id) for episode_id in kept)
         self.id_sum = 0
         self.kept_seen = 0
 
@@ -631,17 +632,19 @@ class _PlanPass:
         (a kept part's episodes split a batch: a resumed run's batches fall where the first run's did)."""
         total = 0
         for begin in range(0, len(plan), size):
-            ids = planned_ids(plan, begin, min(begin + size, len(plan)))
-            total += sum(int(episode_id, 16) for episode_id in ids)
+            stop = min(begin + size, len(plan))
+            digests = planned_digests(plan, begin, stop)
+            total += digest_sum(digests)
             start = begin
-            for position, episode_id in enumerate(ids, begin):
-                if episode_id in self._kept:
+            for position in range(begin, stop) if self._kept else ():
+                offset = (position - begin) * DIGEST_BYTES
+                if digests[offset : offset + DIGEST_BYTES] in self._kept:
                     self.kept_seen += 1
                     if start < position:
                         yield PlanSlice(plan, start, position)
                     start = position + 1
-            if start < begin + len(ids):
-                yield PlanSlice(plan, start, begin + len(ids))
+            if start < stop:
+                yield PlanSlice(plan, start, stop)
         self.id_sum = total % (1 << 256)
 
     def check(self, heads: Heads, planned: int) -> None:

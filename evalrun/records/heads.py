@@ -24,14 +24,18 @@ def digest_bytes(text: str, what: str) -> bytes:
 
 
 def digest_order(digests: np.ndarray) -> np.ndarray:
-    """The order that sorts digests (an n x 32 array of bytes) ascending, as sorting their hex strings would: a
-    lexicographic sort of each digest's four big-endian 64-bit words, about twenty times as fast as Arrow's sort
-    of fixed-size binaries."""
+    """The order that sorts digests (an n x 32 array of bytes) ascending, as sorting their hex strings would: by each
+    digest's first big-endian 64-bit word, or, when two share it (for sha256s, about never), lexicographically by all
+    four; a fifth of the time of the lexicographic sort, a hundredth of Arrow's sort of fixed-size binaries."""
     words = np.ascontiguousarray(digests).view(">u8").reshape(-1, DIGEST_BYTES // 8)
+    order = np.argsort(words[:, 0], kind="stable")
+    first = words[order, 0]
+    if not (first[1:] == first[:-1]).any():
+        return order.astype(np.int64)
     return np.lexsort(words.T[::-1]).astype(np.int64)
 
 
-_HEX = np.frombuffer(b"".join(b"%02x" % i for i in range(256)), np.uint8).reshape(256, 2)
+_HEX = np.frombuffer(b"".join(b"%02x" % i for i in range(256)), np.uint16)  # byte -> its two hex digits
 
 
 def digest_hex(digests: np.ndarray) -> pa.StringArray:
@@ -40,6 +44,13 @@ def digest_hex(digests: np.ndarray) -> pa.StringArray:
     offsets = np.arange(0, 2 * DIGEST_BYTES * n + 1, 2 * DIGEST_BYTES, dtype=np.int32)
     text = _HEX[np.ascontiguousarray(digests)].tobytes()
     return pa.StringArray.from_buffers(n, pa.py_buffer(offsets), pa.py_buffer(text))
+
+
+def digest_sum(digests: bytes) -> int:
+    """The sum mod 2**256 of 32-byte digests concatenated, each read as a big-endian integer: summed as columns of
+    32-bit words (exact below 2**32 digests), a few nanoseconds a digest instead of a Python integer each."""
+    words = np.frombuffer(digests, ">u4").reshape(-1, DIGEST_BYTES // 4).astype(np.uint64).sum(axis=0)
+    return sum(int(word) << (32 * place) for place, word in enumerate(reversed(words.tolist()))) % (1 << 256)
 
 
 @dataclass(frozen=True)
@@ -62,14 +73,12 @@ class PackedHeads:
 
 def pack_heads(pairs: Iterable[tuple[str, str]]) -> PackedHeads:
     """``pairs`` packed; ValueError naming an episode id or head that is not a sha256 hex digest."""
-    ids, leaves, total = bytearray(), bytearray(), 0
+    ids, leaves = bytearray(), bytearray()
     for episode, head in pairs:
-        raw = digest_bytes(episode, "episode id")
+        ids += digest_bytes(episode, "episode id")
         digest_bytes(head, "head")
-        ids += raw
         leaves += leaf_hash(episode, head)
-        total += int.from_bytes(raw, "big")
-    return PackedHeads(bytes(ids), bytes(leaves), total % (1 << 256))
+    return PackedHeads(bytes(ids), bytes(leaves), digest_sum(bytes(ids)))
 
 
 class Heads:
