@@ -2,12 +2,16 @@
 
 The two write paths give the same run directory; a worker killed after writing a part and before reporting it
 loses and doubles nothing; a run on a local S3-compatible server (moto, started by the session) verifies, rescores
-and replays from its s3:// location; the stores' locks keep a second driver out.
+and replays from its s3:// location, and one whose driver was killed is resumed there; the stores' locks keep a
+second driver out.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import uuid
 import zipfile
 from pathlib import Path
@@ -21,7 +25,7 @@ from evalrun.cli.main import main
 from evalrun.config import load
 from evalrun.episodes import EncodedPart
 from evalrun.errors import BadInput, WriteFailed
-from evalrun.pipeline import runner
+from evalrun.pipeline import failpoints, runner
 from evalrun.pipeline.dispatch import Dispatcher
 from evalrun.records.canonical import file_sha256
 from evalrun.records.heads import pack_heads
@@ -147,6 +151,50 @@ def test_a_run_on_s3_verifies_rescores_and_replays(two_workers, driver_run, s3_s
     assert main(["export", location, "--format", "inspect", "-o", str(tmp_path / "run.eval")]) == 0
     with zipfile.ZipFile(tmp_path / "run.eval") as log:
         assert json.loads(log.read("header.json"))["eval"]["metadata"]["run_dir"] == location  # not the copy read
+
+
+def evalrun_process(cwd: Path, *args: str, failpoint: str | None = None) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != failpoints.ENV}
+    if failpoint:
+        env[failpoints.ENV] = failpoint
+    return subprocess.run([sys.executable, "-m", "evalrun.cli", *args], capture_output=True, text=True, timeout=600,
+                          cwd=cwd, env=env)  # fmt: skip
+
+
+def test_a_run_on_s3_whose_driver_was_killed_is_resumed_in_place(run_eval, s3_server, capsys, tmp_path) -> None:
+    """The driver SIGKILLed after its third part: the store keeps the parts it committed (one more output part is
+    removed, and a log part whose output part never came is put) and the dead driver's lock. Resume names the lock;
+    with it removed (as its message says), resume keeps the complete parts, drops the lone log parts, runs the rest
+    and seals the run on the store, with the root of the run never interrupted."""
+    config = ("limit=30", "decoding=sample", "cluster=inline", "cluster.batch_size=5", "run.progress=false")
+    expected = record(run_eval(*config[:2]))["merkle_root"]
+    location = s3_location(s3_server, "killed")
+    killed = evalrun_process(tmp_path, "run", *config, f'run.dir="{location}"', failpoint="after-part-2")
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    remote = store.open_store(location)
+    outputs = sorted(n for n in remote.names() if n.startswith(f"{layout.OUTPUTS}/"))
+    assert outputs and store.LOCK_NAME in remote.names() and layout.RECORD not in remote.names()
+    kept = {n: remote.read(n) for n in outputs[:-1]}  # the last one's batch runs again: its output part removed
+    remote.remove(outputs[-1])
+
+    refused = evalrun_process(tmp_path, "resume", location)
+    assert refused.returncode == 2 and "another evalrun driver" in refused.stderr
+    assert store.join(location, store.LOCK_NAME) in refused.stderr  # the dead driver's lock, named
+    remote.remove(store.LOCK_NAME)
+    remote.commit([(f"{layout.LOG}/part-00099.jsonl", b"{}\n")])  # a log part whose output part never came
+
+    resumed = evalrun_process(tmp_path, "resume", location, "run.progress=false")
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert resumed.stdout.strip().splitlines()[-1] == location
+    names = remote.names()
+    rec = json.loads(remote.read(layout.RECORD))
+    assert rec["merkle_root"] == expected and rec["dispatch"]["kept_parts"] == len(kept)
+    assert all(remote.read(name) == data for name, data in kept.items())  # the kept parts as they were
+    assert f"{layout.LOG}/part-00099.jsonl" not in names and store.LOCK_NAME not in names
+    assert layout.ATTESTATION in names
+    capsys.readouterr()
+    assert main(["verify", location]) == 0, capsys.readouterr().err
+    assert "ok: 30 episodes" in capsys.readouterr().out
 
 
 def test_the_stores_lock_keeps_a_second_driver_out(s3_server: str, tmp_path: Path) -> None:

@@ -362,7 +362,7 @@ def resume(run_dir: Path, overrides: tuple[str, ...]) -> None:
     _print_results(render.stdout_console(), finished)
     if _report_wanted(finished):
         _write_run_report("evalrun resume", finished)
-    click.echo(str(finished))
+    click.echo(store.location_of(finished))  # a run on an object store: its location, not the working copy
 
 
 # --- audit -----------------------------------------------------------------------------------------

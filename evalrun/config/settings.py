@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 import re
 import types
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import Field, dataclass, field, fields, replace
 from dataclasses import field as dataclass_field  # for a section with a setting named field
@@ -381,7 +382,7 @@ class SeedsConfig(Section):
         check_master_seed(self.master)
         if not self.set:
             raise _fail("seeds.set", "at least one seed", list(self.set))
-        duplicates = sorted({s for s in self.set if self.set.count(s) > 1})
+        duplicates = sorted(seed for seed, times in Counter(self.set).items() if times > 1)
         if duplicates:
             raise BadInput("seeds.set", f"expected distinct seeds, {duplicates} appear more than once")
         if any(s < 0 for s in self.set):

@@ -430,10 +430,6 @@ def resume(run_path: Path, overrides: list[str] | None = None, dispatcher: Dispa
     between the two (a crash, a full disk) gets its attestation now (docs/design.md "The run directory").
     """
     run = layout.RunDir(run_path)
-    if store.remote_of(run.path) is not None:
-        message = ("a run on an object store is not resumed in place yet: copy it to a shared file system, resume it "
-                   "there, and copy it back")  # fmt: skip
-        raise BadInput(store.location_of(run.path), message)
     prepared = prepare(load_run_config(run, overrides or []))
     with writer.locked(run), _resumable(run):
         if run.record.is_file():

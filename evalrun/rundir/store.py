@@ -415,6 +415,16 @@ def published_to(path: Path) -> tuple[Store, str] | None:
     return None
 
 
+def remove_committed(path: Path) -> None:
+    """Remove a committed file; from a working copy of a run on an object store, from the store as well (a resumed
+    run drops what it will write again, and a worker's log part whose output part never came)."""
+    path.unlink(missing_ok=True)
+    published = published_to(path)
+    if published is not None:
+        remote, rel = published
+        remote.remove(rel)
+
+
 def remote_of(local: Path) -> Store | None:
     """The store whose run ``local`` is a working copy of, or None."""
     return _STAGED.get(local.resolve()) if _STAGED else None

@@ -242,14 +242,15 @@ class PartWriter(Generic[P]):
         (scores, summary, record, attestation) are removed; they are all written again.
         """
         remove_temporaries(run)
-        for name in (SCORES, SUMMARY, RECORD, ATTESTATION):
-            (run.path / name).unlink(missing_ok=True)
+        # the reverse of their commits: a store never holds one of them without those committed before it
+        for name in (ATTESTATION, RECORD, SUMMARY, SCORES):
+            store.remove_committed(run.path / name)
         writer = cls(run, background=background, on_durable=on_durable)
         indices, kept = [], set()
         for log_part in sorted(run.log.glob("part-*.jsonl")):
             index = int(PART_PATTERN.match(log_part.name).group(1))  # type: ignore[union-attr]
             if not run.output_part(index).exists():
-                log_part.unlink()
+                store.remove_committed(log_part)
         for out_part in run.output_parts():
             index = int(PART_PATTERN.match(out_part.name).group(1))  # type: ignore[union-attr]
             log_part = run.log_part(index)
