@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from evalrun.audit.verify import verify_run
-from evalrun.cli.main import main
+from evalrun.cli.main import _write_run_report, main
 from evalrun.config import load
 from evalrun.episodes import EncodedPart
 from evalrun.errors import BadInput, WriteFailed
@@ -141,8 +141,11 @@ def test_a_run_on_s3_verifies_rescores_and_replays(two_workers, driver_run, s3_s
     assert {n for n in names if n.startswith((f"{layout.LOG}/", f"{layout.OUTPUTS}/"))} == set(parts(driver_run))
     assert layout.ATTESTATION in names and store.LOCK_NAME not in names  # complete, and the lock let go
     assert not list((local / layout.OUTPUTS).iterdir())  # the workers' parts went to the store, not the driver
-    store.discard(local)
     capsys.readouterr()
+    _write_run_report("evalrun run", local)  # as `evalrun run` ends: the report verifies the run, parts and all
+    assert "warning" not in capsys.readouterr().err
+    assert layout.RunDir(local).report.name in remote.names()
+    store.discard(local)
     for command in ("verify", "rescore", "replay"):
         assert main([command, location]) == 0, capsys.readouterr().err
         out = capsys.readouterr().out

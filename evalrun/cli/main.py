@@ -202,6 +202,7 @@ def _write_run_report(command: str, run_dir: Path) -> None:
     """
     path = layout.RunDir(run_dir).report
     try:
+        store.fetch_missing(run_dir)  # a run on an object store: the parts its workers put there, to verify
         data = build_report([run_dir], path)
     except Exception as exc:  # a view must never fail a finished run: any error is reported, not raised
         click.echo(f"{command}: warning: {path}: the report was not written ({type(exc).__name__}: {exc}); the "

@@ -463,13 +463,27 @@ def snapshot(location: str, field: str = "RUN_DIR") -> Path:
     if not names:
         raise BadInput(field, f"{location}: no such run directory (nothing is stored under it)")
     local = new_working_copy(remote, Path(remote.location.split("?")[0].rstrip("/")).name or "run")
+    _copy_missing(remote, names, local)
+    return local
+
+
+def fetch_missing(local: Path) -> None:
+    """Copy into a working copy what its store holds and it does not: the parts the workers put straight into the
+    store, before a command on the driver reads the whole run (the report that `evalrun run` writes verifies it)."""
+    remote = remote_of(local)
+    if remote is not None:
+        _copy_missing(remote, remote.names(), local)
+
+
+def _copy_missing(remote: Store, names: list[str], local: Path) -> None:
+    """The store's files ``names`` that ``local`` lacks, copied into it (the lock, and any name that would land
+    outside it, left out)."""
     for rel in names:
         target = (local / rel).resolve()
-        if rel == LOCK_NAME or local.resolve() not in target.parents:
+        if rel == LOCK_NAME or local.resolve() not in target.parents or target.exists():
             continue
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(remote.read(rel))
-    return local
 
 
 def discard(local: Path) -> None:
