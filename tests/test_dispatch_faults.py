@@ -91,17 +91,17 @@ def test_two_workers_and_any_batch_size_give_the_same_root(two_workers, referenc
     assert len(workers) == 2  # both workers served batches
     # batches are taken as workers can take them: never more than 2 workers x max_in_flight calls ahead, each of at
     # most a lease of batches (a call's outcomes are handed on after its worker took its next lease), and a lease is
-    # at most an equal share of what is left among the calls in flight
+    # at most half an equal share of what is left among the calls in flight
     in_flight = 2 * load([]).cluster.max_in_flight
     assert len(counting.taken_at_outcome) == 27  # 80 episodes in batches of 3
     ahead = [taken - done for done, taken in enumerate(counting.taken_at_outcome, start=1)]
-    lease = max(1, min(MAX_LEASE, 27 // in_flight))
+    lease = max(1, min(MAX_LEASE, 27 // (2 * in_flight)))
     assert all(n <= in_flight * lease + lease - 1 for n in ahead)
 
 
 def test_a_call_takes_several_batches_while_many_are_left(two_workers, reference_root, tmp_path) -> None:
     counting = CountingTaken(two_workers)
-    run = run_on(counting, tmp_path, "cluster.batch_size=1")  # 80 batches: leases of MAX_LEASE at the start
+    run = run_on(counting, tmp_path, "cluster.batch_size=1")  # 80 batches: leases of 80 // 8 = MAX_LEASE at first
     assert record(run)["merkle_root"] == reference_root
     in_flight = 2 * load([]).cluster.max_in_flight
     ahead = [taken - done for done, taken in enumerate(counting.taken_at_outcome, start=1)]

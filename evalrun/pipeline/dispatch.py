@@ -351,13 +351,14 @@ class RayDispatcher:
             yield from outcomes
 
     def _lease_size(self, batch: PlanSlice) -> int:
-        """How many batches a worker's next call takes, when ``batch`` is its first: an equal share of the batches
-        left after it among the calls the workers may have in flight, at least one and at most ``MAX_LEASE``
-        (guided self-scheduling: the calls shrink as the batches run out, the last ones to one batch each, so the
-        workers finish together; docs/design.md "Ray's crossings")."""
+        """How many batches a worker's next call takes, when ``batch`` is its first: half an equal share of the
+        batches left after it among the calls the workers may have in flight, at least one and at most ``MAX_LEASE``
+        (factoring: each round of calls takes half of what is left, so the calls shrink as the batches run out, the
+        last ones to one batch each, and a slower worker never holds much; docs/design.md "Workers write, the driver
+        commits")."""
         left = (len(batch.plan) - batch.stop) // max(1, len(batch))
         live = max(1, sum(slot.live for slot in self._slots))
-        return max(1, min(MAX_LEASE, left // (live * self._max_in_flight)))
+        return max(1, min(MAX_LEASE, left // (2 * live * self._max_in_flight)))
 
     def logs(self, timeout_s: float = LOG_TIMEOUT_S) -> CollectedLogs:
         """Each live worker's log (fetched from its process, wherever it runs), and the driver's own records
