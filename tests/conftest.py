@@ -22,6 +22,7 @@ os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
 os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
 
 from evalrun.config import load
+from evalrun.pipeline import failpoints
 from evalrun.pipeline.dispatch import Dispatcher
 from evalrun.pipeline.runner import Prepared, execute, open_for, prepare
 
@@ -111,6 +112,16 @@ def served() -> Iterator[Dispatcher]:
     yield d
     d.close()
     assert d.worker.engine._server is None  # stopped
+
+
+def evalrun_process(cwd: Path, *args: str, failpoint: str | None = None) -> subprocess.CompletedProcess[str]:
+    """``evalrun ARGS`` in a process of its own, armed to SIGKILL itself at ``failpoint``
+    (evalrun.pipeline.failpoints) when one is named."""
+    env = {k: v for k, v in os.environ.items() if k != failpoints.ENV}
+    if failpoint:
+        env[failpoints.ENV] = failpoint
+    return subprocess.run([sys.executable, "-m", "evalrun.cli", *args], capture_output=True, text=True, timeout=600,
+                          cwd=cwd, env=env)  # fmt: skip
 
 
 S3_BUCKET = "evalrun-test"

@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,19 +15,11 @@ from evalrun.pipeline.runner import load_run_config
 from evalrun.rundir.layout import RunDir
 from evalrun.rundir.reader import read_outputs
 from evalrun.rundir.writer import locked
+from tests.conftest import evalrun_process as evalrun
 
 pytestmark = pytest.mark.e2e  # starts the engine
 
 CONFIG = ("limit=30", "decoding=sample", "cluster=inline", "cluster.batch_size=5")  # 6 parts
-
-
-def evalrun(cwd: Path, *args: str, failpoint: str | None = None) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k != "EVALRUN_FAILPOINT"}
-    if failpoint:
-        env["EVALRUN_FAILPOINT"] = failpoint
-    return subprocess.run(
-        [sys.executable, "-m", "evalrun.cli", *args], capture_output=True, text=True, timeout=600, cwd=cwd, env=env
-    )
 
 
 def root(run: Path) -> str:

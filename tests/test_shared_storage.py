@@ -9,9 +9,6 @@ second driver out.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import uuid
 import zipfile
 from pathlib import Path
@@ -25,13 +22,13 @@ from evalrun.cli.main import _write_run_report, main
 from evalrun.config import load
 from evalrun.episodes import EncodedPart
 from evalrun.errors import BadInput, WriteFailed
-from evalrun.pipeline import failpoints, runner
+from evalrun.pipeline import runner
 from evalrun.pipeline.dispatch import Dispatcher
 from evalrun.records.canonical import file_sha256
 from evalrun.records.heads import pack_heads
 from evalrun.rundir import layout, store, writer
 from evalrun.rundir.reader import read_outputs
-from tests.conftest import S3_BUCKET
+from tests.conftest import S3_BUCKET, evalrun_process
 
 CONFIG = ("limit=40", "decoding=sample", "seeds.repeats=2", "cluster.num_workers=2", "cluster.batch_size=3")
 GOLDEN = Path(__file__).parent / "golden" / "addition-v1"
@@ -154,14 +151,6 @@ def test_a_run_on_s3_verifies_rescores_and_replays(two_workers, driver_run, s3_s
     assert main(["export", location, "--format", "inspect", "-o", str(tmp_path / "run.eval")]) == 0
     with zipfile.ZipFile(tmp_path / "run.eval") as log:
         assert json.loads(log.read("header.json"))["eval"]["metadata"]["run_dir"] == location  # not the copy read
-
-
-def evalrun_process(cwd: Path, *args: str, failpoint: str | None = None) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k != failpoints.ENV}
-    if failpoint:
-        env[failpoints.ENV] = failpoint
-    return subprocess.run([sys.executable, "-m", "evalrun.cli", *args], capture_output=True, text=True, timeout=600,
-                          cwd=cwd, env=env)  # fmt: skip
 
 
 def test_a_run_on_s3_whose_driver_was_killed_is_resumed_in_place(run_eval, s3_server, capsys, tmp_path) -> None:
