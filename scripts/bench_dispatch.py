@@ -163,7 +163,7 @@ def _report_b(path: str, runs: dict[int, tuple[Any, list[tuple[float, float, flo
         print(
             f"    {workers} workers: {throughput:7.1f} episodes/s, parallel efficiency "
             f"{throughput / (workers * base):.3f} (whole run, {wall:.2f} s; {walls[0]:.2f} to {walls[-1]:.2f}), "
-            f"driver CPU {cpu / n * 1e6:4.0f} us/episode ({n} episodes)\n"
+            f"driver CPU {cpu / n * 1e6:5.1f} us/episode ({n} episodes)\n"
             f"               dispatch loop alone (generation + writing, {dispatching:.2f} s): {loop_throughput:7.1f} "
             f"episodes/s, parallel efficiency {loop_throughput / (workers * loop_base):.3f}; phases: {phases} s"
         )

@@ -13,7 +13,8 @@ import pytest
 import ray
 
 from evalrun.config import load
-from evalrun.pipeline.dispatch import MAX_LEASE, Dispatcher, RayDispatcher
+from evalrun.pipeline import dispatch
+from evalrun.pipeline.dispatch import MAX_LEASE_EPISODES, Dispatcher, RayDispatcher
 from evalrun.pipeline.runner import execute, prepare
 from evalrun.rundir.layout import RunDir
 from evalrun.rundir.reader import read_outputs
@@ -95,17 +96,29 @@ def test_two_workers_and_any_batch_size_give_the_same_root(two_workers, referenc
     in_flight = 2 * load([]).cluster.max_in_flight
     assert len(counting.taken_at_outcome) == 27  # 80 episodes in batches of 3
     ahead = [taken - done for done, taken in enumerate(counting.taken_at_outcome, start=1)]
-    lease = max(1, min(MAX_LEASE, 27 // (2 * in_flight)))
+    lease = max(1, 27 // (2 * in_flight))
     assert all(n <= in_flight * lease + lease - 1 for n in ahead)
 
 
 def test_a_call_takes_several_batches_while_many_are_left(two_workers, reference_root, tmp_path) -> None:
     counting = CountingTaken(two_workers)
-    run = run_on(counting, tmp_path, "cluster.batch_size=1")  # 80 batches: leases of 80 // 8 = MAX_LEASE at first
+    run = run_on(counting, tmp_path, "cluster.batch_size=1")  # 80 batches of 1 episode: leases of 79 // 8 at first
     assert record(run)["merkle_root"] == reference_root
     in_flight = 2 * load([]).cluster.max_in_flight
     ahead = [taken - done for done, taken in enumerate(counting.taken_at_outcome, start=1)]
-    assert in_flight < max(ahead) <= in_flight * MAX_LEASE + MAX_LEASE - 1  # the first calls took several each
+    lease = 79 // (2 * in_flight)
+    assert 1 < lease < MAX_LEASE_EPISODES  # the cap in episodes leaves leases of small batches to the share
+    assert in_flight < max(ahead) <= in_flight * lease + lease - 1  # the first calls took several each
+
+
+def test_a_call_takes_no_more_episodes_than_the_cap(two_workers, reference_root, tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(dispatch, "MAX_LEASE_EPISODES", 3)  # the share would be 9 batches of 1 episode at first
+    counting = CountingTaken(two_workers)
+    run = run_on(counting, tmp_path, "cluster.batch_size=1")
+    assert record(run)["merkle_root"] == reference_root
+    in_flight = 2 * load([]).cluster.max_in_flight
+    ahead = [taken - done for done, taken in enumerate(counting.taken_at_outcome, start=1)]
+    assert in_flight < max(ahead) <= in_flight * 3 + 3 - 1
 
 
 def _ray_kill(d: RayDispatcher) -> None:

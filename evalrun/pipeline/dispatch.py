@@ -45,7 +45,9 @@ from evalrun.rundir.writer import PartSink
 from evalrun.scoring.parts import ScoringSetup
 
 LOG_TIMEOUT_S = 30.0  # how long the driver waits for a worker's log at the end of a run
-MAX_LEASE = 8  # batches one call of a Ray worker takes at most (Ray's cost, half a millisecond of CPU, is per call)
+# Episodes one call of a Ray worker takes at most, in whole batches (eight of 256): Ray's cost, about a millisecond of
+# the driver's CPU, is per call, and a worker that dies loses its call's episodes, however they were batched.
+MAX_LEASE_EPISODES = 2048
 
 
 @dataclass
@@ -272,10 +274,11 @@ class RayDispatcher:
             first = take()
             if first is None:
                 return []
-            batches = [first]
+            batches, episodes = [first], len(first[1])
             size = self._lease_size(first[1])
-            while len(batches) < size and (taken := take()) is not None:
+            while len(batches) < size and episodes < MAX_LEASE_EPISODES and (taken := take()) is not None:
                 batches.append(taken)
+                episodes += len(taken[1])
             return batches
 
         def fill(slot: _Slot) -> None:
@@ -352,13 +355,13 @@ class RayDispatcher:
 
     def _lease_size(self, batch: PlanSlice) -> int:
         """How many batches a worker's next call takes, when ``batch`` is its first: half an equal share of the
-        batches left after it among the calls the workers may have in flight, at least one and at most ``MAX_LEASE``
-        (factoring: each round of calls takes half of what is left, so the calls shrink as the batches run out, the
-        last ones to one batch each, and a slower worker never holds much; docs/design.md "Workers write, the driver
-        commits")."""
+        batches left after it among the calls the workers may have in flight, at least one; the call stops taking
+        batches once it holds ``MAX_LEASE_EPISODES``. This is factoring: each round of calls takes half of what is
+        left, so the calls shrink as the batches run out, the last ones to one batch each, and a slower worker never
+        holds much (docs/design.md "Workers write, the driver commits")."""
         left = (len(batch.plan) - batch.stop) // max(1, len(batch))
         live = max(1, sum(slot.live for slot in self._slots))
-        return max(1, min(MAX_LEASE, left // (2 * live * self._max_in_flight)))
+        return max(1, left // (2 * live * self._max_in_flight))
 
     def logs(self, timeout_s: float = LOG_TIMEOUT_S) -> CollectedLogs:
         """Each live worker's log (fetched from its process, wherever it runs), and the driver's own records

@@ -101,7 +101,9 @@ def git_state(root: Path = REPO_ROOT) -> dict[str, Any]:
     return {"commit": commit, "dirty": bool(status) if status is not None else None}
 
 
+@functools.cache
 def evalrun_version() -> str:
+    """This package's installed version (read once a process: every run's chain headers and manifest name it)."""
     try:
         return metadata.version("evalrun")
     except metadata.PackageNotFoundError:

@@ -37,6 +37,8 @@ class RunProgress:
         return self
 
     def advance(self, episodes: int, tokens: int) -> None:
+        if not self._enabled:  # nothing is shown: rich's update, a lock and a task's samples, is left out
+            return
         self._tokens += tokens
         elapsed = max(time.perf_counter() - self._started, 1e-9)
         done = self._progress.tasks[0].completed + episodes - self._done_before

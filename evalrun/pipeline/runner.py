@@ -618,6 +618,8 @@ class _PlanPass:
     gives without making its episodes: a pass that never holds the plan's ids; ids are sha256 digests, and a
     repeated one fails the Merkle root)."""
 
+    ID_SPAN = 4096  # episodes whose ids are made at a time, in whole batches
+
     def __init__(self, kept: frozenset[str]) -> None:
         self._kept = frozenset(bytes.fromhex(episode_id) for episode_id in kept)
         self.id_sum = 0
@@ -625,22 +627,26 @@ class _PlanPass:
 
     def slices(self, plan: Sequence[Planned], size: int) -> Iterator[PlanSlice]:
         """Batches of at most ``size`` episodes, each a run of consecutive episodes of ``plan`` that are not kept
-        (a kept part's episodes split a batch: a resumed run's batches fall where the first run's did)."""
-        total = 0
-        for begin in range(0, len(plan), size):
-            stop = min(begin + size, len(plan))
-            digests = planned_digests(plan, begin, stop)
+        (a kept part's episodes split a batch: a resumed run's batches fall where the first run's did). The ids are
+        made a span of whole batches at a time (``ID_SPAN`` episodes or one batch): a small batch's own call and sum
+        cost more than its ids."""
+        total, span = 0, max(1, self.ID_SPAN // size) * size
+        for span_begin in range(0, len(plan), span):
+            span_stop = min(span_begin + span, len(plan))
+            digests = planned_digests(plan, span_begin, span_stop)
             total += digest_sum(digests)
-            start = begin
-            for position in range(begin, stop) if self._kept else ():
-                offset = (position - begin) * DIGEST_BYTES
-                if digests[offset : offset + DIGEST_BYTES] in self._kept:
-                    self.kept_seen += 1
-                    if start < position:
-                        yield PlanSlice(plan, start, position)
-                    start = position + 1
-            if start < stop:
-                yield PlanSlice(plan, start, stop)
+            for begin in range(span_begin, span_stop, size):
+                stop = min(begin + size, span_stop)
+                start = begin
+                for position in range(begin, stop) if self._kept else ():
+                    offset = (position - span_begin) * DIGEST_BYTES
+                    if digests[offset : offset + DIGEST_BYTES] in self._kept:
+                        self.kept_seen += 1
+                        if start < position:
+                            yield PlanSlice(plan, start, position)
+                        start = position + 1
+                if start < stop:
+                    yield PlanSlice(plan, start, stop)
         self.id_sum = total % (1 << 256)
 
     def check(self, heads: Heads, planned: int) -> None:
