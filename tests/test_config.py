@@ -199,3 +199,29 @@ def test_a_stored_config_is_read_with_the_stop_strings_it_ran_with(tmp_path: Pat
     assert validate(load_stored(path, [])).decoding.stop == ("a\\nb", "\n")
     assert validate(load_stored(path, ['decoding.stop=["\\n"]'])).decoding.stop == ("\n",)
     assert load(["decoding.stop=['a\\\\nb']"]).decoding.stop == ("a\\nb",)  # typed \\n: a backslash, an n
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["seeds.set=[0, 1,2 ,-3]", "seeds.set=[]", "seeds.set=[7]", "a.b=[-0]", "a.b=[ 5 ]",  # read here
+     "seeds.set=[007]", "seeds.set=[+5]", "seeds.set=[1_000]", "seeds.set=[ ]", "a=[1,2]", "+a.b=[1]"],  # Hydra's
+)  # fmt: skip
+def test_a_list_of_integers_is_read_as_hydras_parser_reads_it(text: str) -> None:
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from evalrun.config.overrides import parse_overrides
+
+    (override,) = parse_overrides([text])
+    hydras = OverridesParser.create().parse_override(text)
+    assert override.hydra == hydras and override.value == hydras.value()
+
+
+def test_a_long_seed_set_on_the_command_line_composes_and_the_last_override_of_a_key_wins() -> None:
+    seeds = ",".join(map(str, range(3000)))
+    assert load([f"seeds.set=[{seeds}]"]).seeds.set == tuple(range(3000))  # Hydra's parser: 1 s a parse
+    assert load([f"seeds.set=[{seeds}]", "seeds.set=[3]"]).seeds.set == (3,)
+    assert load(["seeds.set=[1,2]", "seeds.set=[+4]", "seeds.repeats=2"]).seeds.set == (4,)  # Hydra's, after
+    assert load(["seeds.set=[+4]", "seeds.set=[5, 6]"]).seeds.set == (5, 6)
+    with pytest.raises(BadInput) as unknown:
+        load(["seeds.sets=[1,2]"])
+    assert unknown.value.where == "seeds.sets"

@@ -13,7 +13,7 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from evalrun.config.overrides import Override, apply_overrides, parse_overrides, stop_overrides
+from evalrun.config.overrides import Override, apply_overrides, integer_lists, parse_overrides, stop_overrides
 from evalrun.config.paths import CONF_DIR
 from evalrun.config.schema import Schema
 from evalrun.config.settings import EvalConfig
@@ -34,10 +34,13 @@ def expand_multirun(overrides: list[str]) -> list[list[str]]:
 def compose_config(overrides: list[str], config_dir: Path = CONF_DIR) -> DictConfig:
     """Compose ``config.yaml`` with Hydra overrides; composition errors become :class:`BadInput`."""
     parsed = parse_overrides(overrides)
+    lists = integer_lists(parsed)  # Hydra composes with each one empty (its key checked), and they are set after it
+    composed = [f"{o.key}=[]" if o in lists else o.text for o in parsed]
     GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir=str(config_dir), version_base="1.3"):
-            cfg = compose(config_name="config", overrides=overrides)
+            cfg = compose(config_name="config", overrides=composed)
+        apply_overrides(cfg, lists)
         apply_overrides(cfg, stop_overrides(parsed))  # Hydra keeps "\n" as typed: set the strings it means
         return cfg
     except (HydraException, OmegaConfBaseException) as exc:
