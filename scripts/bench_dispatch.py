@@ -19,7 +19,8 @@
 (c) ``--scale N,N,...``: the driver's memory and cost against the episode count. Each size runs in
     its own process (the default task's 200 items x ceil(N / 200) seeds, inline dispatcher, the
     stand-in engine with no latency: its harness and part encoding run in the driver and count);
-    prints the process's peak RSS (ru_maxrss) and its CPU time per episode, plan included. The
+    prints the process's peak RSS (ru_maxrss) and its CPU time per episode, plan included, and without the
+    config and plan (their CPU time printed too). The
     driver's memory must stay flat: peak RSS at 1M within 1.5x of the peak at 100k.
     ``--scale-part-writes workers``: the same sizes on local Ray workers that write their own parts
     (``--scale-workers`` of them, the stand-in with no latency in their processes): the driver holds
@@ -189,13 +190,14 @@ def scale_child(episodes: int, batch_size: int, tmp: Path, writes: str = "driver
     ]))  # fmt: skip
     spec = WorkerSpec(**{**prepared.worker_spec.__dict__, "engine_factory": stand_in_factory(0.0)})
     prepared = type(prepared)(**{**prepared.__dict__, "worker_spec": spec})
-    planned = time.perf_counter() - started
+    planned, planned_cpu = time.perf_counter() - started, time.process_time() - cpu
     dispatcher = open_for(prepared)
     run = execute(prepared, dispatcher)
     wall, cpu = time.perf_counter() - started, time.process_time() - cpu
     record = json.loads((run / "record.json").read_text())
     print(json.dumps({
         "episodes": record["episodes"]["written"], "wall_s": wall, "cpu_s": cpu, "plan_s": planned,
+        "plan_cpu_s": planned_cpu,
         "rss_start_kib": rss_start, "rss_peak_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
         "timings": {k: v for k, v in record["timings"].items() if k != "engine_load"},
     }))  # fmt: skip
@@ -220,7 +222,8 @@ def part_c(sizes: list[int], batch_size: int, writes: str = "driver", workers: i
         print(
             f"    {n:>9,} episodes: peak RSS {peaks[size]:6.0f} MiB (at start {result['rss_start_kib'] / 1024:.0f}), "
             f"driver CPU {result['cpu_s'] / n * 1e6:5.1f} us/episode, {n / result['wall_s']:7.0f} episodes/s "
-            f"(plan {result['plan_s']:.1f} s; {phases} s)"
+            f"(plan {result['plan_s']:.1f} s, CPU {result['plan_cpu_s']:.1f} s: the run alone "
+            f"{(result['cpu_s'] - result['plan_cpu_s']) / n * 1e6:.1f} us/episode; {phases} s)"
         )
     sizes = sorted(peaks)
     for smaller, larger in itertools.pairwise(sizes):
