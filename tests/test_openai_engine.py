@@ -4,6 +4,7 @@ server is tests/test_served_e2e.py's."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 from collections.abc import Callable, Iterator
@@ -264,3 +265,57 @@ def test_tool_calls_go_to_the_chat_api_with_their_arguments_as_json_text() -> No
     assert sent[1]["tool_calls"][0]["function"]["arguments"] == '{"b": 1, "a": [2]}'  # the object's own key order
     assert messages[1]["tool_calls"][0]["function"]["arguments"] == {"b": 1, "a": [2]}  # not changed in place
     assert sent[0] == messages[0]
+
+
+def test_a_request_cancelled_as_a_connection_is_made_for_it_leaves_the_client_usable() -> None:
+    """One request holds the only connection, a second waits for one, and the server closes the first's connection as
+    it answers: a new connection is made for the second, which is cancelled before it runs (as ``cancel()`` cancels
+    the requests left after a server went down). httpcore 1.0.9 keeps that connection's slot for ever
+    (encode/httpcore#1093): a client whose pool is capped at the engine's limit, one here, times out every later
+    request (``PoolTimeout``) against a server that answers."""
+    import asyncio
+
+    from evalrun.engines.openai import http_client
+
+    class Closing(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            self.send_response(200)
+            for k, v in {"Content-Type": "application/json", "Content-Length": "2", "Connection": "close"}.items():
+                self.send_header(k, v)
+            self.end_headers()
+            self.wfile.write(b"{}")
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Closing)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+
+    async def race() -> int:
+        client = http_client(f"http://127.0.0.1:{server.server_address[1]}", None, timeout=2.0, connections=1)
+        try:
+            for _ in range(3):
+                waiting: list[asyncio.Task[Any]] = []
+
+                async def first(waiting: list[asyncio.Task[Any]]) -> None:
+                    await client.post("/x", json={})
+                    waiting[0].cancel()  # the second was handed a new connection as this one closed; it has not run
+
+                holder = asyncio.create_task(first(waiting))
+                await asyncio.sleep(0)
+                waiting.append(asyncio.create_task(client.post("/x", json={})))
+                await holder
+                with contextlib.suppress(asyncio.CancelledError):
+                    await waiting[0]
+            return (await client.post("/x", json={})).status_code
+        finally:
+            await client.aclose()
+
+    try:
+        assert asyncio.run(race()) == 200
+    finally:
+        server.shutdown()

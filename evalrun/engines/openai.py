@@ -464,9 +464,7 @@ class OpenAIEngine:
             async with self._pool.one() as server:
                 url = server.identity.base_url
                 if server.client is None:
-                    server.client = httpx.AsyncClient(base_url=url, headers=_headers(self._api_key),
-                                                      timeout=self._timeout,
-                                                      limits=httpx.Limits(max_connections=server.ceiling))  # fmt: skip
+                    server.client = http_client(url, self._api_key, self._timeout, server.ceiling)
                 fault = None
                 try:
                     response = await server.client.post(path, json=body)
@@ -651,6 +649,18 @@ def _error_message(response: Any) -> str:
         return str(response.json()["error"]["message"])[:300]
     except (ValueError, KeyError, TypeError):
         return response.text[:300]
+
+
+def http_client(base_url: str, api_key: str | None, timeout: float, connections: int) -> Any:
+    """The client of one server, made on the engine's loop. Its connection pool is not capped: the engine's own limit
+    (:class:`_Pool`) caps the requests in flight, and httpcore 1.0.9 can keep a pool slot for ever when a request
+    waiting for a connection is cancelled just as one is made for it (encode/httpcore#1093), as ``cancel()`` does
+    after a server went down; with the pool capped at the limit, every later request would then wait out its
+    timeout (``PoolTimeout``) against a server that answers. ``connections`` idle ones are kept alive."""
+    import httpx
+
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=connections)
+    return httpx.AsyncClient(base_url=base_url, headers=_headers(api_key), timeout=timeout, limits=limits)
 
 
 def _headers(api_key: str | None) -> dict[str, str]:
