@@ -45,8 +45,9 @@ from evalrun.rundir.writer import PartSink
 from evalrun.scoring.parts import ScoringSetup
 
 LOG_TIMEOUT_S = 30.0  # how long the driver waits for a worker's log at the end of a run
-# Episodes one call of a Ray worker takes at most, in whole batches (eight of 256): Ray's cost, about a millisecond of
-# the driver's CPU, is per call, and a worker that dies loses its call's episodes, however they were batched.
+# A call of a Ray worker takes no more batches once it holds this many episodes (eight batches of 256; it may pass it by
+# less than a batch): Ray's cost, about a millisecond of the driver's CPU, is per call, and a worker that dies loses
+# its call's episodes, however they were batched.
 MAX_LEASE_EPISODES = 2048
 
 
