@@ -13,6 +13,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import uuid
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -20,6 +21,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import yaml
 from helpers.lm_eval import TINY_TASK, write_tiny_data
 
 from evalrun import cli
@@ -34,7 +36,9 @@ from evalrun.pipeline import groups
 from evalrun.pipeline.dispatch import Dispatcher
 from evalrun.pipeline.runner import prepare, resume
 from evalrun.records.canonical import canonical_hash
+from evalrun.rundir import store
 from evalrun.tasks.lm_eval import load_task
+from tests.conftest import S3_BUCKET
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = ROOT / "evalrun" / "tasks" / "builtin" / "lm_eval"
@@ -322,6 +326,54 @@ def test_a_group_runs_each_task_as_a_run_of_its_own_and_reports_lm_evals_group_m
     again = groups.resume_group(resumed, dispatcher=dispatcher, on_task=ran.append)
     assert ran == [resumed / tasks[-1]] and again["results"] == record["results"]
     verify_group(resumed)
+
+
+@pytest.mark.e2e
+def test_a_group_on_an_object_store_runs_verifies_and_resumes_there(
+    dispatcher: Dispatcher, s3_server: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A group with run.root on S3 (moto, started by the session): each task's run is made under GROUP/TASK on the
+    store, its worker putting its parts there; verify reads the group from its location; a group interrupted before
+    its last task is resumed from the store and comes out with the same results."""
+    root = f"s3://{S3_BUCKET}/groups-{uuid.uuid4().hex[:8]}?endpoint_url={s3_server}"
+    plan = groups.plan_group(load(["task=lm_eval", f"task.path={SHIPPED}", "task.name=addition_suite", "limit=2",
+                                   f'run.root="{root}"', "run.progress=false"]))  # fmt: skip
+    assert plan is not None and plan.location.startswith(f"s3://{S3_BUCKET}/groups-")
+    record = groups.run_group(plan, [prepare(m) for m in plan.members], dispatcher)
+    tasks = [m.task.name for m in plan.members]
+    remote = store.open_store(plan.location)
+    names = remote.names()
+    assert {"config.yaml", "group.json"} <= set(names)
+    assert json.loads(remote.read("group.json")) == json.loads(json.dumps(record))
+    for task in tasks:  # each task's run complete on the store, its parts put there by its worker, its lock let go
+        committed = {"record.json", "attestation.intoto.json", "outputs/part-00000.parquet"}
+        assert {f"{task}/{name}" for name in committed} <= set(names)
+        assert not list((plan.directory / task / "outputs").iterdir())
+        assert f"{task}/.lock" not in names
+        assert yaml.safe_load(remote.read(f"{task}/config.yaml"))["run"]["dir"] == store.join(plan.location, task)
+    store.discard(plan.directory)
+
+    assert cli.main(["verify", plan.location]) == 0, capsys.readouterr().err
+    assert f"ok: group addition_suite: {len(tasks)} tasks verified" in capsys.readouterr().out
+
+    # interrupted before its last task: resumed from the store, the last task's run made there, the record again
+    for name in names:
+        if name == "group.json" or name.startswith(f"{tasks[-1]}/"):
+            remote.remove(name)
+    assert cli.main(["verify", plan.location]) == 1
+    assert f"`evalrun resume {plan.location}` finishes it" in capsys.readouterr().err  # its location, not the copy's
+    copy = store.snapshot(plan.location)
+    ran: list[Path] = []
+    try:
+        again = groups.resume_group(copy, dispatcher=dispatcher, on_task=ran.append)
+        assert ran == [copy / tasks[-1]] and store.location_of(ran[0]) == store.join(plan.location, tasks[-1])
+    finally:
+        store.discard(copy)
+    assert again["results"] == record["results"]  # the same episodes (each run's seal covers when it ran)
+    assert [(m["digest"], m["merkle_root"]) for m in again["members"]] == [
+        (m["digest"], m["merkle_root"]) for m in record["members"]]  # fmt: skip
+    assert f"{tasks[-1]}/outputs/part-00000.parquet" in remote.names()
+    assert cli.main(["verify", plan.location]) == 0, capsys.readouterr().err
 
 
 @pytest.mark.e2e

@@ -9,6 +9,8 @@ second driver out.
 from __future__ import annotations
 
 import json
+import socket
+import subprocess
 import uuid
 import zipfile
 from pathlib import Path
@@ -189,6 +191,24 @@ def test_a_run_on_s3_whose_driver_was_killed_is_resumed_in_place(run_eval, s3_se
     assert "ok: 30 episodes" in capsys.readouterr().out
 
 
+def test_a_message_names_a_working_copys_files_by_their_store_location(tmp_path: Path) -> None:
+    """What a command says of a run on an object store names it where it is, not the copy this process read."""
+    remote = store.S3Store("bucket/runs/G", {"endpoint_url": "http://127.0.0.1:9"})  # never reached
+    copy = store.new_working_copy(remote, "G")
+    try:
+        said = store.in_locations(f"{copy}/T/log/part-00001.jsonl: missing; `evalrun resume {copy}` finishes it. "
+                                  f"{tmp_path}/G is another")  # fmt: skip
+        query = "?endpoint_url=http://127.0.0.1:9"
+        assert said == (f"s3://bucket/runs/G/T/log/part-00001.jsonl{query}: missing; `evalrun resume "
+                        f"s3://bucket/runs/G{query}` finishes it. {tmp_path}/G is another")  # fmt: skip
+        assert store.remote_of(copy / "T").location == f"s3://bucket/runs/G/T{query}"  # a task's run in a group
+        assert store.staged_copy(f"s3://bucket/runs/G/T{query}") == copy / "T"
+        assert store.staged_copy("s3://bucket/runs/G/T?endpoint_url=http://elsewhere") is None
+    finally:
+        store.discard(copy)
+    assert store.in_locations(f"{copy}/x") == f"{copy}/x"
+
+
 def test_the_stores_lock_keeps_a_second_driver_out(s3_server: str, tmp_path: Path) -> None:
     """Two drivers' handles on one run directory (each its own store object, as in two processes)."""
     prefix = f"{S3_BUCKET}/lock-{uuid.uuid4().hex[:8]}"
@@ -200,6 +220,38 @@ def test_the_stores_lock_keeps_a_second_driver_out(s3_server: str, tmp_path: Pat
         first.release()
         second.acquire("driver two")
         second.release()
+
+
+def test_unlock_removes_a_dead_drivers_lock_and_refuses_a_running_ones(
+    s3_server: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A driver SIGKILLed on an object store leaves its lock (no store releases it); `evalrun unlock` removes it,
+    but not while the driver that holds it is running on this host, nor a file system's, held by a live process."""
+    location = f"s3://{S3_BUCKET}/unlock-{uuid.uuid4().hex[:8]}?endpoint_url={s3_server}"
+    held, resumed = store.S3Store(location[5:].split("?")[0], {"endpoint_url": s3_server}), store.open_store(location)
+    held.acquire(store.holder())  # this process: running
+    with pytest.raises(BadInput, match=r"another evalrun driver .* `evalrun unlock s3://"):
+        resumed.acquire("a resume")
+    assert main(["unlock", location]) == 2
+    assert "held by a driver that is running on this host" in capsys.readouterr().err
+    dead = subprocess.Popen(["true"])
+    dead.wait()  # its pid now names no process
+    held.release()
+    held.acquire(json.dumps({"host": socket.gethostname(), "pid": dead.pid}))
+    assert main(["unlock", location]) == 0
+    assert f'"pid": {dead.pid}' in capsys.readouterr().out
+    resumed.acquire("a resume")  # the run is free again
+    resumed.release()
+    assert main(["unlock", location]) == 0 and "no lock is held there" in capsys.readouterr().out
+    held.acquire(json.dumps({"host": "another-node", "pid": 1}))  # a node this host cannot see: the user's word
+    assert main(["unlock", location]) == 0 and store.LOCK_NAME not in held.names()
+
+    local = store.LocalStore(str(tmp_path))
+    local.acquire("a driver")
+    with pytest.raises(BadInput, match="another evalrun driver"):
+        store.LocalStore(str(tmp_path)).unlock()
+    local.release()
+    assert store.LocalStore(str(tmp_path)).unlock() is None
 
 
 def test_an_unreachable_store_is_refused_before_the_engine_loads(monkeypatch, capsys) -> None:

@@ -96,7 +96,7 @@ class Failure(click.ClickException):
     """A BadInput or CheckFailed raised by a command, as one stderr line and its exit code."""
 
     def __init__(self, line: str, exit_code: int) -> None:
-        super().__init__(line)
+        super().__init__(store.in_locations(line))  # a run on an object store named by its location, not the copy
         self.exit_code = exit_code
 
     def show(self, file: Any = None) -> None:
@@ -285,7 +285,7 @@ def run(multirun: bool, overrides: tuple[str, ...]) -> None:
                 continue
             # a group (a tag, a,b): its tasks, each a run of its own in the group's directory, then its record
             record = groups.run_group(plan, jobs_prepared, current[1], lambda d, r=plan.config.report: shown(d, r))
-            render.render_group(console, record, title=f"group results: {plan.directory / layout.GROUP}")
+            render.render_group(console, record, title=f"group results: {store.join(plan.location, layout.GROUP)}")
             finished.append(plan.directory)
     finally:
         if current is not None:
@@ -307,8 +307,9 @@ def _resume_group(directory: Path, overrides: list[str]) -> None:
             _write_run_report("evalrun resume", run_dir)
 
     record = groups.resume_group(directory, overrides, on_task=shown)
-    render.render_group(console, record, title=f"group results: {directory / layout.GROUP}")
-    click.echo(str(directory))
+    where = store.location_of(directory)  # a group on an object store: its location, not the working copy
+    render.render_group(console, record, title=f"group results: {store.join(where, layout.GROUP)}")
+    click.echo(where)
 
 
 def _in_job(job: list[str], multirun: bool, step: Callable[[], T]) -> T:
@@ -446,6 +447,23 @@ def anchor(run_dir: Path, ledger: Path, jobs: int) -> None:
                    "nothing appended")  # fmt: skip
     click.echo(f"entry: {line.text}")
     click.echo(f"ledger head: {result.head}")
+
+
+@cli.command(short_help="Remove the lock a killed driver left on a run on an object store.")
+@click.argument("location")
+def unlock(location: str) -> None:
+    """Remove the lock (.lock) that a driver killed while it ran LOCATION left there, so that `evalrun resume
+    LOCATION` can finish the run (a task's run in a group: LOCATION is GROUP/TASK, as resume names it).
+
+    Only a run on an object store can hold a dead driver's lock: on a file system the kernel releases it when its
+    driver dies. Refused (exit 2) while the driver that holds it is running on this host; a driver on another node
+    this cannot see: run it only when that driver is gone.
+    """
+    held_by = store.open_store(location, "LOCATION").unlock()
+    if held_by is None:
+        click.echo(f"{location}: no lock is held there; nothing to remove")
+    else:
+        click.echo(f"removed the lock of driver {held_by} from {location}")
 
 
 @cli.command(short_help="Score the stored outputs again, with no engine.")

@@ -27,6 +27,7 @@ from evalrun.pipeline.runner import (
     check_unchanged,
     execute,
     load_config_file,
+    load_run_config,
     open_for,
     prepare,
     resume,
@@ -34,7 +35,7 @@ from evalrun.pipeline.runner import (
 from evalrun.records.canonical import canonical_hash
 from evalrun.rundir import layout, store
 from evalrun.rundir.reader import load_record, read_summary
-from evalrun.rundir.writer import write_atomic, write_json
+from evalrun.rundir.writer import locked, write_atomic, write_json
 from evalrun.scoring.lm_eval import metric_name
 from evalrun.stats.groups import group_mean, group_stderr
 from evalrun.stats.summary import is_perplexity
@@ -46,12 +47,25 @@ _PLAIN_NAME = re.compile(r"[A-Za-z0-9_.\-]+")
 
 @dataclass(frozen=True)
 class GroupPlan:
-    """A group's run: its definition, its directory, and one config per task (run.dir in the directory)."""
+    """A group's run: its definition, its directory's location, and one config per task (run.dir in the directory)."""
 
     group: Group
-    directory: Path
-    config: EvalConfig  # the group's own (task.name the group, run.dir its directory): config.yaml there
+    location: str  # a path, or an object store's location (s3://...)
+    config: EvalConfig  # the group's own (task.name the group, run.dir its location): config.yaml there
     members: tuple[EvalConfig, ...]
+
+    @property
+    def directory(self) -> Path:
+        """The group's directory: its path, or, on an object store, the local working copy staged for it (made the
+        first time it is asked for: what is written into it is put to the store, and its tasks' runs are made
+        within it)."""
+        if not store.is_remote(self.location):
+            return Path(self.location)
+        local = store.staged_copy(self.location)  # a group resumed from the store: the copy it was read into
+        if local is None:
+            remote = store.open_store(self.location, "run.dir")
+            local = store.new_working_copy(remote, Path(self.location.split("?")[0]).name)
+        return local
 
     def begin(self) -> None:
         """The group's directory with its config.yaml, before its first task runs (``evalrun resume`` reads it)."""
@@ -63,7 +77,8 @@ class GroupPlan:
 
 def plan_group(config: EvalConfig) -> GroupPlan | None:
     """The group ``config``'s lm-eval task names (``task.name`` a group, a tag or ``a,b``; ``task.path`` a group
-    YAML), each task a config of its own; None when it names one task. Reads YAMLs only; nothing is created."""
+    YAML), each task a config of its own; None when it names one task. Reads YAMLs (and, for a group on an object
+    store, lists the store to find a free name); nothing is created."""
     if config.task.kind != "lm_eval" or config.task.path is None:
         return None
     wanted = None if config.task.name == DEFAULT_NAME else config.task.name
@@ -71,7 +86,7 @@ def plan_group(config: EvalConfig) -> GroupPlan | None:
     if group is None:
         return None
     leaves = group.leaves()
-    directory = _directory(config, group.name)
+    location = _location(config, group.name)
     typed = Path(config.task.path)
     base = config.prompt_path if config.prompt_path.is_dir() else config.prompt_path.parent
     typed_base = typed if config.prompt_path.is_dir() else typed.parent
@@ -82,9 +97,9 @@ def plan_group(config: EvalConfig) -> GroupPlan | None:
                                         "it, so it must be letters, digits and _ . - only")  # fmt: skip
         task = replace(config.task, name=leaf.name, path=str(typed_base / leaf.path.relative_to(base)))
         members.append(replace(config, task=task, prompt_path=leaf.path,
-                               run=replace(config.run, dir=str(directory / leaf.name))))  # fmt: skip
-    own = replace(config, run=replace(config.run, dir=str(directory)))
-    return GroupPlan(group, directory, own, tuple(members))
+                               run=replace(config.run, dir=store.join(location, leaf.name))))  # fmt: skip
+    own = replace(config, run=replace(config.run, dir=location))
+    return GroupPlan(group, location, own, tuple(members))
 
 
 def is_group_dir(path: Path) -> bool:
@@ -97,7 +112,8 @@ def load_group(directory: Path, overrides: list[str]) -> GroupPlan:
     """The plan of the group whose directory is ``directory``, from its config.yaml (with ``evalrun resume``'s
     overrides of how it runs); a BadInput when the YAMLs no longer define the tasks it ran."""
     stored = load_config_file(directory / layout.CONFIG, overrides)
-    plan = plan_group(replace(stored, run=replace(stored.run, dir=str(directory))))  # where it is now
+    where = store.location_of(directory)  # where it is now: a path, or the store a working copy was read from
+    plan = plan_group(replace(stored, run=replace(stored.run, dir=where)))
     if plan is None:
         raise BadInput(str(directory / layout.CONFIG), "not a group's config (its task.name names one task)")
     tasks = {m.task.name for m in plan.members}
@@ -108,16 +124,15 @@ def load_group(directory: Path, overrides: list[str]) -> GroupPlan:
     return plan
 
 
-def _directory(config: EvalConfig, name: str) -> Path:
-    where = config.run.dir or config.run.root
-    if store.is_remote(where):
-        field = "run.dir" if config.run.dir else "run.root"
-        raise BadInput(field, f"{where}: a group of lm-eval tasks is written to a file system only, not yet to an "
-                              "object store (each task run on its own is: task.name=ONE_TASK)")  # fmt: skip
-    if config.run.dir:
-        return Path(config.run.dir)
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
-    return layout.free_path(Path(config.run.root), f"{re.sub(r'[^A-Za-z0-9_.-]', '_', name)}-{stamp}")
+def _location(config: EvalConfig, name: str) -> str:
+    """Where the group's directory goes: ``run.dir``, or a new directory under ``run.root``; a path or an object
+    store's location (docs/design.md "Run directories on shared storage")."""
+    fresh = f"{re.sub(r'[^A-Za-z0-9_.-]', '_', name)}-{datetime.now(timezone.utc).strftime('%Y%m%d-%H%M%S')}"
+    if store.is_remote(config.run.dir or config.run.root):
+        where = store.open_store(config.run.dir, "run.dir") if config.run.dir else layout.free_location(
+            config.run.root, fresh)  # fmt: skip
+        return where.location
+    return config.run.dir or str(layout.free_path(Path(config.run.root), fresh))
 
 
 def run_group(plan: GroupPlan, prepared: Sequence[Prepared], dispatcher: Dispatcher,
@@ -136,14 +151,24 @@ def resume_group(directory: Path, overrides: Sequence[str] = (), dispatcher: Dis
     BadInput when it would be made differently), an interrupted one resumed, a missing one run, on one engine
     (``dispatcher``, or one opened for the first task that runs); then the group's record."""
     plan = load_group(directory, list(overrides))
-    prepared = [prepare(member) for member in plan.members]
+    left = []
+    for job in (prepare(member) for member in plan.members):  # every task checked before any engine loads
+        run = layout.RunDir(directory / job.config.task.name)
+        if run.record.is_file() and (run.path / layout.ATTESTATION).is_file():
+            check_unchanged(run, job)  # a complete run is kept only if its task would be made the same now
+            continue
+        if run.path.exists():
+            try:
+                load_run_config(run, list(overrides))
+            except BadInput as exc:
+                why = f"{exc.message}: its driver stopped before the run began; remove it and resume the group again"
+                raise BadInput(exc.where, why) from exc
+            with locked(run):  # a driver still at it (or a dead one's lock on an object store) refused now
+                pass
+        left.append((job, run))
     opened: Dispatcher | None = None
     try:
-        for job in prepared:
-            run = layout.RunDir(directory / job.config.task.name)
-            if run.record.is_file() and (run.path / layout.ATTESTATION).is_file():
-                check_unchanged(run, job)  # a complete run is kept only if its task would be made the same now
-                continue
+        for job, run in left:
             if dispatcher is None:
                 dispatcher = opened = open_for(job)
             if run.path.exists():

@@ -151,18 +151,31 @@ def create_run_dir(root: str | Path, name: str, exact: str | Path | None = None)
 
 
 def _create_remote(exact: str | None, root: str, name: str) -> Path:
+    """A new run's local working copy: a new one staged for its location, or, for a task's run in a group's
+    directory on the store, its directory within the group's working copy (:func:`store.staged_copy`)."""
     if exact is not None:
         remote = store.open_store(exact, "run.dir")
         if remote.exists():
             raise BadInput("run.dir", f"{exact} already holds files")
-        name = Path(remote.location.split("?")[0]).name
     else:
-        base, k, remote = store.open_store(root), 1, None
-        while remote is None or remote.exists():
-            remote = base.child(name if k == 1 else f"{name}-{k}")
-            k += 1
-        name = Path(remote.location.split("?")[0]).name
-    local = store.new_working_copy(remote, name)
-    (local / OUTPUTS).mkdir()
-    (local / LOG).mkdir()
+        remote = free_location(root, name)
+    local = store.staged_copy(remote.location)
+    if local is None:
+        local = store.new_working_copy(remote, Path(remote.location.split("?")[0]).name)
+    try:
+        local.mkdir(parents=True, exist_ok=True)
+        (local / OUTPUTS).mkdir()
+        (local / LOG).mkdir()
+    except OSError as exc:
+        raise write_failed(exc.filename or local, exc) from exc
     return local
+
+
+def free_location(root: str, name: str) -> store.Store:
+    """``root/name``, or ``root/name-k`` with the first k >= 2 under which the store holds nothing: where a new run
+    (or group of runs) on an object store goes."""
+    base, k, remote = store.open_store(root), 1, None
+    while remote is None or remote.exists():
+        remote = base.child(name if k == 1 else f"{name}-{k}")
+        k += 1
+    return remote

@@ -17,7 +17,9 @@ straight into the store. The read commands copy the run into a fresh local direc
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import re
 import shutil
 import socket
 import tempfile
@@ -64,6 +66,11 @@ class Store(Protocol):
         ...
 
     def release(self) -> None: ...
+
+    def unlock(self) -> str | None:
+        """Remove the lock a driver that died left (``evalrun unlock``): who held it, or None when none was held; a
+        BadInput naming a holder still at work."""
+        ...
 
     def check_writable(self, field: str) -> None:
         """BadInput naming ``field`` unless a run directory can be made under the root (before engines load)."""
@@ -242,6 +249,14 @@ class LocalStore:
             self._lock.close()
             self._lock = None
 
+    def unlock(self) -> str | None:
+        """Nothing to remove: a dead driver's ``flock`` went with it. A held one is a driver at work (BadInput)."""
+        if not self.root.is_dir():
+            raise BadInput(str(self.root), "no such run directory")
+        self.acquire(holder())
+        self.release()
+        return None
+
     def check_writable(self, field: str) -> None:
         base = self.root.absolute()
         while not base.exists() and base != base.parent:
@@ -352,8 +367,9 @@ class S3Store:
                 held_by = self.read(LOCK_NAME).decode("utf-8", "replace").strip() or "unknown"
             except Exception:
                 held_by = "unknown"
-            message = (f"another evalrun driver ({held_by}) is using this run directory; if it died, remove "
-                       f"{self.describe(LOCK_NAME)} and run again")  # fmt: skip
+            message = (f"another evalrun driver ({held_by}) is using this run directory; if it died, "
+                       f"`evalrun unlock {self.location}` removes its lock ({self.describe(LOCK_NAME)}); then run "
+                       "again")  # fmt: skip
             raise BadInput(self.location, message) from None
         self._held = True
 
@@ -361,6 +377,19 @@ class S3Store:
         if self._held:
             self.remove(LOCK_NAME)
             self._held = False
+
+    def unlock(self) -> str | None:
+        """The lock removed, unless it names a process of this host that is running (no store can tell whether a
+        driver on another node is: the user who runs this says it died)."""
+        try:
+            held_by = self.read(LOCK_NAME).decode("utf-8", "replace").strip()
+        except FileNotFoundError:
+            return None
+        if _running_here(held_by):
+            raise BadInput(self.location, f"its lock is held by a driver that is running on this host ({held_by}); "
+                                          "stop it first, or let it finish")  # fmt: skip
+        self.remove(LOCK_NAME)
+        return held_by or "unknown"
 
     def check_writable(self, field: str) -> None:
         """The bucket answers and these credentials may list and write under the root: a probe object is put and
@@ -377,6 +406,24 @@ class S3Store:
                 f"{self.location}: the object store cannot be written there ({_first_line(exc)}); "
                 "check the bucket, endpoint_url and the AWS credentials of this machine",
             ) from None
+
+
+def _running_here(held_by: str) -> bool:
+    """Whether a lock's holder (:func:`holder`'s text) is a process of this host that is running."""
+    try:
+        named = json.loads(held_by)
+        pid = int(named["pid"]) if named.get("host") == socket.gethostname() else None
+    except (ValueError, TypeError, KeyError, AttributeError):
+        return False
+    if pid is None or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # running, as another user
+    return True
 
 
 def _precondition_failed(exc: BaseException) -> bool:
@@ -426,14 +473,61 @@ def remove_committed(path: Path) -> None:
 
 
 def remote_of(local: Path) -> Store | None:
-    """The store whose run ``local`` is a working copy of, or None."""
-    return _STAGED.get(local.resolve()) if _STAGED else None
+    """The store whose run ``local`` is a working copy of, or None. A directory within a working copy (a task's run
+    in a group's directory) is the store's directory of the same name: its workers put their parts there, and its
+    lock is taken there."""
+    if not _STAGED:
+        return None
+    own = _STAGED.get(local.resolve())
+    if own is not None:
+        return own
+    published = published_to(local)
+    if published is None:
+        return None
+    remote, rel = published
+    return open_store(join(remote.location, rel))
+
+
+def staged_copy(location: str) -> Path | None:
+    """Where ``location`` is in this process's working copies: the copy staged for it, or the directory of its name
+    within a copy staged for a location above it (a task's run within its group's); None if neither."""
+    if not _STAGED or not is_remote(location):
+        return None
+    path, _, query = open_store(location).location.partition("?")
+    with _STAGED_LOCK:
+        staged = sorted(((remote.location.partition("?"), local) for local, remote in _STAGED.items()), reverse=True)
+    for (base, _, base_query), local in staged:  # the nearest first: a longer location sorts after its prefix
+        if base_query != query:
+            continue
+        if path == base:
+            return local
+        if path.startswith(f"{base}/"):
+            return local.joinpath(*path[len(base) + 1 :].split("/"))
+    return None
 
 
 def location_of(path: Path) -> str:
     """What to show a user for a run directory: its store's location for a working copy, else the path."""
     remote = remote_of(path)
     return str(path) if remote is None else remote.location
+
+
+def in_locations(text: str) -> str:
+    """``text`` (a message for the user) with each path within a working copy written as its store's location: the
+    copy is this process's, and is gone when it ends."""
+    if not _STAGED:
+        return text
+    with _STAGED_LOCK:
+        staged = sorted(_STAGED.items(), key=lambda item: len(str(item[0])), reverse=True)
+    for local, remote in staged:
+
+        def location(found: re.Match[str], remote: Store = remote) -> str:
+            rel = found.group(1).strip("/")
+            stop = rel.rstrip(".")  # a sentence's full stop is not the file's
+            return (join(remote.location, stop) if stop else remote.location) + rel[len(stop) :]
+
+        text = re.sub(rf"{re.escape(str(local))}((?:/[^\s:;,'\"`()]+)*)/?", location, text)
+    return text
 
 
 def staging_root() -> Path:
@@ -476,11 +570,11 @@ def fetch_missing(local: Path) -> None:
 
 
 def _copy_missing(remote: Store, names: list[str], local: Path) -> None:
-    """The store's files ``names`` that ``local`` lacks, copied into it (the lock, and any name that would land
-    outside it, left out)."""
+    """The store's files ``names`` that ``local`` lacks, copied into it (the locks, the run's and its tasks' runs' in
+    a group, and any name that would land outside it, left out)."""
     for rel in names:
         target = (local / rel).resolve()
-        if rel == LOCK_NAME or local.resolve() not in target.parents or target.exists():
+        if rel.rpartition("/")[2] == LOCK_NAME or local.resolve() not in target.parents or target.exists():
             continue
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(remote.read(rel))
