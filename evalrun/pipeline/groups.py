@@ -132,7 +132,7 @@ def _location(config: EvalConfig, name: str) -> str:
         where = store.open_store(config.run.dir, "run.dir") if config.run.dir else layout.free_location(
             config.run.root, fresh)  # fmt: skip
         return where.location
-    return config.run.dir or str(layout.free_path(Path(config.run.root), fresh))
+    return str(Path(config.run.dir) if config.run.dir else layout.free_path(Path(config.run.root), fresh))
 
 
 def run_group(plan: GroupPlan, prepared: Sequence[Prepared], dispatcher: Dispatcher,
