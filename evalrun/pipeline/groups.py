@@ -61,11 +61,7 @@ class GroupPlan:
         within it)."""
         if not store.is_remote(self.location):
             return Path(self.location)
-        local = store.staged_copy(self.location)  # a group resumed from the store: the copy it was read into
-        if local is None:
-            remote = store.open_store(self.location, "run.dir")
-            local = store.new_working_copy(remote, Path(self.location.split("?")[0]).name)
-        return local
+        return store.working_copy(store.open_store(self.location, "run.dir"))  # a resumed group's: the copy read
 
     def begin(self) -> None:
         """The group's directory with its config.yaml, before its first task runs (``evalrun resume`` reads it)."""

@@ -130,11 +130,11 @@ def free_path(root: Path, name: str) -> Path:
 
 def create_run_dir(root: str | Path, name: str, exact: str | Path | None = None) -> RunDir:
     """A new, empty run directory: ``exact`` if given (it must not hold a run), else ``root/name[-k]``. On an object
-    store, a local working copy staged for it (:func:`evalrun.rundir.store.new_working_copy`): what is committed
+    store, a local working copy staged for it (:func:`evalrun.rundir.store.working_copy`): what is committed
     into the copy is put to the store."""
     if store.is_remote(str(exact if exact is not None else root)):
-        return RunDir(_create_remote(str(exact) if exact is not None else None, str(root), name))
-    if exact is not None:
+        path = _remote_copy(str(exact) if exact is not None else None, str(root), name)
+    elif exact is not None:
         exact = Path(exact)
         if exact.exists() and any(exact.iterdir()):
             raise BadInput("run.dir", f"{exact} already exists and is not empty")
@@ -150,25 +150,15 @@ def create_run_dir(root: str | Path, name: str, exact: str | Path | None = None)
     return RunDir(path)
 
 
-def _create_remote(exact: str | None, root: str, name: str) -> Path:
-    """A new run's local working copy: a new one staged for its location, or, for a task's run in a group's
-    directory on the store, its directory within the group's working copy (:func:`store.staged_copy`)."""
+def _remote_copy(exact: str | None, root: str, name: str) -> Path:
+    """Where a new run on an object store is made: its local working copy (:func:`store.working_copy`)."""
     if exact is not None:
         remote = store.open_store(exact, "run.dir")
         if remote.exists():
             raise BadInput("run.dir", f"{exact} already holds files")
     else:
         remote = free_location(root, name)
-    local = store.staged_copy(remote.location)
-    if local is None:
-        local = store.new_working_copy(remote, Path(remote.location.split("?")[0]).name)
-    try:
-        local.mkdir(parents=True, exist_ok=True)
-        (local / OUTPUTS).mkdir()
-        (local / LOG).mkdir()
-    except OSError as exc:
-        raise write_failed(exc.filename or local, exc) from exc
-    return local
+    return store.working_copy(remote)
 
 
 def free_location(root: str, name: str) -> store.Store:

@@ -545,6 +545,13 @@ def new_working_copy(remote: Store, name: str) -> Path:
     return local
 
 
+def working_copy(remote: Store) -> Path:
+    """The local directory that is ``remote``'s in this process: where :func:`staged_copy` finds it (a task's run
+    within its group's copy), else a new working copy staged for it."""
+    found = staged_copy(remote.location)
+    return found if found is not None else new_working_copy(remote, Path(remote.location.split("?")[0]).name)
+
+
 def snapshot(location: str, field: str = "RUN_DIR") -> Path:
     """A run on an object store copied into a new local working copy (staged: what a command then commits into it,
     a rescore's results or a report, is put back to the store). Every file under the run's root is copied, so
