@@ -153,6 +153,9 @@ def test_a_run_on_s3_verifies_rescores_and_replays(two_workers, driver_run, s3_s
     assert main(["export", location, "--format", "inspect", "-o", str(tmp_path / "run.eval")]) == 0
     with zipfile.ZipFile(tmp_path / "run.eval") as log:
         assert json.loads(log.read("header.json"))["eval"]["metadata"]["run_dir"] == location  # not the copy read
+    capsys.readouterr()
+    assert main(["attest", location]) == 0  # what it wrote, named where it is: the copy is gone once it ends
+    assert capsys.readouterr().out.strip() == store.join(location, layout.ATTESTATION)
 
 
 def test_a_run_on_s3_whose_driver_was_killed_is_resumed_in_place(run_eval, s3_server, capsys, tmp_path) -> None:

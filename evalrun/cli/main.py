@@ -205,8 +205,10 @@ def _write_run_report(command: str, run_dir: Path) -> None:
         store.fetch_missing(run_dir)  # a run on an object store: the parts its workers put there, to verify
         data = build_report([run_dir], path)
     except Exception as exc:  # a view must never fail a finished run: any error is reported, not raised
-        click.echo(f"{command}: warning: {path}: the report was not written ({type(exc).__name__}: {exc}); the "
-                   f"run is complete and valid; `{PROG} report {run_dir} -o {path}` builds it", err=True)  # fmt: skip
+        remote = store.remote_of(run_dir) is not None  # then a local file: the working copy is gone when this ends
+        click.echo(f"{command}: warning: {store.in_locations(str(path))}: the report was not written "
+                   f"({type(exc).__name__}: {exc}); the run is complete and valid; `{PROG} report "
+                   f"{store.location_of(run_dir)} -o {path.name if remote else path}` builds it", err=True)  # fmt: skip
         return
     click.echo(f"report: {store.join(store.location_of(path.parent), path.name)}")
     verdict = data.runs[0].verification
@@ -604,7 +606,7 @@ def verify_proof(proof_path: Path, root: str) -> None:
 def attest(run_dir: Path, key: Path | None) -> None:
     """(Re)write RUN_DIR/attestation.intoto.json from record.json; prints its path."""
     opened = open_run(run_dir)
-    click.echo(str(write_attestation(opened, load_record(opened), key)))
+    click.echo(store.in_locations(str(write_attestation(opened, load_record(opened), key))))
 
 
 @cli.command(short_help="Record that a baseline was re-run under a new digest.")
@@ -619,7 +621,7 @@ def rebaseline(old_baseline: Path, new_baseline: Path, reason: str, jobs: int) -
     digests, roots and seals, REASON and what changed; `evalrun gate` cites it, `evalrun verify` checks it."""
     record, path = rebaseline_runs(old_baseline, new_baseline, reason, jobs)
     render.render_rebaseline(render.stdout_console(), record.as_record())
-    click.echo(f"ok: wrote {path}")
+    click.echo(store.in_locations(f"ok: wrote {path}"))
 
 
 # --- analysis --------------------------------------------------------------------------------------
