@@ -156,6 +156,9 @@ def test_a_run_on_s3_verifies_rescores_and_replays(two_workers, driver_run, s3_s
     capsys.readouterr()
     assert main(["attest", location]) == 0  # what it wrote, named where it is: the copy is gone once it ends
     assert capsys.readouterr().out.strip() == store.join(location, layout.ATTESTATION)
+    remote.commit([(f"{layout.OUTPUTS}/{store.LOCK_NAME}", b"")])  # a stray file, though named as a lock is
+    assert main(["verify", location]) == 1
+    assert f"{layout.OUTPUTS}/{store.LOCK_NAME}" in capsys.readouterr().err
 
 
 def test_a_run_on_s3_whose_driver_was_killed_is_resumed_in_place(run_eval, s3_server, capsys, tmp_path) -> None:

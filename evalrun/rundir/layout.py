@@ -12,7 +12,7 @@ from evalrun.errors import BadInput, write_failed
 from evalrun.rundir import store
 
 MANIFEST = "manifest.json"
-CONFIG = "config.yaml"
+CONFIG = store.CONFIG_NAME
 OUTPUTS = "outputs"
 LOG = "log"
 SCORES = "scores.parquet"

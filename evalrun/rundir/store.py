@@ -36,6 +36,7 @@ from evalrun.records.canonical import canonical_json, file_sha256, sha256_hex
 
 Data = bytes | Callable[[BinaryIO], None]  # a file's bytes, or what a function writes into the open file
 LOCK_NAME = ".lock"  # the run's lock (evalrun.rundir.layout.LOCK is this name)
+CONFIG_NAME = "config.yaml"  # a run's or group's config (evalrun.rundir.layout.CONFIG is this name)
 
 
 class Store(Protocol):
@@ -577,11 +578,15 @@ def fetch_missing(local: Path) -> None:
 
 
 def _copy_missing(remote: Store, names: list[str], local: Path) -> None:
-    """The store's files ``names`` that ``local`` lacks, copied into it (the locks, the run's and its tasks' runs' in
-    a group, and any name that would land outside it, left out)."""
+    """The store's files ``names`` that ``local`` lacks, copied into it (the locks of runs, the run's and those of a
+    group's tasks, and any name that would land outside it, left out: any other file, a stray ``.lock`` too, is
+    copied for verify to refuse)."""
+    present = set(names)
     for rel in names:
+        folder, _, name = rel.rpartition("/")
+        run_lock = name == LOCK_NAME and (not folder or f"{folder}/{CONFIG_NAME}" in present)
         target = (local / rel).resolve()
-        if rel.rpartition("/")[2] == LOCK_NAME or local.resolve() not in target.parents or target.exists():
+        if run_lock or local.resolve() not in target.parents or target.exists():
             continue
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(remote.read(rel))
