@@ -233,8 +233,9 @@ def test_unlock_removes_a_dead_drivers_lock_and_refuses_a_running_ones(
 ) -> None:
     """A driver SIGKILLed on an object store leaves its lock (no store releases it); `evalrun unlock` removes it,
     but not while the driver that holds it is running on this host, nor a file system's, held by a live process."""
-    location = f"s3://{S3_BUCKET}/unlock-{uuid.uuid4().hex[:8]}?endpoint_url={s3_server}"
-    held, resumed = store.S3Store(location[5:].split("?")[0], {"endpoint_url": s3_server}), store.open_store(location)
+    prefix = f"{S3_BUCKET}/unlock-{uuid.uuid4().hex[:8]}"
+    location = f"s3://{prefix}?endpoint_url={s3_server}"
+    held, resumed = store.S3Store(prefix, {"endpoint_url": s3_server}), store.open_store(location)  # two drivers'
     held.acquire(store.holder())  # this process: running
     with pytest.raises(BadInput, match=r"another evalrun driver .* `evalrun unlock s3://"):
         resumed.acquire("a resume")
