@@ -92,26 +92,26 @@ def test_two_workers_and_any_batch_size_give_the_same_root(two_workers, referenc
     assert len(workers) == 2  # both workers served batches
     # batches are taken as workers can take them: never more than 2 workers x max_in_flight calls ahead, each of at
     # most a lease of batches (a call's outcomes are handed on after its worker took its next lease), and a lease is
-    # at most half an equal share of what is left among the calls in flight
+    # at most half an equal share of the batches among the calls in flight (factoring's first round)
     in_flight = 2 * load([]).cluster.max_in_flight
     assert len(counting.taken_at_outcome) == 27  # 80 episodes in batches of 3
     ahead = [taken - done for done, taken in enumerate(counting.taken_at_outcome, start=1)]
-    lease = max(1, 27 // (2 * in_flight))
+    lease = -(-27 // (2 * in_flight))
     assert all(n <= in_flight * lease + lease - 1 for n in ahead)
 
 
 def test_a_call_takes_several_batches_while_many_are_left(two_workers, reference_root, tmp_path) -> None:
     counting = CountingTaken(two_workers)
-    run = run_on(counting, tmp_path, "cluster.batch_size=1")  # 80 batches of 1 episode: leases of 79 // 8 at first
+    run = run_on(counting, tmp_path, "cluster.batch_size=1")  # 80 batches of 1 episode: leases of 80 / 8 at first
     assert record(run)["merkle_root"] == reference_root
     in_flight = 2 * load([]).cluster.max_in_flight
     ahead = [taken - done for done, taken in enumerate(counting.taken_at_outcome, start=1)]
-    lease = 79 // (2 * in_flight)  # the share: 80 episodes are far below the cap in episodes (MAX_LEASE_EPISODES)
+    lease = -(-80 // (2 * in_flight))  # the share: 80 episodes are far below the cap in episodes (MAX_LEASE_EPISODES)
     assert in_flight < max(ahead) <= in_flight * lease + lease - 1  # the first calls took several each
 
 
 def test_a_call_takes_no_more_episodes_than_the_cap(two_workers, reference_root, tmp_path, monkeypatch) -> None:
-    monkeypatch.setattr(dispatch, "MAX_LEASE_EPISODES", 3)  # the share would be 9 batches of 1 episode at first
+    monkeypatch.setattr(dispatch, "MAX_LEASE_EPISODES", 3)  # the share would be 10 batches of 1 episode at first
     counting = CountingTaken(two_workers)
     run = run_on(counting, tmp_path, "cluster.batch_size=1")
     assert record(run)["merkle_root"] == reference_root

@@ -51,6 +51,27 @@ LOG_TIMEOUT_S = 30.0  # how long the driver waits for a worker's log at the end 
 MAX_LEASE_EPISODES = 2048
 
 
+class Factoring:
+    """How many batches each call of a worker takes: factoring (Hummel, Schonberg and Flynn, "Factoring: a method for
+    scheduling parallel loops", CACM 1992). Calls go out in rounds of one a slot (a call a live worker may have in
+    flight); each call of a round takes ceil(R / 2P) batches, R the batches left when the round began and P the slots.
+    Each round takes about half of what is left, so a worker that turns out slower holds at most about half its share,
+    and the last rounds take one batch a call, so the workers finish together (docs/design.md "Workers write, the
+    driver commits": a round's size set once, not at each call, makes 60 calls where a size set at each call made 104,
+    188 batches on 8 workers)."""
+
+    def __init__(self) -> None:
+        self._size, self._calls_left = 1, 0
+
+    def next(self, left: int, slots: int) -> int:
+        """The batches of the next call: ``left`` batches are left (the call's first among them), ``slots`` calls may
+        be in flight at once."""
+        if self._calls_left <= 0:
+            self._size, self._calls_left = max(1, -(-left // (2 * max(1, slots)))), max(1, slots)
+        self._calls_left -= 1
+        return self._size
+
+
 @dataclass
 class DispatchStats:
     """What happened while dispatching one run's batches (provenance: kept out of every hash)."""
@@ -256,12 +277,16 @@ class RayDispatcher:
         context: list[Any] = []  # [the context's object ref]: in a list, Ray passes the ref, not the object
         context_key = ""
 
+        factoring = Factoring()
+        frontier = 0  # where in the plan the batches taken from the source have reached
+
         def take() -> tuple[int, PlanSlice] | None:
-            nonlocal unsent, plan, context_key
+            nonlocal unsent, plan, context_key, frontier
             if pending:
                 return pending.popleft()
             taken = next(source, None) if unsent else None
             unsent = taken is not None
+            frontier = taken[1].stop if taken is not None else frontier
             if taken is not None and plan is None:
                 plan = taken[1].plan
                 context.append(ray.put(RunContext(plan, generator, packed_scoring, sink)))
@@ -276,7 +301,8 @@ class RayDispatcher:
             if first is None:
                 return []
             batches, episodes = [first], len(first[1])
-            size = self._lease_size(first[1])
+            left = 1 + len(pending) + (len(first[1].plan) - frontier) // max(1, len(first[1]))
+            size = factoring.next(left, max(1, sum(slot.live for slot in self._slots)) * self._max_in_flight)
             while len(batches) < size and episodes < MAX_LEASE_EPISODES and (taken := take()) is not None:
                 batches.append(taken)
                 episodes += len(taken[1])
@@ -353,16 +379,6 @@ class RayDispatcher:
                 del attempts[number]
             fill(slot)
             yield from outcomes
-
-    def _lease_size(self, batch: PlanSlice) -> int:
-        """How many batches a worker's next call takes, when ``batch`` is its first: half an equal share of the
-        batches left after it among the calls the workers may have in flight, at least one; the call stops taking
-        batches once it holds ``MAX_LEASE_EPISODES``. This is factoring: each round of calls takes half of what is
-        left, so the calls shrink as the batches run out, the last ones to one batch each, and a slower worker never
-        holds much (docs/design.md "Workers write, the driver commits")."""
-        left = (len(batch.plan) - batch.stop) // max(1, len(batch))
-        live = max(1, sum(slot.live for slot in self._slots))
-        return max(1, left // (2 * live * self._max_in_flight))
 
     def logs(self, timeout_s: float = LOG_TIMEOUT_S) -> CollectedLogs:
         """Each live worker's log (fetched from its process, wherever it runs), and the driver's own records
