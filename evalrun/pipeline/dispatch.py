@@ -67,7 +67,8 @@ class Factoring:
         """The batches of the next call: ``left`` batches are left (the call's first among them), ``slots`` calls may
         be in flight at once."""
         if self._calls_left <= 0:
-            self._size, self._calls_left = max(1, -(-left // (2 * max(1, slots)))), max(1, slots)
+            slots = max(1, slots)  # none live: a replacement is starting
+            self._size, self._calls_left = max(1, -(-left // (2 * slots))), slots
         self._calls_left -= 1
         return self._size
 
@@ -286,7 +287,8 @@ class RayDispatcher:
                 return pending.popleft()
             taken = next(source, None) if unsent else None
             unsent = taken is not None
-            frontier = taken[1].stop if taken is not None else frontier
+            if taken is not None:
+                frontier = taken[1].stop
             if taken is not None and plan is None:
                 plan = taken[1].plan
                 context.append(ray.put(RunContext(plan, generator, packed_scoring, sink)))
@@ -302,7 +304,7 @@ class RayDispatcher:
                 return []
             batches, episodes = [first], len(first[1])
             left = 1 + len(pending) + (len(first[1].plan) - frontier) // max(1, len(first[1]))
-            size = factoring.next(left, max(1, sum(slot.live for slot in self._slots)) * self._max_in_flight)
+            size = factoring.next(left, sum(slot.live for slot in self._slots) * self._max_in_flight)
             while len(batches) < size and episodes < MAX_LEASE_EPISODES and (taken := take()) is not None:
                 batches.append(taken)
                 episodes += len(taken[1])
