@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 from pathlib import Path
+from typing import Any
 
 EXIT_OK = 0
 EXIT_CHECK_FAILED = 1
@@ -11,8 +12,29 @@ EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 130
 
 
-class BadInput(Exception):
+class KeepsFields:
+    """An exception that pickles with its fields, so that it crosses a process boundary intact: raised in a Ray
+    worker, it reaches the driver (and the CLI's one line and exit code) as it was raised. Python pickles an
+    exception as ``cls(*args)``, which fails for one whose ``__init__`` takes other arguments than its message
+    (``BadInput(where, message)``): Ray then hands over an ``UnserializableException`` and the CLI a traceback.
+    Its traceback and ``__cause__`` stay behind, as with every pickled exception; a Ray worker's traceback comes as
+    ``remote_traceback`` (set by the dispatcher, printed by ``evalrun --debug``)."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_restore, (type(self), self.args, dict(self.__dict__)))  # type: ignore[attr-defined]
+
+
+def _restore(cls: type[BaseException], args: tuple[Any, ...], fields: dict[str, Any]) -> BaseException:
+    exc = cls.__new__(cls, *args)
+    exc.args = args
+    exc.__dict__.update(fields)
+    return exc
+
+
+class BadInput(KeepsFields, Exception):
     """Bad input or usage (exit 2). ``where`` names the file, field or line; ``message`` what was expected."""
+
+    exit_code = EXIT_BAD_INPUT
 
     def __init__(self, where: str, message: str) -> None:
         super().__init__(f"{where}: {message}")
@@ -20,8 +42,10 @@ class BadInput(Exception):
         self.message = message
 
 
-class CheckFailed(Exception):
+class CheckFailed(KeepsFields, Exception):
     """A check failed (exit 1): verification, replay divergence, blocked gate."""
+
+    exit_code = EXIT_CHECK_FAILED
 
 
 class WriteFailed(BadInput):
@@ -41,7 +65,7 @@ def write_failed(path: Path | str, exc: OSError) -> WriteFailed:
     return WriteFailed(str(path), advice)
 
 
-class Interrupted(KeyboardInterrupt):
+class Interrupted(KeepsFields, KeyboardInterrupt):
     """Ctrl-C during a run (exit 130); ``run`` is the run directory it leaves incomplete, to resume."""
 
     def __init__(self, run: Path) -> None:

@@ -56,7 +56,7 @@ from evalrun.pipeline import dispatch, groups, runner
 from evalrun.pipeline.canary import describe as describe_canary
 from evalrun.pipeline.worker import canary_on_demand
 from evalrun.records.canonical import canonical_json
-from evalrun.records.outputs import output_warnings
+from evalrun.records.outputs import every_episode_failed, output_warnings
 from evalrun.report import ROWS, TRANSCRIPTS, build_report
 from evalrun.rundir import layout, store
 from evalrun.rundir.attest import write_attestation
@@ -111,6 +111,9 @@ class EvalrunCommand(click.Command):
         except (BadInput, CheckFailed, Interrupted, OSError) as exc:
             if ctx.meta.get(DEBUG):
                 traceback.print_exc()
+                remote = getattr(exc, "remote_traceback", None)  # raised in a worker's process: its traceback there
+                if remote:
+                    click.echo(f"raised in the worker's process:\n{remote}", err=True)
             raise _failure(ctx.command_path, exc) from exc
 
 
@@ -174,11 +177,15 @@ def _print_json(record: object) -> None:
     click.echo(canonical_json(record))
 
 
-def _print_results(console: Any, run_dir: Path) -> None:
-    """The run's summary.json as a table (nothing when the run wrote none)."""
+def _print_results(console: Any, run_dir: Path) -> bool:
+    """The run's summary.json as a table (nothing when the run wrote none); whether every episode of it failed (the
+    run measured nothing: its command exits 1)."""
     run = layout.RunDir(run_dir)
+    failed = False
     if run.summary.is_file():
-        warnings = output_warnings(read_outputs(run, ["output", "finish_reason"]))
+        outputs = read_outputs(run, ["output", "finish_reason"])
+        failed = every_episode_failed(outputs)
+        warnings = output_warnings(outputs)
         title = f"results: {store.location_of(run_dir)}"
         render.render_summary(console, read_summary(run), title=title, warnings=warnings)
         for warning in warnings:
@@ -190,6 +197,7 @@ def _print_results(console: Any, run_dir: Path) -> None:
         timings = load_record(run).timings
         if timings:
             click.echo(f"timings: {render.timings_line(timings)}", err=True)
+    return failed
 
 
 def _write_run_report(command: str, run_dir: Path) -> None:
@@ -234,7 +242,7 @@ def _report_wanted(run_dir: Path) -> bool:
 @click.option("-m", "--multirun", is_flag=True,
               help="Sweep: every KEY=A,B override runs once per value; one job per combination, in order.")  # fmt: skip
 @click.argument("overrides", nargs=-1, type=click.UNPROCESSED)
-def run(multirun: bool, overrides: tuple[str, ...]) -> None:
+def run(multirun: bool, overrides: tuple[str, ...]) -> int:
     """Run an evaluation configured by Hydra OVERRIDES (KEY=VALUE, e.g. task=addition limit=20 cluster=inline).
 
     Every job's config is composed and checked before anything starts; on Ray the first job's workers start
@@ -259,9 +267,11 @@ def run(multirun: bool, overrides: tuple[str, ...]) -> None:
     spec = _in_job(jobs[0], multirun, lambda: runner.worker_spec(units[0][1][0]))
     console = render.stdout_console()
     finished: list[Path] = []
+    measured_nothing: list[Path] = []  # runs whose every episode failed
 
     def shown(run_dir: Path, report: bool) -> None:
-        _print_results(console, run_dir)
+        if _print_results(console, run_dir):
+            measured_nothing.append(run_dir)
         if report:
             _write_run_report("evalrun run", run_dir)
 
@@ -297,14 +307,18 @@ def run(multirun: bool, overrides: tuple[str, ...]) -> None:
     for run_dir in finished:  # a run on an object store: its driver's working copy is no longer needed
         if store.remote_of(run_dir) is not None:
             store.discard(run_dir)
+    return EXIT_CHECK_FAILED if measured_nothing else EXIT_OK
 
 
-def _resume_group(directory: Path, overrides: list[str]) -> None:
-    """``evalrun resume GROUP_DIR``: the group's unfinished tasks, then its record and table."""
+def _resume_group(directory: Path, overrides: list[str]) -> int:
+    """``evalrun resume GROUP_DIR``: the group's unfinished tasks, then its record and table; the exit code (1 when
+    every episode of a task it ran failed)."""
     console = render.stdout_console()
+    measured_nothing = False
 
     def shown(run_dir: Path) -> None:
-        _print_results(console, run_dir)
+        nonlocal measured_nothing
+        measured_nothing |= _print_results(console, run_dir)
         if _report_wanted(run_dir):
             _write_run_report("evalrun resume", run_dir)
 
@@ -312,6 +326,7 @@ def _resume_group(directory: Path, overrides: list[str]) -> None:
     where = store.location_of(directory)  # a group on an object store: its location, not the working copy
     render.render_group(console, record, title=f"group results: {store.join(where, layout.GROUP)}")
     click.echo(where)
+    return EXIT_CHECK_FAILED if measured_nothing else EXIT_OK
 
 
 def _in_job(job: list[str], multirun: bool, step: Callable[[], T]) -> T:
@@ -339,7 +354,7 @@ def _load_job(job: list[str], multirun: bool) -> config.EvalConfig:
 @cli.command(short_help="Finish an interrupted run, keeping its complete parts.")
 @click.argument("run_dir", type=RUN_DIR)
 @click.argument("overrides", nargs=-1)
-def resume(run_dir: Path, overrides: tuple[str, ...]) -> None:
+def resume(run_dir: Path, overrides: tuple[str, ...]) -> int:
     """Finish the interrupted run in RUN_DIR, keeping its complete parts.
 
     OVERRIDES may change only how it runs: cluster=NAME, cluster.KEY=VALUE, run.progress=BOOL, run.on_drift and a
@@ -353,20 +368,20 @@ def resume(run_dir: Path, overrides: tuple[str, ...]) -> None:
     if not run_dir.is_dir():
         raise BadInput(str(run_dir), "no such run directory")
     if groups.is_group_dir(run_dir):
-        _resume_group(run_dir, list(overrides))
-        return
+        return _resume_group(run_dir, list(overrides))
     if (run_dir / layout.RECORD).is_file() and (run_dir / layout.ATTESTATION).is_file():
         runner.check_finished(layout.RunDir(run_dir))  # an altered finished run is refused, not passed as complete
         where = store.location_of(run_dir)
         click.echo(f"evalrun resume: {where} is complete already (record.json and its attestation are written): "
                    "nothing to resume; `evalrun verify` checks it", err=True)  # fmt: skip
         click.echo(where)
-        return
+        return EXIT_OK
     finished = runner.resume(run_dir, list(overrides))
-    _print_results(render.stdout_console(), finished)
+    measured_nothing = _print_results(render.stdout_console(), finished)
     if _report_wanted(finished):
         _write_run_report("evalrun resume", finished)
     click.echo(store.location_of(finished))  # a run on an object store: its location, not the working copy
+    return EXIT_CHECK_FAILED if measured_nothing else EXIT_OK
 
 
 # --- audit -----------------------------------------------------------------------------------------

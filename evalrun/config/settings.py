@@ -649,7 +649,14 @@ class ClusterConfig(Section):
     max_in_flight: int = 2
     max_worker_restarts: int = 3  # replacement actors per run, over all workers
     max_batch_attempts: int = 3
-    worker_start_timeout_s: float = 600.0
+    worker_start_timeout_s: float = 600.0  # how long a placed worker's engine may take to start
+    # How long Ray may take to place the workers (a process with each one's CPUs, GPUs and resources) before the run
+    # stops naming what they ask and what the cluster has; null: DEFAULT_START_TIMEOUT_S
+    start_timeout_s: float | None = field(default=None, metadata=LEFT_OUT_WHEN_NULL)
+    # Start once this many workers have started; the others join when the cluster places them (null: all of them)
+    min_workers: int | None = field(default=None, metadata=LEFT_OUT_WHEN_NULL)
+    # Ray custom resources each worker asks for, {NAME: amount} (e.g. a node label resource)
+    resources_per_worker: Mapping[str, Any] = field(default_factory=dict, metadata=LEFT_OUT_WHEN_NULL)
 
     def worker_settings(self) -> dict[str, Any]:
         """What decides the workers (all but the batch size, which is the driver's choice)."""
@@ -663,8 +670,28 @@ class ClusterConfig(Section):
                 raise _fail(f"cluster.{key}", "an integer >= 1", getattr(self, key))
         if self.max_worker_restarts < 0:
             raise _fail("cluster.max_worker_restarts", "an integer >= 0", self.max_worker_restarts)
-        if self.worker_start_timeout_s <= 0:
-            raise _fail("cluster.worker_start_timeout_s", "a number of seconds > 0", self.worker_start_timeout_s)
+        for key in ("worker_start_timeout_s", "start_timeout_s"):
+            value = getattr(self, key)
+            if value is not None and not value > 0:
+                raise _fail(f"cluster.{key}", "a number of seconds > 0", value)
+        if self.min_workers is not None and not 1 <= self.min_workers <= self.num_workers:
+            raise _fail("cluster.min_workers", f"an integer from 1 to cluster.num_workers ({self.num_workers}) or null",
+                        self.min_workers)  # fmt: skip
+        for name, amount in self.resources_per_worker.items():
+            if isinstance(amount, bool) or not isinstance(amount, (int, float)) or not amount > 0:
+                raise _fail(f"cluster.resources_per_worker.{name}", "a number > 0", amount)
+
+    @property
+    def placement_timeout_s(self) -> float:
+        return DEFAULT_START_TIMEOUT_S if self.start_timeout_s is None else self.start_timeout_s
+
+    @property
+    def workers_to_start(self) -> int:
+        """How many workers must have started before the run begins (cluster.min_workers, or all)."""
+        return self.num_workers if self.min_workers is None else self.min_workers
+
+
+DEFAULT_START_TIMEOUT_S = 120.0  # cluster.start_timeout_s when null
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from evalrun.engines import Completion, GenerationRequest, Loglikelihood, LoglikelihoodRequest, RequestRejected
+from evalrun.errors import KeepsFields
 from evalrun.records.canonical import canonical_json, sha256_hex
 from evalrun.records.chain import link
 from evalrun.records.entries import EntryError, ObservationEntry, loglikelihood_fields, parse_line, request_fields
@@ -31,7 +32,7 @@ class RecordedCall:
     error: str | None = None
 
 
-class Divergence(Exception):
+class Divergence(KeepsFields, Exception):
     """Replay and record part ways: the first differing (episode, seq, expected, got)."""
 
     def __init__(self, episode: str, seq: int | None, expected: str, got: str) -> None:

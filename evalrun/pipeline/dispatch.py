@@ -26,9 +26,9 @@ from typing import Any, Protocol, TypeVar
 
 from evalrun.config import ClusterConfig
 from evalrun.config.registry import Registry
-from evalrun.engines import logs
+from evalrun.engines import EngineDown, logs
 from evalrun.episodes import PlanSlice
-from evalrun.errors import BadInput, first_line
+from evalrun.errors import BadInput, CheckFailed, first_line
 from evalrun.pipeline import cpu_isa
 from evalrun.pipeline.raylocal import start_local
 from evalrun.pipeline.worker import (
@@ -49,6 +49,7 @@ LOG_TIMEOUT_S = 30.0  # how long the driver waits for a worker's log at the end 
 # less than a batch): Ray's cost, about a millisecond of the driver's CPU, is per call, and a worker that dies loses
 # its call's episodes, however they were batched.
 MAX_LEASE_EPISODES = 2048
+RAY_LOGS = "Ray's session folder, /tmp/ray/session_latest/logs/ on each node"  # where a Ray worker's own log is
 
 
 class Factoring:
@@ -193,6 +194,85 @@ class _Slot:
     holds: str = ""  # the key of the run context the actor was sent
 
 
+class WorkersNotPlaced(BadInput):
+    """The cluster did not place enough workers within cluster.start_timeout_s (exit 2): what each asks, what the
+    cluster has, and the settings that change either."""
+
+
+class _Startup:
+    """The first start of a Ray dispatcher's workers: each placed by Ray (its actor's process up, with what it asks),
+    then its engine started."""
+
+    def __init__(self, placing: dict[Any, _Slot]) -> None:
+        self.placing = placing  # the placed() ref of each worker not yet placed
+        self.began = time.monotonic()  # placement counts from the workers' creation (dispatch.start_early)
+
+    def wait(self, to_start: int, placement_timeout: float, start_timeout: float,
+             placement_error: Callable[[int], BadInput]) -> None:  # fmt: skip
+        """Until ``to_start`` workers have started; the others go on starting."""
+        import ray
+
+        loading: dict[Any, tuple[_Slot, float]] = {}  # info() ref -> slot, when it was placed
+        placed = live = 0
+        while live < to_start:
+            deadlines = [at + start_timeout for _, at in loading.values()]
+            if placed < to_start:
+                deadlines.append(self.began + placement_timeout)
+            ready, _ = ray.wait([*self.placing, *loading], num_returns=1,
+                                timeout=max(0.0, min(deadlines) - time.monotonic()))  # fmt: skip
+            if not ready:
+                now = time.monotonic()
+                if placed < to_start and now >= self.began + placement_timeout:
+                    raise placement_error(placed)
+                late = sorted(slot.index for slot, at in loading.values() if now >= at + start_timeout)
+                if late:
+                    raise BadInput("cluster.worker_start_timeout_s",
+                                   f"the engine of worker{'s' if len(late) > 1 else ''} "
+                                   f"{', '.join(f'ray-{i}' for i in late)} did not start within {start_timeout:g} s "
+                                   f"of its placement (its log: {RAY_LOGS})")  # fmt: skip
+                continue
+            ref = ready[0]
+            if ref in self.placing:
+                slot = self.placing.pop(ref)
+                _started(ray, ref, slot)
+                placed += 1
+                loading[slot.actor.info.remote()] = (slot, time.monotonic())
+                continue
+            slot, _ = loading.pop(ref)
+            slot.info, slot.live = _started(ray, ref, slot), True
+            live += 1
+
+
+def _started(ray: Any, ref: Any, slot: _Slot) -> Any:
+    """The answer of a starting worker's call: its engine's error as it was raised in the worker (an
+    EngineStartFailed, or evalrun's own: a served model's server that does not answer), or one line for a worker
+    whose process died."""
+    try:
+        return ray.get(ref)
+    except ray.exceptions.RayActorError as exc:
+        raise BadInput(
+            f"ray-{slot.index}", f"the worker's process died while it started: {first_line(exc)} (its log: {RAY_LOGS})"
+        ) from None
+    except ray.exceptions.RayTaskError as exc:
+        raise _cause(exc) from None
+
+
+def _cause(error: Any) -> BaseException:
+    """The exception a Ray task raised in its worker, as it was raised there (evalrun's errors cross intact:
+    errors.KeepsFields), carrying the worker's traceback as ``remote_traceback`` (``evalrun --debug`` prints it)."""
+    cause = getattr(error, "cause", None)
+    if not isinstance(cause, BaseException):
+        return error
+    if getattr(cause, "remote_traceback", None) is None:
+        with contextlib.suppress(AttributeError, TypeError):  # an exception type without a __dict__
+            cause.remote_traceback = str(error)
+    return cause
+
+
+def _amount(value: float) -> str:
+    return f"{value:g}"
+
+
 @dispatcher("local")
 @dispatcher("ray")
 class RayDispatcher:
@@ -211,34 +291,70 @@ class RayDispatcher:
         self._max_in_flight = cluster.max_in_flight
         self._actor_options: dict[str, Any] = {"num_cpus": cluster.cpus_per_worker, "num_gpus": gpus,
                                                "max_concurrency": self._max_in_flight + ACTOR_CONCURRENCY}  # fmt: skip
+        if cluster.resources_per_worker:
+            self._actor_options["resources"] = dict(cluster.resources_per_worker)
         self._max_restarts = cluster.max_worker_restarts
         self._max_attempts = cluster.max_batch_attempts
         self._start_timeout = cluster.worker_start_timeout_s
+        self._placement_timeout = cluster.placement_timeout_s
+        self._to_start = cluster.workers_to_start
         self._restarts_total = 0
         self._starting: dict[Any, _Slot] = {}
         self._slots = [_Slot(i, self._new_actor(i)) for i in range(cluster.num_workers)]
-        self._first_infos: dict[Any, _Slot] | None = {slot.actor.info.remote(): slot for slot in self._slots}
+        self._startup: _Startup | None = _Startup({slot.actor.placed.remote(): slot for slot in self._slots})
         if wait:
             self.ready()
 
     def ready(self) -> None:
-        """Wait until every worker has started (its engine loaded); with ``wait=False`` the workers start in
-        their own processes meanwhile, and the first call of :meth:`workers` or :meth:`map` waits."""
-        import ray
-
-        refs, self._first_infos = self._first_infos, None
-        if refs is None:
+        """Wait until ``cluster.min_workers`` workers (all, by default) have started (their engines loaded); with
+        ``wait=False`` the workers start in their own processes meanwhile, and the first call of :meth:`workers` or
+        :meth:`map` waits. The others join the run as they start (:meth:`map` takes them in). A cluster that has not
+        placed enough workers within ``cluster.start_timeout_s`` (pending, or infeasible: no node has what one
+        asks) is a :class:`WorkersNotPlaced`; a worker whose engine does not start ends the start with its error
+        (an :class:`~evalrun.pipeline.worker.EngineStartFailed` naming the worker, the model and the cause)."""
+        startup, self._startup = self._startup, None
+        if startup is None:
             return
         try:
-            infos = ray.get(list(refs), timeout=self._start_timeout)
-        except ray.exceptions.GetTimeoutError:
+            startup.wait(self._to_start, self._placement_timeout, self._start_timeout, self._placement_error)
+        except BaseException:
             self.close()
-            raise RuntimeError(
-                f"{len(refs)} engine workers did not start within {self._start_timeout}s "
-                f"(cluster resources: {ray.cluster_resources()})"
-            ) from None
-        for slot, info in zip(refs.values(), infos, strict=True):
-            slot.info, slot.live = info, True
+            raise
+        for slot in self._slots:  # the rest join as they start
+            if not slot.live:
+                self._starting[slot.actor.info.remote()] = slot
+
+    def _placement_error(self, placed: int) -> WorkersNotPlaced:
+        """What the cluster could not place: what each worker asks, what the cluster has, what to change."""
+        import ray
+
+        asks = {"CPU": self._actor_options["num_cpus"], "GPU": self._actor_options["num_gpus"],
+                **self._actor_options.get("resources", {})}  # fmt: skip
+        asks = {name: amount for name, amount in asks.items() if amount}
+        total, free = ray.cluster_resources(), ray.available_resources()
+        nodes = [node.get("Resources", {}) for node in ray.nodes() if node.get("Alive")]
+        fits = sum(min(int(node.get(k, 0) // v) for k, v in asks.items()) if asks else 1 for node in nodes)
+        missing = [name for name in asks if not any(node.get(name, 0) >= asks[name] for node in nodes)]
+        have = ", ".join(f"{k}={_amount(total.get(k, 0))} ({_amount(free.get(k, 0))} free)" for k in asks)
+        asked = ", ".join(f"{k}={_amount(v)}" for k, v in asks.items()) or "nothing"
+        nodes_text = f"{len(nodes)} node{'s' if len(nodes) != 1 else ''}"
+        placed_text = (f"{placed} of {len(self._slots)} workers placed within cluster.start_timeout_s="
+                       f"{self._placement_timeout:g} s, {self._to_start} needed (cluster.min_workers)")  # fmt: skip
+        if missing:
+            setting = {"CPU": "cluster.cpus_per_worker", "GPU": "cluster.gpus_per_worker"}.get(
+                missing[0], f"cluster.resources_per_worker.{missing[0]}"
+            )
+            return WorkersNotPlaced(
+                setting,
+                f"no node of the cluster has {' and '.join(f'{k}={_amount(asks[k])}' for k in missing)} "
+                f"({placed_text}): each worker asks {asked}; the cluster has {have} on {nodes_text}",
+            )
+        return WorkersNotPlaced(
+            "cluster.num_workers",
+            f"{placed_text}: each worker asks {asked}, the cluster has {have} on {nodes_text}, room for {fits} such "
+            f"workers; ask for fewer (cluster.num_workers, cluster.cpus_per_worker, cluster.gpus_per_worker), or start "
+            f"with those that fit (cluster.min_workers={max(1, fits)})",
+        )
 
     def _new_actor(self, index: int) -> Any:
         """Worker ``index``'s actor; one of a capped instruction set (engine.cpu_isa) in a process started with its
@@ -279,6 +395,7 @@ class RayDispatcher:
         context_key = ""
 
         factoring = Factoring()
+        start_failed: BaseException | None = None  # the error of a late worker's engine that did not start
         frontier = 0  # where in the plan the batches taken from the source have reached
 
         def take() -> tuple[int, PlanSlice] | None:
@@ -339,11 +456,15 @@ class RayDispatcher:
         while in_flight or pending or unsent:
             refs = list(in_flight) + list(starting)
             if not refs:
-                raise RuntimeError("no engine worker is left to run the remaining batches (restart budget spent)")
+                if start_failed is not None:
+                    raise start_failed
+                spent = f"cluster.max_worker_restarts={self._max_restarts} replacements spent"
+                raise EngineDown(f"no engine worker is left to run the remaining batches ({spent}; logs: {RAY_LOGS})")
             ready, _ = ray.wait(refs, num_returns=1, timeout=10.0)
             if not ready:
                 if not in_flight and time.monotonic() - waiting_since > self._start_timeout:
-                    raise RuntimeError(f"no replacement worker started within {self._start_timeout}s")
+                    raise EngineDown(f"no live worker, and no replacement started within cluster."
+                                     f"worker_start_timeout_s={self._start_timeout:g}")  # fmt: skip
                 continue
             waiting_since = time.monotonic()
             ref = ready[0]
@@ -352,6 +473,11 @@ class RayDispatcher:
                 try:
                     slot.info, slot.live = ray.get(ref), True
                 except ray.exceptions.RayError as exc:
+                    if _raised_by_the_batch(exc):  # its engine did not start: starting it again would fail again
+                        start_failed = _cause(exc)
+                        ray.kill(slot.actor, no_restart=True)
+                        stats.events.append({"worker": f"ray-{slot.index}", "error": type(start_failed).__name__})
+                        continue
                     slot.live = True  # so that replace() retires it and counts the restart
                     replace(slot, slot.actor, exc)
                 fill(slot)
@@ -365,12 +491,14 @@ class RayDispatcher:
                 call = f"a call of {len(batches)} batches ({sum(len(batch) for _, batch in batches)} episodes)"
                 if _raised_by_the_batch(exc):
                     # The batch's code raised in a live worker: running it again would raise again.
-                    if isinstance(exc.cause, BadInput):  # a worker's commit of its part failed: named, one line
-                        raise exc.cause from None
+                    cause = _cause(exc)
+                    if isinstance(cause, (BadInput, CheckFailed, EngineDown)):  # evalrun's own: as it was raised
+                        raise cause from None
                     worker = (slot.info or {}).get("worker")
-                    raise RuntimeError(f"{call} failed on {worker}: {exc.cause!r}") from exc
+                    raise RuntimeError(f"{call} failed on {worker}: {cause!r}") from exc
                 if max(attempts[number] for number, _ in batches) >= self._max_attempts:
-                    raise RuntimeError(f"{call} failed: a batch of it has failed {self._max_attempts} times") from exc
+                    raise EngineDown(f"{call} failed: a batch of it was lost with its worker {self._max_attempts} "
+                                     f"times (cluster.max_batch_attempts): {first_line(exc)}") from exc  # fmt: skip
                 stats.retries += len(batches)
                 pending.extendleft(reversed(batches))
                 replace(slot, actor, exc)
@@ -404,9 +532,9 @@ class RayDispatcher:
     def close(self) -> None:
         import ray
 
-        self._first_infos = None
+        self._startup = None
         with contextlib.suppress(Exception):  # a worker that is gone has nothing to let go of
-            ray.get([slot.actor.close.remote() for slot in self._slots], timeout=60)
+            ray.get([slot.actor.close.remote() for slot in self._slots if slot.live], timeout=60)
         for slot in self._slots:
             ray.kill(slot.actor, no_restart=True)
         self._slots, self._starting = [], {}

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from evalrun.engines import ServedReport
+from evalrun.errors import KeepsFields
 from evalrun.records.canonical import differences
 
 GPU_FIELDS = ("name", "capability", "driver", "cuda")
@@ -100,7 +101,7 @@ def worker_record(info: Mapping[str, Any]) -> dict[str, Any]:
     return {"worker": info["worker"], "hardware": info["hardware"], **fingerprint(info), **canary}
 
 
-class DriftStopped(Exception):
+class DriftStopped(KeepsFields, Exception):
     """A worker drifted under ``run.on_drift=fail``."""
 
     def __init__(self, drifts: Sequence[Drift]) -> None:

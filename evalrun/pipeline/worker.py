@@ -10,10 +10,13 @@ import itertools
 import logging
 import os
 import pickle
+import re
 import socket
 import sys
+import tempfile
 import threading
 import time
+import traceback
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
@@ -33,7 +36,7 @@ from evalrun.episodes import (
     WrittenPart,
     kind_of_episodes,
 )
-from evalrun.errors import BadInput
+from evalrun.errors import BadInput, CheckFailed
 from evalrun.pipeline import cpu_isa, determinism, failpoints
 from evalrun.pipeline.canary import CanaryResult, canary_at_start
 from evalrun.pipeline.environment import hardware_fingerprint, library_versions, python_version
@@ -157,7 +160,10 @@ class EngineWorker:
         # order with what C++ code prints; inline, the driver's choice (-v or not) stands.
         self._own_process = _in_ray_actor()
         self._log = logs.route(stderr_is_a_log=self._own_process)
-        cpu_isa.apply(spec.cpu_isa)  # before torch's first kernel: a capped level is chosen once per process
+        try:  # before torch's first kernel: a capped level is chosen once per process
+            cpu_isa.apply(spec.cpu_isa)
+        except RuntimeError as exc:  # this worker's processor lacks the level (a Ray node other than the driver's)
+            raise BadInput("engine.cpu_isa", f"{exc} (worker {self.name})") from exc
         settings = spec.determinism.as_record()
         # a vLLM server the engine starts (engine.serve) inherits this process's environment: the determinism
         # settings made for vLLM (VLLM_CPU_ATTN_SPLIT_KV, VLLM_BATCH_INVARIANT) reach it; torch's flags stay here
@@ -170,7 +176,7 @@ class EngineWorker:
             )
         self.determinism["honoured"]["torch_threads"] = _set_threads(spec.threads)  # kernels split work by threads
         started = time.perf_counter()
-        self.engine = _build_engine(spec)
+        self.engine = _build_engine(spec, self.name)
         self.engine_load_s = round(time.perf_counter() - started, 3)  # provenance: the engine's own start
         # read once the engine is built: the kernel library it loaded is part of the hardware it ran on
         uses_vllm = spec.engine_factory is None and spec.engine.name == "vllm" and not spec.engine.serve
@@ -182,10 +188,10 @@ class EngineWorker:
         self._scorers: dict[bytes, PartScorer | None] = {}  # by pickled ScoringSetup
         self.judge_engine = self.engine
         if spec.judge_model_path is not None or spec.judge_engine is not None:
-            self.judge_engine = _build_engine(judge_spec(spec))
+            self.judge_engine = _build_engine(judge_spec(spec), self.name, "judges")
         self.user_engine = self.engine
         if spec.user_model_path is not None or spec.user_engine is not None:
-            self.user_engine = _build_engine(user_spec(spec))
+            self.user_engine = _build_engine(user_spec(spec), self.name, "simulated user")
         self.engines = Engines(self.engine, self.judge_engine, user=self.user_engine)
 
     def info(self) -> dict[str, Any]:
@@ -299,11 +305,24 @@ class RayEngineWorker:
     (docs/design.md "Workers write, the driver commits")"""
 
     def __init__(self, spec: WorkerSpec, name: str) -> None:
+        """Returns at once, the engine starting on its thread: a call of :meth:`placed` answers as soon as Ray has
+        placed the actor (the dispatcher tells a cluster that cannot place its workers from engines that load
+        slowly), and every other call waits for the engine. An engine that fails to start raises its error from
+        every call (a ``RayTaskError`` whose cause is the error itself), not from the actor's creation, whose
+        error Ray hands over only as text."""
         self._engine_thread = ThreadPoolExecutor(1, thread_name_prefix="evalrun-engine")
         self._encoding_thread = ThreadPoolExecutor(1, thread_name_prefix="evalrun-encode")
-        self._worker = self._engine_thread.submit(EngineWorker, spec, name).result()
+        self._started = self._engine_thread.submit(EngineWorker, spec, name)
         self._context_changed = threading.Condition()
         self._run: tuple[str, RunContext] | None = None  # the latest run's key and context
+
+    @property
+    def _worker(self) -> EngineWorker:
+        return self._started.result()
+
+    def placed(self) -> str:
+        """This actor's host, once Ray has placed it (its engine may still be loading)."""
+        return socket.gethostname()
 
     def info(self) -> dict[str, Any]:
         return self._worker.info()
@@ -365,7 +384,11 @@ class RayEngineWorker:
             return self._run[1]
 
     def close(self) -> None:
-        self._engine_thread.submit(self._worker.close).result()
+        def close_started() -> None:  # on the engine thread, after the start: an engine that failed holds nothing
+            if self._started.exception() is None:
+                self._started.result().close()
+
+        self._engine_thread.submit(close_started).result()
         self._engine_thread.shutdown()
         self._encoding_thread.shutdown()
 
@@ -423,7 +446,72 @@ def _set_threads(threads: int | None) -> int:
     return int(torch.get_num_threads())
 
 
-def _build_engine(spec: WorkerSpec) -> Any:
-    if spec.engine_factory is not None:
-        return spec.engine_factory(spec)
-    return build_engine(spec.engine.name, Path(spec.model_path), spec.model_dtype, spec.engine.as_record())
+def _build_engine(spec: WorkerSpec, worker: str, role: str = "model") -> Any:
+    """Engine ``role`` (the run's model, the judges', the simulated user's) of ``worker``. An engine that does not
+    start is an :class:`EngineStartFailed` naming the worker, the model and the engine's own last word on why; its
+    whole traceback goes to a file of this process (:func:`start_log`). evalrun's own errors (a served model's
+    server that does not answer: engine.base_url) pass as they are raised."""
+    try:
+        if spec.engine_factory is not None:
+            return spec.engine_factory(spec)
+        return build_engine(spec.engine.name, Path(spec.model_path), spec.model_dtype, spec.engine.as_record())
+    except (BadInput, CheckFailed):
+        raise
+    except Exception as exc:
+        raise EngineStartFailed.of(exc, spec, worker, role) from exc
+
+
+class EngineStartFailed(BadInput):
+    """An engine that did not start (weights that do not load, memory or a KV cache the machine cannot give, a
+    kernel this machine lacks): exit 2, one line naming the worker, the model and the engine's own explanation,
+    the traceback in ``log`` (a file on the worker's host) and in ``remote_traceback`` (``evalrun --debug``)."""
+
+    @classmethod
+    def of(cls, exc: BaseException, spec: WorkerSpec, worker: str, role: str) -> EngineStartFailed:
+        text = "".join(traceback.format_exception(exc))
+        log = start_log(worker, text)
+        hint = next((hint for pattern, hint in START_HINTS if pattern.search(text)), "")
+        where = f"engine.name={spec.engine.name}" if spec.engine.serve or spec.engine_factory else spec.model_path
+        failed = cls(f"{where} ({role})" if role != "model" else where,
+                     f"the {spec.engine.name} engine did not start on worker {worker}: {root_cause(exc)}"
+                     f"{hint} (traceback: {log or 'not written'})")  # fmt: skip
+        failed.remote_traceback = text
+        return failed
+
+
+# What an engine's start-up failure says, and the setting that answers it (EngineStartFailed's hint)
+START_HINTS = (
+    (re.compile(r"KV cache|kv_cache|KVCACHE|num_gpu_blocks|cache blocks", re.IGNORECASE),
+     "; engine.cpu_kvcache_gib (CPU) or engine.gpu_memory_utilization (GPU) sets the KV cache, and "
+     "engine.max_model_len what it must hold"),
+    (re.compile(r"out of memory|OutOfMemory|Cannot allocate memory|MemoryError", re.IGNORECASE),
+     "; the model and its KV cache do not fit: a smaller engine.max_model_len, engine.cpu_kvcache_gib or "
+     "engine.gpu_memory_utilization, or more engine.tensor_parallel_size"),
+    (re.compile(r"safetensors|SafetensorError|HeaderTooLarge|incomplete metadata|deserializ", re.IGNORECASE),
+     "; the model directory's weights do not load (a partial copy? `evalrun pin` checks them against the pins)"),
+)  # fmt: skip
+
+
+def root_cause(exc: BaseException) -> str:
+    """The innermost exception of ``exc``'s chain (what raised first: the engine's own explanation), as one line."""
+    seen = {id(exc)}
+    while (inner := exc.__cause__ or (None if exc.__suppress_context__ else exc.__context__)) is not None:
+        if id(inner) in seen:
+            break
+        seen.add(id(inner))
+        exc = inner
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return f"{type(exc).__name__}: {lines[-1].rstrip('.;')}" if lines else type(exc).__name__
+
+
+def start_log(worker: str, text: str) -> str | None:
+    """``text`` (an engine's start-up traceback) written to a file of its own on this host, in
+    ``$TMPDIR/evalrun-logs/``; its path, or None when it cannot be written (the message then says so)."""
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "-", worker)
+    path = Path(tempfile.gettempdir()) / "evalrun-logs" / f"engine-start-{name}.log"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+    except OSError:
+        return None
+    return str(path)

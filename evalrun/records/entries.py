@@ -57,6 +57,7 @@ from typing import Annotated, Any, Literal, Protocol, Union
 
 from pydantic import Discriminator, Field, Tag, TypeAdapter, ValidationError, model_validator
 
+from evalrun.errors import KeepsFields
 from evalrun.records.canonical import Canonical, canonical_json, sha256_hex
 from evalrun.records.formats import (
     SCHEDULE_FORMAT,
@@ -444,7 +445,7 @@ ChainEntry = Annotated[
 _ENTRY: TypeAdapter[Any] = TypeAdapter(ChainEntry)
 
 
-class EntryError(ValueError):
+class EntryError(KeepsFields, ValueError):
     """A JSON object that is not a chain entry; ``field`` names the first field at fault."""
 
     def __init__(self, field: str, message: str) -> None:

@@ -24,6 +24,7 @@ import types
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from pydantic import BaseModel
 
 from evalrun.records.formats import RecordModel
@@ -200,6 +201,14 @@ MOSTLY_EMPTY = 0.9  # the share of empty generations from which a run's outputs 
 AGENT_BUDGET_STOPS = ("max_steps", "max_tokens")  # how an agent episode that did not end by itself stops
 
 
+def every_episode_failed(outputs: pa.Table) -> bool:
+    """Whether a run's every episode failed (its output rows' ``finish_reason``): a run that measured nothing, which
+    ``evalrun run`` and ``resume`` exit 1 for, its records written and sealed all the same (docs/design.md "Exit
+    codes"). A run with no episodes did not fail."""
+    reasons = outputs.column("finish_reason")
+    return len(reasons) > 0 and pc.all(pc.equal(reasons, FAILED_FINISH_REASON)).as_py() is True
+
+
 def output_warnings(outputs: pa.Table) -> list[str]:
     """What says a run's generations are nonsense, from its output rows (``output`` and ``finish_reason``):
     nearly all of them empty (the model's first token ended its turn: a prompt the model does not expect,
@@ -209,7 +218,7 @@ def output_warnings(outputs: pa.Table) -> list[str]:
     Empty when none; rows that are not generations (failed episodes, agent episodes, options scored by likelihood)
     are not counted as generations."""
     reasons = outputs.column("finish_reason").to_pylist()
-    if reasons and all(reason == FAILED_FINISH_REASON for reason in reasons):
+    if every_episode_failed(outputs):
         return [f"all {len(reasons)} episodes failed, none was scored: each chain's end entry gives its reason "
                 "(evalrun report shows them)"]  # fmt: skip
     budget = [reason for reason in reasons if reason in AGENT_BUDGET_STOPS]
