@@ -471,7 +471,7 @@ class EngineStartFailed(BadInput):
         text = "".join(traceback.format_exception(exc))
         log = start_log(worker, text)
         hint = next((hint for pattern, hint in START_HINTS if pattern.search(text)), "")
-        where = f"engine.name={spec.engine.name}" if spec.engine.serve or spec.engine_factory else spec.model_path
+        where = spec.model_path  # what failed to start: the model (a server evalrun starts serves it too)
         failed = cls(f"{where} ({role})" if role != "model" else where,
                      f"the {spec.engine.name} engine did not start on worker {worker}: {root_cause(exc)}"
                      f"{hint} (traceback: {log or 'not written'})")  # fmt: skip
