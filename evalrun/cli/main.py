@@ -160,7 +160,8 @@ HELP_OPTIONS = ["-h", "--help"]
 def cli(ctx: click.Context, debug: bool, verbose: bool) -> None:
     """Run evaluations that can be repeated and audited, and read their run directories.
 
-    Exit codes: 0 success, 1 a check failed, 2 bad input or usage, 130 interrupted (Ctrl-C).
+    Exit codes: 0 success, 1 a check failed (or a run whose every episode failed), 2 bad input or usage, 130
+    interrupted (Ctrl-C).
     `evalrun COMMAND --help` for each command.
     """
     ctx.meta[DEBUG] = debug
