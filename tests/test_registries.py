@@ -210,6 +210,9 @@ SERVED_SETTINGS = (
 )
 
 
+CLUSTER_START = ("start_timeout_s", "min_workers", "resources_per_worker")  # added after runs were recorded
+
+
 def test_settings_are_typed_frozen_and_give_back_the_composed_record() -> None:
     cfg = compose_config(["task=addition_mc"])
     raw = OmegaConf.to_container(cfg, resolve=True)
@@ -224,6 +227,7 @@ def test_settings_are_typed_frozen_and_give_back_the_composed_record() -> None:
     assert raw.pop("judge_engine") is None  # the same
     assert [raw.pop(k) for k in ("user_model", "user_engine")] == [None, None]  # the same
     assert [raw["run"].pop(k) for k in ("checkpoint_every_parts", "ledger", "part_writes")] == [None] * 3  # the same
+    assert [raw["cluster"].pop(k) for k in CLUSTER_START] == [None, None, {}]  # the same
     assert config.as_record() == raw
     assert validate(compose_config(["task=addition_mc", "task.kind=dataset"])).as_record()["task"]["kind"] == "dataset"
     assert config.decoding.stop == ("\n",) and config.task.choices.scoring == "both"
@@ -245,6 +249,7 @@ def test_the_hydra_schema_is_generated_from_the_settings_with_the_same_defaults(
     assert schema.pop("judge_engine") is None
     assert [schema.pop(k) for k in ("user_model", "user_engine")] == [None, None]
     assert [schema["run"].pop(k) for k in ("checkpoint_every_parts", "ledger", "part_writes")] == [None] * 3
+    assert [schema["cluster"].pop(k) for k in CLUSTER_START] == [None, None, {}]
     assert schema == EvalConfig().as_record()
 
 

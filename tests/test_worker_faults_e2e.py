@@ -12,16 +12,20 @@ import shutil
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 import ray
 from helpers.errors import ERRORS
 
-from evalrun.cli.main import main
+from evalrun.cli.main import _failure, main
 from evalrun.config import load
+from evalrun.errors import BadInput, CheckFailed
 from evalrun.pipeline.dispatch import RayDispatcher, WorkersNotPlaced, _cause
-from evalrun.pipeline.runner import prepare
+from evalrun.pipeline.runner import execute, prepare
+from evalrun.pipeline.worker import WorkerSpec
 from evalrun.rundir import layout
 
 pytestmark = pytest.mark.e2e
@@ -133,3 +137,50 @@ def test_with_min_workers_the_run_goes_on_the_workers_that_fit_with_the_same_roo
     workers = json.loads((run / layout.MANIFEST).read_text())["workers"]
     assert len(workers) == 1  # the second never fit: the run did not wait for it
     assert main(["verify", str(run)]) == 0
+
+
+class RaisingEngine:
+    """Stands in for an engine that raises while it runs a batch (the one thing this double isolates): ``error``."""
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+    def generate(self, requests: list[Any]) -> list[Any]:
+        raise self.error
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": "raising", "version": "1", "settings": {}}
+
+
+def raising_bad_input(spec: WorkerSpec) -> RaisingEngine:
+    return RaisingEngine(BadInput("engine.served_model", "the server no longer serves 'm'"))
+
+
+def raising_a_bug(spec: WorkerSpec) -> RaisingEngine:
+    return RaisingEngine(ZeroDivisionError("division by zero"))
+
+
+@pytest.mark.parametrize("factory", [raising_bad_input, raising_a_bug])
+def test_an_error_raised_during_a_batch_in_a_ray_worker_is_one_line(ray_session, tmp_path, factory) -> None:
+    """evalrun's own error raised mid-batch reaches the driver as it was raised; any other stops the run resumably
+    (exit 1), naming the worker and the error, the worker's traceback kept for ``evalrun --debug``."""
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the stand-in crosses to Ray's worker by value
+    cfg = load([f"run.root={tmp_path}", "limit=2", NO_CPU, "run.progress=false", "determinism.canary=false"])
+    plain = prepare(cfg)
+    prepared = replace(plain, worker_spec=replace(plain.worker_spec, engine_factory=factory))
+    workers = RayDispatcher(prepared.worker_spec, cfg.cluster)
+    try:
+        with pytest.raises((BadInput, CheckFailed)) as raised:
+            execute(prepared, workers)
+    finally:
+        workers.close()
+    code = _failure("evalrun run", raised.value)
+    assert "\n" not in code.message
+    if factory is raising_bad_input:
+        assert type(raised.value) is BadInput and code.exit_code == 2
+        assert (raised.value.where, raised.value.message) == ("engine.served_model", "the server no longer serves 'm'")
+    else:
+        assert code.exit_code == 1 and "raised on ray-0@" in code.message, code.message
+        assert "ZeroDivisionError: division by zero" in code.message and "evalrun resume" in code.message
+        remote = raised.value.remote_traceback  # the worker's frames, down to the engine's
+        assert "in generate\n    raise self.error\nZeroDivisionError: division by zero" in remote, remote

@@ -250,9 +250,9 @@ def _started(ray: Any, ref: Any, slot: _Slot) -> Any:
     try:
         return ray.get(ref)
     except ray.exceptions.RayActorError as exc:
-        raise BadInput(
-            f"ray-{slot.index}", f"the worker's process died while it started: {first_line(exc)} (its log: {RAY_LOGS})"
-        ) from None
+        said = [line.strip() for line in str(exc).splitlines() if line.strip()] or [type(exc).__name__]
+        raise BadInput(f"ray-{slot.index}", f"the worker died while it started: {said[-1]} (its log: {RAY_LOGS})"
+                       ) from None  # (Ray's text ends with the cause)  # fmt: skip
     except ray.exceptions.RayTaskError as exc:
         raise _cause(exc) from None
 
@@ -495,7 +495,10 @@ class RayDispatcher:
                     if isinstance(cause, (BadInput, CheckFailed, EngineDown)):  # evalrun's own: as it was raised
                         raise cause from None
                     worker = (slot.info or {}).get("worker")
-                    raise RuntimeError(f"{call} failed on {worker}: {cause!r}") from exc
+                    stopped = EngineDown(f"{call} raised on {worker}: {first_line(cause)} (`evalrun --debug` prints "
+                                         f"the worker's traceback)")  # fmt: skip
+                    stopped.remote_traceback = str(exc)  # type: ignore[attr-defined]
+                    raise stopped from exc
                 if max(attempts[number] for number, _ in batches) >= self._max_attempts:
                     raise EngineDown(f"{call} failed: a batch of it was lost with its worker {self._max_attempts} "
                                      f"times (cluster.max_batch_attempts): {first_line(exc)}") from exc  # fmt: skip

@@ -251,8 +251,10 @@ def _resumable(run: layout.RunDir) -> Iterator[None]:
         raise WriteFailed(exc.where, f"{exc.message}; the run is incomplete: then `evalrun resume {run.path}` "
                                      f"completes it") from exc  # fmt: skip
     except EngineDown as exc:
-        raise CheckFailed(f"{first_line(exc)}; the run is incomplete: `evalrun resume {run.path}` finishes it once "
-                          "the engine answers again (with engine.base_url=URL if it moved)") from exc  # fmt: skip
+        stopped = CheckFailed(f"{first_line(exc)}; the run is incomplete: `evalrun resume {run.path}` finishes it "
+                              "once the engine answers again (with engine.base_url=URL if it moved)")  # fmt: skip
+        stopped.remote_traceback = getattr(exc, "remote_traceback", None)  # a worker's, for evalrun --debug
+        raise stopped from exc
     except KeyboardInterrupt as exc:
         raise Interrupted(run.path) from exc
 

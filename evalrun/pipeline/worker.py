@@ -464,13 +464,15 @@ def _build_engine(spec: WorkerSpec, worker: str, role: str = "model") -> Any:
 class EngineStartFailed(BadInput):
     """An engine that did not start (weights that do not load, memory or a KV cache the machine cannot give, a
     kernel this machine lacks): exit 2, one line naming the worker, the model and the engine's own explanation,
-    the traceback in ``log`` (a file on the worker's host) and in ``remote_traceback`` (``evalrun --debug``)."""
+    the traceback in a file on the worker's host that the message names, and in ``remote_traceback`` (``evalrun
+    --debug`` prints it)."""
 
     @classmethod
     def of(cls, exc: BaseException, spec: WorkerSpec, worker: str, role: str) -> EngineStartFailed:
         text = "".join(traceback.format_exception(exc))
         log = start_log(worker, text)
-        hint = next((hint for pattern, hint in START_HINTS if pattern.search(text)), "")
+        said = "\n".join(f"{type(e).__name__}: {e}" for e in _chain(exc))  # the messages, not the frames' file names
+        hint = next((hint for pattern, hint in START_HINTS if pattern.search(said)), "")
         where = spec.model_path  # what failed to start: the model (a server evalrun starts serves it too)
         failed = cls(f"{where} ({role})" if role != "model" else where,
                      f"the {spec.engine.name} engine did not start on worker {worker}: {root_cause(exc)}"
@@ -492,14 +494,20 @@ START_HINTS = (
 )  # fmt: skip
 
 
+def _chain(exc: BaseException) -> list[BaseException]:
+    """``exc`` and the exceptions it was raised from or while handling, outermost first."""
+    chain = [exc]
+    while (inner := exc.__cause__ or (None if exc.__suppress_context__ else exc.__context__)) is not None:
+        if any(inner is seen for seen in chain):
+            break
+        chain.append(inner)
+        exc = inner
+    return chain
+
+
 def root_cause(exc: BaseException) -> str:
     """The innermost exception of ``exc``'s chain (what raised first: the engine's own explanation), as one line."""
-    seen = {id(exc)}
-    while (inner := exc.__cause__ or (None if exc.__suppress_context__ else exc.__context__)) is not None:
-        if id(inner) in seen:
-            break
-        seen.add(id(inner))
-        exc = inner
+    exc = _chain(exc)[-1]
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
     return f"{type(exc).__name__}: {lines[-1].rstrip('.;')}" if lines else type(exc).__name__
 
