@@ -352,8 +352,8 @@ class RayDispatcher:
         return WorkersNotPlaced(
             "cluster.num_workers",
             f"{placed_text}: each worker asks {asked}, the cluster has {have} on {nodes_text}, room for {fits} such "
-            f"workers; ask for fewer (cluster.num_workers, cluster.cpus_per_worker, cluster.gpus_per_worker), or start "
-            f"with those that fit (cluster.min_workers={max(1, fits)})",
+            f"worker{'s' if fits != 1 else ''}; ask for fewer (cluster.num_workers, cluster.cpus_per_worker, "
+            f"cluster.gpus_per_worker), or start with those that fit (cluster.min_workers={max(1, fits)})",
         )
 
     def _new_actor(self, index: int) -> Any:
