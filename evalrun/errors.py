@@ -34,8 +34,6 @@ def _restore(cls: type[BaseException], args: tuple[Any, ...], fields: dict[str, 
 class BadInput(KeepsFields, Exception):
     """Bad input or usage (exit 2). ``where`` names the file, field or line; ``message`` what was expected."""
 
-    exit_code = EXIT_BAD_INPUT
-
     def __init__(self, where: str, message: str) -> None:
         super().__init__(f"{where}: {message}")
         self.where = where
@@ -44,8 +42,6 @@ class BadInput(KeepsFields, Exception):
 
 class CheckFailed(KeepsFields, Exception):
     """A check failed (exit 1): verification, replay divergence, blocked gate."""
-
-    exit_code = EXIT_CHECK_FAILED
 
 
 class WriteFailed(BadInput):
