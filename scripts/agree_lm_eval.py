@@ -73,7 +73,7 @@ CACHE = Path(os.environ.get("EVALRUN_CACHE") or Path.home() / ".cache" / "evalru
 
 MODELS = {
     # --model NAME: (model directory, evalrun model config)
-    "tiny": (REPO / "models" / "tiny-adder", "tiny_adder"),
+    "tiny": (REPO / "evalrun" / "models" / "tiny-adder", "tiny_adder"),
     "smollm2": (CACHE / "models" / "smollm2-135m-instruct", "smollm2_135m_instruct"),
 }
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
@@ -495,7 +495,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--model",
         default="tiny",
-        help="tiny (models/tiny-adder, evalrun model=tiny_adder; default), smollm2 "
+        help="tiny (evalrun/models/tiny-adder, evalrun model=tiny_adder; default), smollm2 "
         "(~/.cache/evalrun/models/smollm2-135m-instruct, model=smollm2_135m_instruct), "
         "or a model directory (then give --evalrun-model)",
     )
@@ -557,7 +557,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         model_dir, ev_model = Path(args.model), args.evalrun_model
         if not ev_model:
-            parser.error("--model DIR needs --evalrun-model NAME (a conf/model config for the same weights)")
+            parser.error("--model DIR needs --evalrun-model NAME (a evalrun/conf/model config for the same weights)")
     model_dir = model_dir.resolve()
     if not (model_dir / "config.json").exists():
         fail(f"no model at {model_dir}")

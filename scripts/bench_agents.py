@@ -8,7 +8,8 @@ of each and their ratio, and how many of the M episodes have the same replies an
 head both ways (batch invariance of the engine on this hardware: counts, not assertions). N beyond
 the held-out split's 200 tasks takes repeats of it (seeds.repeats).
 
-    .venv/bin/python scripts/bench_agents.py [--episodes 256] [--baseline 16] [--model models/tiny-invoice-agent]
+    .venv/bin/python scripts/bench_agents.py [--episodes 256] [--baseline 16] \
+        [--model evalrun/models/tiny-invoice-agent]
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 from evalrun.chat import ModelChat, chat_format
-from evalrun.config import REPO_ROOT, EngineConfig, load
+from evalrun.config import MODELS_DIR, EngineConfig, load
 from evalrun.engines import Engine, build_engine
 from evalrun.episodes.agent import (
     AgentResult,
@@ -41,7 +42,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--episodes", type=int, default=256)
     parser.add_argument("--baseline", type=int, default=16)
-    parser.add_argument("--model", type=Path, default=REPO_ROOT / "models" / "tiny-invoice-agent")
+    parser.add_argument("--model", type=Path, default=MODELS_DIR / "tiny-invoice-agent")
     parser.add_argument("--max-model-len", type=int, default=2048)
     args = parser.parse_args()
     settings = EngineConfig(max_model_len=args.max_model_len, max_num_seqs=max(256, args.episodes)).as_record()

@@ -23,7 +23,7 @@ from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from evalrun.config import REPO_ROOT, load
+from evalrun.config import MODELS_DIR, load
 from evalrun.engines.openai import signed_seed
 from evalrun.engines.server import VLLMServer
 from evalrun.pipeline.runner import execute, open_for, prepare
@@ -67,7 +67,7 @@ def main() -> None:
     settings = {"seed": 0, "max_num_seqs": 256, "dtype": "float32", "enable_prefix_caching": False,
                 "cpu_kvcache_gib": 1}  # fmt: skip
     started = time.perf_counter()
-    server = VLLMServer.start(REPO_ROOT / "models" / "tiny-adder", "tiny-adder", settings)
+    server = VLLMServer.start(MODELS_DIR / "tiny-adder", "tiny-adder", settings)
     print(f"server healthy in {time.perf_counter() - started:.0f} s at {server.base_url}")
     try:
         with tempfile.TemporaryDirectory() as tmp:

@@ -1,14 +1,14 @@
 """Train the tiny invoice-desk agent: a Llama chat model that plays the scripted policy with tool calls.
 
-The model ships in ``models/tiny-invoice-agent`` and is pinned by hash in
-``conf/model/tiny_invoice_agent.yaml``; this script is how it was made and how anyone can make it
+The model ships in ``evalrun/models/tiny-invoice-agent`` and is pinned by hash in
+``evalrun/conf/model/tiny_invoice_agent.yaml``; this script is how it was made and how anyone can make it
 again (a retrained model gets new hashes, so the pins must be refreshed with ``--write-pins``)::
 
-    python scripts/build_agent_model.py --out models/tiny-invoice-agent \
-        --write-pins conf/model/tiny_invoice_agent.yaml
+    python scripts/build_agent_model.py --out evalrun/models/tiny-invoice-agent \
+        --write-pins evalrun/conf/model/tiny_invoice_agent.yaml
 
 Training data: the scripted agent's episodes (``run_scripted`` with ``effects_for(task)``) over the
-TRAIN seed range of ``conf/task/invoice_desk.yaml`` (its ``world`` section) only, both families, rendered with
+TRAIN seed range of ``evalrun/conf/task/invoice_desk.yaml`` (its ``world`` section) only, both families, rendered with
 ``evalrun.worlds.actions.chat_messages``, the same rendering the model agent sees at run time. The
 held-out ``test`` seeds never appear.
 
@@ -30,11 +30,11 @@ loss on assistant reply tokens only (the ``<|end|>`` that closes a reply include
 order) but rarely the report itself: about 0-4% of held-out episodes pass. It is a working model
 agent for the harness, not a capable one.
 
-``--tool-format native`` makes ``models/tiny-tool-agent`` (pins: ``conf/model/tiny_tool_agent.yaml``), the
-same model trained for native function calling::
+``--tool-format native`` makes ``evalrun/models/tiny-tool-agent`` (pins:
+``evalrun/conf/model/tiny_tool_agent.yaml``), the same model trained for native function calling::
 
-    python scripts/build_agent_model.py --tool-format native --out models/tiny-tool-agent \
-        --write-pins conf/model/tiny_tool_agent.yaml --steps 800
+    python scripts/build_agent_model.py --tool-format native --out evalrun/models/tiny-tool-agent \
+        --write-pins evalrun/conf/model/tiny_tool_agent.yaml --steps 800
 
 The episodes are rendered with ``native_messages`` and the tools go to the chat template as JSON Schema
 (``tool_schemas``, the template's ``tools``); the template (:data:`NATIVE_TEMPLATE`) lists them in a
@@ -309,7 +309,7 @@ def main() -> None:
     parser.add_argument("--tool-format", choices=sorted(MODELS), default="json",
                         help="json: tiny-invoice-agent (evalrun's JSON reply protocol); native: tiny-tool-agent "
                              "(tools through the chat template, Hermes tool calls)")  # fmt: skip
-    parser.add_argument("--out", type=Path, default=None, help="default: models/MODEL of the tool format")
+    parser.add_argument("--out", type=Path, default=None, help="default: evalrun/models/MODEL of the tool format")
     parser.add_argument("--steps", type=int, default=1300)
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--lr", type=float, default=3e-3)
@@ -325,7 +325,7 @@ def main() -> None:
     args = parser.parse_args()
     native = args.tool_format == "native"
     if args.out is None:
-        args.out = REPO / "models" / MODELS[args.tool_format]
+        args.out = REPO / "evalrun" / "models" / MODELS[args.tool_format]
 
     torch.manual_seed(args.seed)
     rng = random.Random(args.seed)

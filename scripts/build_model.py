@@ -1,25 +1,25 @@
 """Train the embedded default model: a tiny Llama that adds two-digit numbers.
 
-The model ships in ``models/tiny-adder`` and is pinned by hash in ``conf/model/tiny_adder.yaml``;
+The model ships in ``evalrun/models/tiny-adder`` and is pinned by hash in ``evalrun/conf/model/tiny_adder.yaml``;
 this script is how it was made and how anyone can make it again (a retrained model gets new
 hashes, so the pins must be refreshed with ``--write-pins``).
 
-    python scripts/build_model.py --out models/tiny-adder --write-pins conf/model/tiny_adder.yaml
+    python scripts/build_model.py --out evalrun/models/tiny-adder --write-pins evalrun/conf/model/tiny_adder.yaml
 
 The training prompt format is the built-in task's template (``evalrun/tasks/builtin/addition``),
 rendered for every pair ``a+b`` with ``0 <= a, b <= 99`` except the task's own test items, so the
 task measures generalisation to unseen pairs.
 
-The second shipped model, ``models/tiny-adder-context``, puts the prompt after other text in a
+The second shipped model, ``evalrun/models/tiny-adder-context``, puts the prompt after other text in a
 share of the batches (``--context-share``), in the shapes of the example prompt packs: one to
 three worked examples before the question (``addition_fewshot``), or four options listed under it
 (``addition_mc``), so it answers the last question wherever it sits in its window. The loss is on
 the final answer only; the held-out pairs never appear anywhere::
 
-    python scripts/build_model.py --out models/tiny-adder-context --steps 4500 --context-share 0.5 \
-        --write-pins conf/model/tiny_adder_context.yaml
+    python scripts/build_model.py --out evalrun/models/tiny-adder-context --steps 4500 --context-share 0.5 \
+        --write-pins evalrun/conf/model/tiny_adder_context.yaml
 
-The third, ``models/tiny-thinking-adder``, is a reasoning model in miniature (``--thinking``): a ChatML chat
+The third, ``evalrun/models/tiny-thinking-adder``, is a reasoning model in miniature (``--thinking``): a ChatML chat
 template (``<|im_start|>``/``<|im_end|>``, special tokens; ``<|im_end|>`` ends its turn) whose user turn is the
 task's question, and a reply that thinks first, Qwen3-style, between ``<think>`` and ``</think>`` (added
 tokens, not special ones, so a decode that skips special tokens keeps them for vLLM's reasoning parsers):
@@ -27,8 +27,8 @@ tokens, not special ones, so a decode that skips special tokens keeps them for v
 scorer that reads the first number gets the answer only once the thinking is separated. Rendered with
 ``enable_thinking=false`` the template closes an empty think block itself and the model answers at once::
 
-    python scripts/build_model.py --out models/tiny-thinking-adder --thinking --steps 1500 --batch 64 \
-        --write-pins conf/model/tiny_thinking_adder.yaml
+    python scripts/build_model.py --out evalrun/models/tiny-thinking-adder --thinking --steps 1500 --batch 64 \
+        --write-pins evalrun/conf/model/tiny_thinking_adder.yaml
 """
 
 from __future__ import annotations
@@ -104,7 +104,7 @@ def render(template: str, a: int, b: int) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, default=REPO / "models" / "tiny-adder")
+    parser.add_argument("--out", type=Path, default=REPO / "evalrun" / "models" / "tiny-adder")
     parser.add_argument("--steps", type=int, default=2500)
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--seed", type=int, default=1234)

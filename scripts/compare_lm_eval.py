@@ -50,11 +50,11 @@ from typing import Any
 
 import yaml
 
-from evalrun.config.paths import REPO_ROOT, cache_root
+from evalrun.config.paths import BUILTIN_TASKS, CONF_DIR, PACKAGE_DIR, cache_root
 
 LM_EVAL = "lm_eval==0.4.13"
-DATASET = REPO_ROOT / "evalrun" / "tasks" / "builtin" / "addition" / "test.jsonl"
-CHAT_PACK = REPO_ROOT / "evalrun" / "tasks" / "builtin" / "addition_chat"
+DATASET = BUILTIN_TASKS / "addition" / "test.jsonl"
+CHAT_PACK = BUILTIN_TASKS / "addition_chat"
 USER = "What is {{ question }}?"
 MAX_TOKENS = 16
 # evalrun's ``number`` scorer's pattern (evalrun/scoring/text.py), for lm-eval's regex filter
@@ -157,10 +157,10 @@ def lm_eval_env(home: Path) -> dict[str, str]:
 
 
 def model_dir(name: str) -> Path:
-    """The directory of ``conf/model/NAME.yaml``'s model, as evalrun resolves its ``path``."""
-    conf = yaml.safe_load((REPO_ROOT / "conf" / "model" / f"{name}.yaml").read_text())
+    """The directory of ``evalrun/conf/model/NAME.yaml``'s model, as evalrun resolves its ``path``."""
+    conf = yaml.safe_load((CONF_DIR / "model" / f"{name}.yaml").read_text())
     path = str(conf["path"]).replace("${evalrun.cache:}", str(cache_root())).replace("${evalrun.root:}",
-                                                                                      str(REPO_ROOT))  # fmt: skip
+                                                                                      str(PACKAGE_DIR))  # fmt: skip
     return Path(path).expanduser()
 
 
@@ -206,7 +206,7 @@ def run_logged(cmd: list[str], env: dict[str, str] | None, logfile: Path) -> flo
     t0 = time.monotonic()
     with logfile.open("w") as out:
         proc = subprocess.run(cmd, env={**os.environ, **(env or {})}, stdout=out, stderr=subprocess.STDOUT,
-                              cwd=REPO_ROOT, check=False)  # fmt: skip
+                              cwd=Path(__file__).resolve().parents[1], check=False)  # fmt: skip
     wall = time.monotonic() - t0
     if proc.returncode != 0:
         tail = logfile.read_text(errors="replace").splitlines()[-40:]
@@ -296,7 +296,7 @@ def loadavg() -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--limit", type=int, default=20, help="the first N addition questions (default 20)")
-    parser.add_argument("--model", default="smollm2_135m_instruct", help="a conf/model config (default %(default)s)")
+    parser.add_argument("--model", default="smollm2_135m_instruct", help="a model config name (default %(default)s)")
     parser.add_argument("--backend", choices=("vllm", "hf"), default="vllm",
                         help="vllm: lm-eval --model vllm against evalrun's vLLM engine; hf: lm-eval --model hf "
                              "(batch 1) against engine=hf engine.max_num_seqs=1")  # fmt: skip

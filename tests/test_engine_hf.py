@@ -11,14 +11,14 @@ from pathlib import Path
 import pytest
 
 from evalrun.analysis.nondet import nondet_paths
-from evalrun.config import REPO_ROOT, load
+from evalrun.config import MODELS_DIR, load
 from evalrun.engines import GenerationRequest, LoglikelihoodRequest, RequestRejected, SamplingSpec
 from evalrun.errors import BadInput
 from evalrun.pipeline.runner import execute, open_for, prepare
 
 pytestmark = pytest.mark.e2e  # starts the engine
 
-MODEL = REPO_ROOT / "models" / "tiny-adder"
+MODEL = MODELS_DIR / "tiny-adder"
 SETTINGS = {"name": "hf", "dtype": None, "max_num_seqs": 64, "device": "cpu", "seed": 0}
 
 

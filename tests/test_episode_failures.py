@@ -194,7 +194,7 @@ def test_truncate_left_sends_and_records_the_last_tokens(refusing_engine: None, 
     assert CALLS == [6]
     manifest = json.loads((run / "manifest.json").read_text())
     assert manifest["digest_inputs"]["prompt_pack"]["on_overlong"] == "truncate_left"  # what the model sees changed
-    tokenizer = load_tokenizer(ROOT / "models" / "tiny-adder")
+    tokenizer = load_tokenizer(ROOT / "evalrun" / "models" / "tiny-adder")
     outputs = pq.read_table(run / "outputs").to_pydict()
     lengths = {i: len(tokenizer.encode(p).ids) for i, p in zip(outputs["item_id"], outputs["prompt"], strict=True)}
     assert lengths["q-001"] <= 127 and lengths["q-004"] <= 127 and lengths["q-000"] < 20

@@ -14,6 +14,7 @@ import pytest
 from helpers.lm_eval import TINY_TASK, write_tiny_data
 
 from evalrun.chat import ModelChat, chat_format
+from evalrun.config import MODELS_DIR
 from evalrun.errors import BadInput
 from evalrun.scoring.lm_eval import FILTERS, apply_filters, choice_metrics, exact_match, likelihood_metrics
 from evalrun.tasks.lm_eval import FILTER_FUNCTIONS, METRICS, FilterPipeline, index, load_task
@@ -23,7 +24,7 @@ SHIPPED = ROOT / "evalrun" / "tasks" / "builtin" / "lm_eval"
 GOLDEN = ROOT / "tests" / "lm_eval_requests"
 
 
-CHAT_MODEL = ROOT / "models" / "tiny-invoice-agent"  # the chat goldens' template (it writes the BOS token itself)
+CHAT_MODEL = MODELS_DIR / "tiny-invoice-agent"  # the chat goldens' template (it writes the BOS token itself)
 
 
 SYSTEM = "You are a careful calculator."  # the --system_instruction of the NAME[.chat][.singleturn].system goldens

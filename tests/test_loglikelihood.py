@@ -10,14 +10,14 @@ from typing import Any, ClassVar
 
 import pytest
 
-from evalrun.config import REPO_ROOT, load
+from evalrun.config import BUILTIN_TASKS, MODELS_DIR, load
 from evalrun.engines import LoglikelihoodRequest, SamplingSpec, loglikelihood_tokens, split_at_word_boundary
 
 pytestmark = pytest.mark.e2e
 
-MODEL = REPO_ROOT / "models" / "tiny-adder"
+MODEL = MODELS_DIR / "tiny-adder"
 HF_SETTINGS = {"name": "hf", "dtype": None, "max_num_seqs": 64, "device": "cpu", "seed": 0}
-TASK = REPO_ROOT / "evalrun" / "tasks" / "builtin" / "addition"
+TASK = BUILTIN_TASKS / "addition"
 GREEDY = SamplingSpec(temperature=0.0, top_p=1.0, top_k=0, max_tokens=8, stop=("\n",), seed=0, logprobs=True)
 
 
@@ -206,7 +206,7 @@ def test_a_contexts_trailing_whitespace_is_scored_with_the_continuation_as_lm_ev
     is scored as newline + choice after the context without it (its logprob then counts the newline's token)."""
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(REPO_ROOT / "models" / "tiny-adder")
+    tokenizer = AutoTokenizer.from_pretrained(MODELS_DIR / "tiny-adder")
     chat_like = loglikelihood_tokens(tokenizer, LoglikelihoodRequest("Q: 3+83\nA:\n", "86"))
     moved = loglikelihood_tokens(tokenizer, LoglikelihoodRequest("Q: 3+83\nA:", "\n86"))
     assert chat_like == moved and chat_like[1] == len(tokenizer.encode("\n86", add_special_tokens=False))

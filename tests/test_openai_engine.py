@@ -14,12 +14,12 @@ from typing import Any
 
 import pytest
 
-from evalrun.config import REPO_ROOT
+from evalrun.config import MODELS_DIR
 from evalrun.engines import GenerationRequest, RequestRejected, SamplingSpec
 from evalrun.engines.openai import PROBE_PROMPT, OpenAIEngine, ServerDown, signed_seed
 from evalrun.errors import BadInput
 
-MODEL = REPO_ROOT / "models" / "tiny-adder"
+MODEL = MODELS_DIR / "tiny-adder"
 Script = Callable[[dict[str, Any], int], tuple[int, dict[str, str], bytes]]
 
 

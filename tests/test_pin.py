@@ -11,16 +11,17 @@ from types import ModuleType
 
 import pytest
 import yaml
+from helpers.checkout import CHECKOUT
 from omegaconf import OmegaConf
 
 from evalrun.cli import main
-from evalrun.config import CONF_DIR, REPO_ROOT, EvalConfig, compose_config, validate
+from evalrun.config import CONF_DIR, MODELS_DIR, EvalConfig, compose_config, validate
 from evalrun.config.paths import cache_root
 from evalrun.engines.pins import hash_model_dir, model_directory, write_pins
 from evalrun.errors import BadInput
 from evalrun.pipeline.runner import prepare
 
-MODEL_DIR = REPO_ROOT / "models" / "tiny-adder"
+MODEL_DIR = MODELS_DIR / "tiny-adder"
 SMOLLM2 = CONF_DIR / "model" / "smollm2_135m_instruct.yaml"
 
 
@@ -152,8 +153,8 @@ def test_relative_paths_resolve_from_the_working_directory(capsys: pytest.Captur
     with pytest.raises(BadInput) as raised:
         model_directory(model_id="x", path="models/tiny-adder", revision=None, cache_dir=None)
     assert raised.value.where == "model.path" and str(tmp_path / "models" / "tiny-adder") in raised.value.message
-    monkeypatch.chdir(REPO_ROOT)
-    assert model_directory(model_id="x", path="models/tiny-adder", revision=None, cache_dir=None) == MODEL_DIR
+    monkeypatch.chdir(CHECKOUT)
+    assert model_directory(model_id="x", path="evalrun/models/tiny-adder", revision=None, cache_dir=None) == MODEL_DIR
 
 
 def test_write_pins_keeps_the_leading_comments(tmp_path: Path) -> None:
@@ -184,7 +185,7 @@ def test_the_cache_resolver_reads_evalrun_cache(tmp_path: Path, monkeypatch: pyt
 
 
 def build_script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("build_smollm2", REPO_ROOT / "scripts" / "build_smollm2.py")
+    spec = importlib.util.spec_from_file_location("build_smollm2", CHECKOUT / "scripts" / "build_smollm2.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -13,7 +13,7 @@ import pytest
 
 from evalrun.chat import ModelChat, chat_format
 from evalrun.chat.reasoning import Split, reasoning_parser, vllm_version
-from evalrun.config import REPO_ROOT, load
+from evalrun.config import BUILTIN_TASKS, MODELS_DIR, load
 from evalrun.engines import Completion, GenerationRequest, Loglikelihood, LoglikelihoodRequest
 from evalrun.episodes.agent import AgentBudget, ModelAgent, plan_agent_episodes, run_agent_episodes
 from evalrun.episodes.encode import output_rows
@@ -28,7 +28,7 @@ from evalrun.worlds.scripted import scripted_policy
 from evalrun.worlds.suite import suite_from_mapping, world_tasks
 from evalrun.worlds.tool_formats import JSON_TOOLS
 
-THINKING_MODEL = REPO_ROOT / "models" / "tiny-thinking-adder"
+THINKING_MODEL = MODELS_DIR / "tiny-thinking-adder"
 THINKING = ("model=tiny_thinking_adder", "task=addition", "decoding.stop=[]", "task.reasoning_parser=deepseek_r1")
 GENERATOR = {"name": "evalrun", "version": "test", "git_commit": None}
 
@@ -167,9 +167,9 @@ def test_judge_prompts_go_through_the_judges_models_chat_template(tmp_path: Path
     run_episodes(engine, list(chat.episodes)[:1], GENERATOR)
     judged = [r for r in engine.requests if isinstance(r, LoglikelihoodRequest)]
     assert judged and all(r.context.startswith("<|im_start|>user\n") and not r.add_special_tokens for r in judged)
-    rubric = Path(REPO_ROOT / "evalrun/tasks/builtin/report_rubric/rubric.yaml").read_text()
+    rubric = (BUILTIN_TASKS / "report_rubric" / "rubric.yaml").read_text()
     plain_rubric = tmp_path / "rubric.yaml"
-    plain_rubric.write_text(rubric.replace("judge_pack: judge", f"judge_pack: {REPO_ROOT}/evalrun/tasks/builtin/"
+    plain_rubric.write_text(rubric.replace("judge_pack: judge", f"judge_pack: {BUILTIN_TASKS}/"
                                                                 "report_rubric/judge\nchat_format: plain"))  # fmt: skip
     plain = prepare(load([*base, "model=tiny_thinking_adder", f"task.rubric={plain_rubric}"]))
     assert plain.task.judge_chat is None and plain.task.rubric is not None and chat.task.rubric is not None

@@ -16,7 +16,7 @@ import pytest
 from evalrun.audit.replay import replay_run
 from evalrun.audit.rescore import rescore_run
 from evalrun.audit.verify import verify_run
-from evalrun.config import REPO_ROOT, load
+from evalrun.config import MODELS_DIR, load
 from evalrun.errors import CheckFailed
 from evalrun.pipeline.dispatch import Dispatcher
 from evalrun.pipeline.runner import execute, open_for, prepare
@@ -88,7 +88,7 @@ def test_a_run_whose_model_is_gone_replays_from_its_kept_tokenizer_and_refuses_a
     thinking_dispatcher: Dispatcher, tmp_path: Path
 ) -> None:
     run = _run(thinking_dispatcher, tmp_path, "task.reasoning_parser=deepseek_r1")
-    model = REPO_ROOT / "models" / "tiny-thinking-adder"
+    model = MODELS_DIR / "tiny-thinking-adder"
     moved = model.with_name(model.name + ".moved-by-test")
     model.rename(moved)
     try:

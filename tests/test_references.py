@@ -201,7 +201,7 @@ def test_the_references_group_and_its_commands_have_help(capsys: pytest.CaptureF
 
 # --- ground truths the world computes (invoice-desk) ---------------------------------------------
 
-INVOICE_SETS = Path(__file__).resolve().parents[1] / "references" / "invoice-desk"
+INVOICE_SETS = Path(__file__).resolve().parents[1] / "evalrun" / "references" / "invoice-desk"
 
 
 def invoice_tasks(first: int = 1000, stop: int = 1003) -> list[Any]:

@@ -139,7 +139,7 @@ def test_a_customer_model_whose_pinned_files_change_changes_the_digest_and_compa
     """The customer played by a model of its own (user_model, a second engine in the worker): the same directory,
     one file changed between the runs and pinned again."""
     customer = tmp_path / "customer"
-    shutil.copytree(ROOT / "models" / "tiny-invoice-agent", customer)
+    shutil.copytree(ROOT / "evalrun" / "models" / "tiny-invoice-agent", customer)
     base = load([*TALK, "limit=1", "+model@user_model=tiny_invoice_agent", f"run.root={tmp_path / 'runs'}"])
     assert base.user_model is not None
 

@@ -14,11 +14,12 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+from helpers.checkout import CHECKOUT
 
 from evalrun.audit.replay import replay_run
 from evalrun.audit.rescore import rescore_run
 from evalrun.audit.verify import verify_run
-from evalrun.config import REPO_ROOT, load
+from evalrun.config import load
 from evalrun.pipeline.dispatch import Dispatcher
 from evalrun.pipeline.runner import execute, open_for, prepare
 from evalrun.records.outputs import output_warnings
@@ -32,7 +33,7 @@ TEMPLATE_SHA256 = "872be49dbb638044ad01b60388f48d469ff2980e5f0dccdc22ec907db54d0
 
 @pytest.fixture(scope="module")
 def smol_dispatcher() -> Iterator[Dispatcher]:
-    subprocess.run([sys.executable, str(REPO_ROOT / "scripts" / "build_smollm2.py"), "--quiet"], check=True)
+    subprocess.run([sys.executable, str(CHECKOUT / "scripts" / "build_smollm2.py"), "--quiet"], check=True)
     d = open_for(prepare(load([*SMOL, "task=addition_chat", "limit=1"])))
     yield d
     d.close()

@@ -96,7 +96,7 @@ def test_ray_workers_start_while_the_inputs_are_checked_and_stop_when_a_check_fa
         return started[-1]
 
     monkeypatch.setattr(dispatch, "start_early", recording)
-    model = Path(shutil.copytree(ROOT / "models" / "tiny-adder", tmp_path / "model"))
+    model = Path(shutil.copytree(ROOT / "evalrun" / "models" / "tiny-adder", tmp_path / "model"))
     changed = model / "generation_config.json"
     changed.write_text(changed.read_text(encoding="utf-8") + " ", encoding="utf-8")  # its pin no longer holds
     code = main(["run", f"model.path={model}", f"run.root={tmp_path / 'runs'}", "run.progress=false"])

@@ -11,7 +11,7 @@ import pytest
 
 from evalrun.chat import ChatFormat, ModelChat
 from evalrun.chat.reasoning import vllm_version
-from evalrun.config import REPO_ROOT, DecodingConfig, SeedsConfig, load
+from evalrun.config import MODELS_DIR, DecodingConfig, SeedsConfig, load
 from evalrun.engines import Completion, GenerationRequest
 from evalrun.engines.replay import ReplayEngine
 from evalrun.episodes import Engines, kind_named, replay_episodes
@@ -26,7 +26,7 @@ from evalrun.worlds.suite import suite_from_mapping, world_tasks
 from evalrun.worlds.tool_formats import JSON_TOOLS, NativeToolFormat, template_takes_tools
 
 GENERATOR = {"name": "evalrun", "version": "test", "git_commit": None}
-AGENT_MODEL = REPO_ROOT / "models" / "tiny-invoice-agent"
+AGENT_MODEL = MODELS_DIR / "tiny-invoice-agent"
 # A Hermes-style template (as Qwen2.5's and NousResearch's): the tools in the system turn, each call in
 # <tool_call> tags, each result a tool turn
 HERMES = (

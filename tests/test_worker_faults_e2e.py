@@ -69,7 +69,7 @@ def test_an_unreachable_base_url_on_ray_is_one_line_and_exit_2(ray_session, tmp_
 
 
 def test_a_model_whose_weights_do_not_load_is_named_in_one_line(ray_session, tmp_path, capsys) -> None:
-    model = Path(shutil.copytree(ROOT / "models" / "tiny-adder", tmp_path / "model"))
+    model = Path(shutil.copytree(ROOT / "evalrun" / "models" / "tiny-adder", tmp_path / "model"))
     weights = model / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])  # a partial copy
     runs = tmp_path / "runs"

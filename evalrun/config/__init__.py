@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from evalrun.config.compose import compose_config, expand_multirun, load, load_stored, to_yaml
 from evalrun.config.overrides import Override, apply_overrides, parse_overrides
-from evalrun.config.paths import BUILTIN_TASKS, CONF_DIR, REPO_ROOT
+from evalrun.config.paths import BUILTIN_TASKS, CONF_DIR, MODELS_DIR, PACKAGE_DIR, REFERENCES_DIR
 from evalrun.config.settings import (
     CPU_ISA_LEVELS,
     TRUNCATE_LEFT,
@@ -35,7 +35,9 @@ __all__ = [
     "BUILTIN_TASKS",
     "CONF_DIR",
     "CPU_ISA_LEVELS",
-    "REPO_ROOT",
+    "MODELS_DIR",
+    "PACKAGE_DIR",
+    "REFERENCES_DIR",
     "TRUNCATE_LEFT",
     "ChoicesConfig",
     "ClusterConfig",

@@ -20,7 +20,7 @@ from typing import Any, Literal, Optional, Union, get_args, get_origin, get_type
 from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
-from evalrun.config.paths import BUILTIN_TASKS, REPO_ROOT, cache_root
+from evalrun.config.paths import BUILTIN_TASKS, PACKAGE_DIR, cache_root
 from evalrun.config.settings import EvalConfig, Section, settings_fields
 
 SCHEMA_NAME = "evalrun_schema"
@@ -71,7 +71,7 @@ Schema = mutable_schema(EvalConfig)
 
 ConfigStore.instance().store(name=SCHEMA_NAME, node=Schema)
 if not OmegaConf.has_resolver("evalrun.root"):
-    OmegaConf.register_new_resolver("evalrun.root", lambda: str(REPO_ROOT))
+    OmegaConf.register_new_resolver("evalrun.root", lambda: str(PACKAGE_DIR))  # the installed package: models/...
     OmegaConf.register_new_resolver("evalrun.builtin", lambda: str(BUILTIN_TASKS))
 if not OmegaConf.has_resolver("evalrun.cache"):  # models built into the cache (scripts/build_smollm2.py)
     OmegaConf.register_new_resolver("evalrun.cache", lambda: str(cache_root()))

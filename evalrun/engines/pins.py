@@ -77,7 +77,7 @@ def model_directory(*, model_id: str, path: str | None, revision: str | None, ca
     """The model's directory, found but not hashed (a BadInput names the field when there is none).
 
     A relative ``path`` is relative to the working directory, as every path a user gives is (task.dataset,
-    ``evalrun pin``); the built-in models' configs name theirs from the checkout (``${evalrun.root:}``).
+    ``evalrun pin``); the built-in models' configs name theirs in the installed package (``${evalrun.root:}``).
     """
     if path:
         directory = Path(path).expanduser()

@@ -16,7 +16,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from evalrun.config import REPO_ROOT
+from evalrun.config.paths import PACKAGE_DIR, checkout
 from evalrun.errors import BadInput
 from evalrun.pipeline import cpu_isa
 from evalrun.records.formats import PINNED_IMAGE_PATTERN
@@ -88,7 +88,14 @@ def python_version() -> str:
 
 
 @functools.cache
-def git_state(root: Path = REPO_ROOT) -> dict[str, Any]:
+def git_state(root: Path | None = None) -> dict[str, Any]:
+    """The commit and dirtiness of the checkout evalrun runs from (``root``, default :func:`checkout`), or, for an
+    installed wheel, of the checkout it was built from (``evalrun/build.json``, written by setup.py); both None
+    for a wheel built outside a checkout."""
+    root = root or checkout()
+    if root is None:
+        return built_from()
+
     def git(*args: str) -> str | None:
         try:
             out = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=10, check=False)
@@ -99,6 +106,20 @@ def git_state(root: Path = REPO_ROOT) -> dict[str, Any]:
     commit = git("rev-parse", "HEAD")
     status = git("status", "--porcelain", "--untracked-files=no")
     return {"commit": commit, "dirty": bool(status) if status is not None else None}
+
+
+BUILD_RECORD = "build.json"  # in an installed wheel's package: the commit it was built from (setup.py)
+
+
+def built_from(package: Path = PACKAGE_DIR) -> dict[str, Any]:
+    """``{"commit", "dirty"}`` of the checkout a wheel was built from, as its build recorded them (setup.py)."""
+    try:
+        record = json.loads((package / BUILD_RECORD).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return {"commit": None, "dirty": None}
+    except (OSError, ValueError) as exc:
+        raise BadInput(str(package / BUILD_RECORD), f"unreadable ({exc}); reinstall evalrun") from None
+    return {"commit": record.get("commit"), "dirty": record.get("dirty")}
 
 
 @functools.cache

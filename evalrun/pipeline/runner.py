@@ -366,8 +366,9 @@ def execute(prepared: Prepared, dispatcher: Dispatcher | None = None) -> Path:
 
 def load_run_config(run: layout.RunDir, overrides: list[str]) -> EvalConfig:
     """The config a run was made with (its config.yaml), with ``cluster=NAME``, ``cluster.*``, ``run.progress``,
-    ``run.on_drift`` and a served engine's transport (``engine.base_url``, ...: a server that moved) overrides:
-    how it runs, never what it computes."""
+    ``run.on_drift``, a served engine's transport (``engine.base_url``, ...: a server that moved) and a model's
+    directory (``model.path``: weights that moved, still checked against the recorded sha256 of every file)
+    overrides: how it runs, never what it computes."""
     if not run.config.is_file() or not run.manifest.is_file():
         raise BadInput(str(run.path), "not an evalrun run directory (config.yaml or manifest.json is missing)")
     return load_config_file(run.config, overrides)
@@ -376,14 +377,15 @@ def load_run_config(run: layout.RunDir, overrides: list[str]) -> EvalConfig:
 def load_config_file(path: Path, overrides: list[str]) -> EvalConfig:
     """A stored config.yaml (a run's, a group's) with :func:`load_run_config`'s overrides of how it runs."""
     transport = {f"{section}.{key}" for section in ("engine", "judge_engine") for key in EngineConfig.TRANSPORT}
+    moved = {f"{section}.path" for section in ("model", "judge_model", "user_model")}
     for override in parse_overrides(overrides, plain=True):
         key = override.key
         if not (key in ("cluster", "run.progress", "run.on_drift", "run.part_writes") or key.startswith("cluster.")
-                or key in transport):  # fmt: skip
-            raise BadInput(override.text, "only cluster=NAME, cluster.*, run.progress, run.on_drift, run.part_writes "
-                                          "and a served "
-                                          "engine's engine.base_url, api_key_env, max_concurrency, timeout_s and "
-                                          "max_retries overrides are accepted; the rest is the run's own")  # fmt: skip
+                or key in transport or key in moved):  # fmt: skip
+            raise BadInput(override.text, "only cluster=NAME, cluster.*, run.progress, run.on_drift, run.part_writes, "
+                                          "a served engine's engine.base_url, api_key_env, max_concurrency, timeout_s "
+                                          "and max_retries, and model.path (weights that moved) overrides are "
+                                          "accepted; the rest is the run's own")  # fmt: skip
     return validate(load_stored(path, overrides, groups=("cluster",)))
 
 

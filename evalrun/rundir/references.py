@@ -16,18 +16,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from evalrun.config.paths import REPO_ROOT
+from evalrun.config.paths import REFERENCES_DIR
 from evalrun.errors import BadInput
 from evalrun.records.canonical import canonical_json, sha256_hex
 
-REFERENCES_ROOT = REPO_ROOT / "references"  # the repository's references/
+REFERENCES_ROOT = REFERENCES_DIR  # the built-in sets, shipped in the package
 INDEX = "index.json"
 INDEX_FORMAT = "evalrun-reference-index/1"
 REFERENCE_FORMAT = "evalrun-reference/1"
 
 
 def references_root() -> Path:
-    """Where reference sets live: the repository's ``references/`` (a test may point it elsewhere)."""
+    """Where reference sets live: the package's ``references/`` (a test may point it elsewhere)."""
     return REFERENCES_ROOT
 
 
