@@ -10,6 +10,7 @@ run directory (with -m, the last lines are the run directories, one per job, in 
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import multiprocessing
 import os
@@ -38,6 +39,8 @@ from evalrun.audit.replay import replay_run
 from evalrun.audit.rescore import rescore_run
 from evalrun.audit.verify import verify_run
 from evalrun.cli import render
+from evalrun.config.paths import checkout
+from evalrun.config.search import CONFIG_DIR_OPTION, CONFIG_PATH_VARIABLE, config_dirs
 from evalrun.engines import logs
 from evalrun.engines.pins import model_config_yaml
 from evalrun.episodes import FreezeOptions, kind_of
@@ -233,6 +236,23 @@ def _report_wanted(run_dir: Path) -> bool:
         return True
 
 
+def takes_config_dirs(command: Callable[..., T]) -> Callable[..., T]:
+    """The ``--config-dir``/``-cd DIR`` option (Hydra's name, repeatable) of every command that composes a config or
+    reads a config group: DIR is searched before the built-in configs (evalrun.config.search), as
+    ``EVALRUN_CONFIG_PATH``'s directories are after it; a DIR that is not a directory is refused (exit 2)."""
+
+    @click.option("-cd", CONFIG_DIR_OPTION, "config_dir", multiple=True, metavar="DIR",
+                  help=f"A directory of your own configs (DIR/model/NAME.yaml, DIR/task/NAME.yaml, ...), searched "
+                       f"before evalrun's built-in ones; repeatable; {CONFIG_PATH_VARIABLE}=DIR1:DIR2 adds more "
+                       "after them.")  # fmt: skip
+    @functools.wraps(command)
+    def with_config_dirs(*args: Any, config_dir: tuple[str, ...], **kwargs: Any) -> T:
+        with config_dirs(config_dir):
+            return command(*args, **kwargs)
+
+    return with_config_dirs
+
+
 # --- run and resume --------------------------------------------------------------------------------
 
 
@@ -243,6 +263,7 @@ def _report_wanted(run_dir: Path) -> bool:
 @click.option("-m", "--multirun", is_flag=True,
               help="Sweep: every KEY=A,B override runs once per value; one job per combination, in order.")  # fmt: skip
 @click.argument("overrides", nargs=-1, type=click.UNPROCESSED)
+@takes_config_dirs
 def run(multirun: bool, overrides: tuple[str, ...]) -> int:
     """Run an evaluation configured by Hydra OVERRIDES (KEY=VALUE, e.g. task=addition limit=20 cluster=inline).
 
@@ -355,6 +376,7 @@ def _load_job(job: list[str], multirun: bool) -> config.EvalConfig:
 @cli.command(short_help="Finish an interrupted run, keeping its complete parts.")
 @click.argument("run_dir", type=RUN_DIR)
 @click.argument("overrides", nargs=-1)
+@takes_config_dirs
 def resume(run_dir: Path, overrides: tuple[str, ...]) -> int:
     """Finish the interrupted run in RUN_DIR, keeping its complete parts.
 
@@ -488,6 +510,7 @@ def unlock(location: str) -> None:
 @click.argument("run_dir", type=RUN_DIR)
 @click.argument("overrides", nargs=-1)
 @click.option("--json", "as_json", is_flag=True, help=JSON_HELP)
+@takes_config_dirs
 def rescore(run_dir: Path, overrides: tuple[str, ...], as_json: bool) -> None:
     """Score RUN_DIR's stored outputs again with the current scorer code; no engine is loaded.
 
@@ -518,6 +541,7 @@ def rescore(run_dir: Path, overrides: tuple[str, ...], as_json: bool) -> None:
 )
 @click.option("--metric", metavar="NAME", help="With --live: the metric compared (default: pass).")
 @click.option("--json", "as_json", is_flag=True, help=JSON_HELP)
+@takes_config_dirs
 def replay(run_dir: Path, overrides: tuple[str, ...], live: str | None, draws: int, metric: str | None,
            as_json: bool) -> None:  # fmt: skip
     """Run the harness again on RUN_DIR's recorded responses; every head, the root and the scores must match.
@@ -561,6 +585,7 @@ def replay(run_dir: Path, overrides: tuple[str, ...], live: str | None, draws: i
 @click.option("--keep", type=RUN_PATH, metavar="DIR",
               help="Keep the repeat's run directory at DIR (default: a temporary directory, removed).")  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help=JSON_HELP)
+@takes_config_dirs
 def check(run_dir: Path, overrides: tuple[str, ...], repeat_items: int, keep: Path | None, as_json: bool) -> None:
     """The three reproducibility checks of RUN_DIR, one verdict each; exit 1 if any fails.
 
@@ -747,6 +772,7 @@ def export(run_dir: Path, format_: str, output: Path, no_verify: bool) -> None:
 )
 @click.argument("overrides", nargs=-1, type=click.UNPROCESSED)
 @click.option("--json", "as_json", is_flag=True, help=JSON_HELP)
+@takes_config_dirs
 def canary(overrides: tuple[str, ...], as_json: bool) -> None:
     """Build one engine worker here (inline, no Ray) from the Hydra OVERRIDES of `evalrun run` (model, engine,
     determinism, ...), run the batch-invariance canary on it, and print one row per check and the verdict.
@@ -806,8 +832,9 @@ def report_command(runs: tuple[Path, ...], output: Path, rows: int, transcripts:
 @cli.command("pin", short_help="Write the model config that pins a model directory by its files' sha256.")
 @click.argument("model_dir", type=RUN_PATH)
 @click.option("-o", "--output", type=RUN_PATH, metavar="FILE.yaml",
-              help="Write the config there (e.g. conf/model/NAME.yaml, then `evalrun run model=NAME`) and print "
-                   "its path; without it the config goes to stdout.")  # fmt: skip
+              help="Write the config there (e.g. DIR/model/NAME.yaml in a config directory of your own, then "
+                   "`evalrun run --config-dir DIR model=NAME`) and print its path; without it the config goes to "
+                   "stdout.")  # fmt: skip
 @click.option("--name", help="The config's name (default: the directory's name).")
 @click.option("--id", "model_id", metavar="ID", help="The model's id, as manifests record it (default: its name).")
 def pin(model_dir: Path, output: Path | None, name: str | None, model_id: str | None) -> None:
@@ -823,6 +850,7 @@ def pin(model_dir: Path, output: Path | None, name: str | None, model_id: str | 
     if output is None:
         click.echo(text, nl=False)
         return
+    output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(text, encoding="utf-8")
     click.echo(str(output))
 
@@ -842,14 +870,18 @@ def references() -> None:
 @click.option("--max-deterministic-time", type=click.FloatRange(min=0, min_open=True), default=10.0,
               show_default=True, help="CP-SAT's deterministic time limit (work units, not seconds).")  # fmt: skip
 @click.option("--random-seed", type=int, default=0, show_default=True, help="CP-SAT's random_seed.")
-@click.option("--root", type=RUN_PATH, help="The references directory (default: the repository's references/).")
+@click.option("--root", type=RUN_PATH, help="The references directory (default: the built-in ones, in the package).")
 @click.option("--json", "as_json", is_flag=True, help=JSON_HELP)
+@takes_config_dirs
 def references_build(overrides: tuple[str, ...], allow_feasible: bool, max_deterministic_time: float,
                      random_seed: int, root: Path | None, as_json: bool) -> None:  # fmt: skip
     """Build the references of the world tasks Hydra OVERRIDES select (default task=shift_planner, its
     split): for a planning world one CP-SAT solve per instance, one worker, fixed seed (exit 1 if one
     is not OPTIMAL); for a world whose own code computes the answers (task=invoice_desk), its ground
     truth as it is now."""
+    if root is None and checkout() is None:
+        raise BadInput("--root", "the built-in references ship inside the installed evalrun package, which nothing "
+                                 "writes into; give --root DIR (a directory of your own)")  # fmt: skip
     args = list(overrides)
     if not any(o.startswith("task=") for o in args):
         args.insert(0, "task=shift_planner")
@@ -867,7 +899,7 @@ def references_build(overrides: tuple[str, ...], allow_feasible: bool, max_deter
 @click.option("--version", "world_version", default="1", show_default=True, help="The world's version.")
 @click.option("--answers", metavar="NAME@VERSION", help="Check a dataset task's frozen answer set instead.")
 @click.option("--resolve", is_flag=True, help="Also re-solve with the recorded settings; compare status and objective.")
-@click.option("--root", type=RUN_PATH, help="The references directory (default: the repository's references/).")
+@click.option("--root", type=RUN_PATH, help="The references directory (default: the built-in ones, in the package).")
 @click.option("--json", "as_json", is_flag=True, help=JSON_HELP)
 def references_check(world_name: str, world_version: str, answers: str | None, resolve: bool, root: Path | None,
                      as_json: bool) -> None:  # fmt: skip

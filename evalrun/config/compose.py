@@ -2,20 +2,24 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Collection
 from pathlib import Path
 
 import yaml
-from hydra import compose, initialize_config_dir
+from hydra import compose
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+from hydra._internal.hydra import Hydra
+from hydra._internal.utils import create_config_search_path
+from hydra.core.config_search_path import SearchPathQuery
 from hydra.core.global_hydra import GlobalHydra
 from hydra.errors import HydraException
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 from evalrun.config.overrides import Override, apply_overrides, integer_lists, parse_overrides, stop_overrides
-from evalrun.config.paths import CONF_DIR
 from evalrun.config.schema import Schema
+from evalrun.config.search import BUILTIN_SOURCE, PRIMARY_CONFIG, ConfigSearchPath, ConfigSources, search_path
 from evalrun.config.settings import EvalConfig
 from evalrun.config.validate import validate
 from evalrun.errors import BadInput
@@ -31,23 +35,47 @@ def expand_multirun(overrides: list[str]) -> list[list[str]]:
     return jobs
 
 
-def compose_config(overrides: list[str], config_dir: Path = CONF_DIR) -> DictConfig:
-    """Compose ``config.yaml`` with Hydra overrides; composition errors become :class:`BadInput`."""
+def _initialize_hydra(search: ConfigSearchPath) -> None:
+    """Hydra's global state for composing over ``search``: the built-in configs as Hydra's primary source
+    (``pkg://evalrun.conf``) and the user's directories before it. Hydra's public ``initialize_*`` take one
+    directory, and ``hydra.searchpath`` only appends after the primary one; a user's file must win, so the
+    search path is made here with Hydra's own functions (hydra-core is pinned exactly in the locks)."""
+    config_search_path = create_config_search_path(BUILTIN_SOURCE)
+    for directory in search.user_dirs:
+        config_search_path.prepend(
+            "evalrun user config", f"file://{directory}", anchor=SearchPathQuery(provider="main")
+        )
+    Hydra.create_main_hydra2(task_name="evalrun", config_search_path=config_search_path)
+
+
+def compose_config(overrides: list[str], search: ConfigSearchPath | None = None) -> DictConfig:
+    """Compose ``config.yaml`` with Hydra overrides: :func:`compose_sourced`'s config."""
+    return compose_sourced(overrides, search)[0]
+
+
+def compose_sourced(overrides: list[str], search: ConfigSearchPath | None = None) -> tuple[DictConfig, ConfigSources]:
+    """Compose ``config.yaml`` with Hydra overrides over the search path (default: :func:`search_path`, the
+    user's directories then the built-in ones), and say which files it composed from; composition errors
+    become :class:`BadInput`."""
+    search = search or search_path()
     parsed = parse_overrides(overrides)
     lists = integer_lists(parsed)  # Hydra composes with each one empty (its key checked), and they are set after it
     composed = [f"{o.key}=[]" if o in lists else o.text for o in parsed]
     GlobalHydra.instance().clear()
     try:
-        with initialize_config_dir(config_dir=str(config_dir), version_base="1.3"):
-            cfg = compose(config_name="config", overrides=composed)
+        _initialize_hydra(search)
+        cfg = compose(config_name=PRIMARY_CONFIG, overrides=composed, return_hydra_config=True)
+        choices = OmegaConf.to_container(cfg.hydra.runtime.choices)
+        with open_dict(cfg):
+            del cfg["hydra"]
         apply_overrides(cfg, lists)
         apply_overrides(cfg, stop_overrides(parsed))  # Hydra keeps "\n" as typed: set the strings it means
-        return cfg
     except (HydraException, OmegaConfBaseException) as exc:
         where = next((o.key for o in parsed if o.key in str(exc)), "overrides")
         raise BadInput(where, str(exc).strip().splitlines()[0]) from exc
     finally:
         GlobalHydra.instance().clear()
+    return cfg, search.composed_from(choices)
 
 
 def load_stored(path: Path, overrides: list[str], groups: Collection[str] = ()) -> DictConfig:
@@ -70,15 +98,14 @@ def load_stored(path: Path, overrides: list[str], groups: Collection[str] = ()) 
 
 
 def _group_section(choice: Override) -> DictConfig:
-    """The section a group choice (``GROUP=NAME``) selects: ``conf/GROUP/NAME.yaml`` over the schema's."""
-    group = CONF_DIR / choice.key
-    options = sorted(p.stem for p in group.glob("*.yaml"))
-    if not isinstance(choice.value, str) or choice.value not in options:
-        raise BadInput(choice.text, f"expected {choice.key}=NAME with NAME one of {options}")
+    """The section a group choice (``GROUP=NAME``) selects: ``GROUP/NAME.yaml``, first found on the search path
+    (the user's directories, then the built-in ones), over the schema's."""
+    search = search_path()
+    found = search.find(f"{choice.key}/{choice.value}.yaml") if isinstance(choice.value, str) else None
+    if found is None:
+        raise BadInput(choice.text, f"expected {choice.key}=NAME with NAME one of {search.options(choice.key)}")
     try:
-        section = OmegaConf.merge(
-            OmegaConf.structured(Schema)[choice.key], OmegaConf.load(group / f"{choice.value}.yaml")
-        )
+        section = OmegaConf.merge(OmegaConf.structured(Schema)[choice.key], OmegaConf.load(found[1]))
     except (OSError, ValueError, OmegaConfBaseException) as exc:
         raise BadInput(choice.text, str(exc).strip().splitlines()[0]) from exc
     assert isinstance(section, DictConfig)
@@ -86,7 +113,9 @@ def _group_section(choice: Override) -> DictConfig:
 
 
 def load(overrides: list[str]) -> EvalConfig:
-    return validate(compose_config(overrides))
+    """The checked config of Hydra ``overrides``, with the files it was composed from (the manifest's ``config``)."""
+    cfg, sources = compose_sourced(overrides)
+    return dataclasses.replace(validate(cfg), config_sources=sources)
 
 
 def to_yaml(config: EvalConfig) -> str:

@@ -27,6 +27,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any, ClassVar, Literal, TypeVar, Union, get_args, get_origin, get_type_hints
 
+from evalrun.config.search import ConfigSources
 from evalrun.errors import BadInput
 from evalrun.records.seeds import MASTER_SEED_LIMIT
 
@@ -795,6 +796,9 @@ class EvalConfig(Section):
     chat_template_path: Path | None = field(default=None, kw_only=True, metadata=NOT_A_SETTING)
     user_prompt_path: Path | None = field(default=None, kw_only=True, metadata=NOT_A_SETTING)  # task.world.user_prompt
     held_run_path: Path | None = field(default=None, kw_only=True, metadata=NOT_A_SETTING)  # task.world.held.run
+    # What Hydra composed it from (the search path, each file's sha256): the manifest's ``config``; None for a
+    # config read back from a run's config.yaml
+    config_sources: ConfigSources | None = field(default=None, kw_only=True, metadata=NOT_A_SETTING)
 
     def check(self) -> None:
         """Every check of values that needs no file: a BadInput names the first field at fault."""

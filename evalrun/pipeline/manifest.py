@@ -185,6 +185,7 @@ def build_manifest(
             "notes": sorted({n for w in workers for n in w["determinism"]["notes"]}),
         },
         "cluster": config.cluster.as_record(),
+        **({"config": config.config_sources.as_record()} if config.config_sources is not None else {}),
         "workers": [worker_record(w) for w in workers],
         **({"drift": [d.as_record() for d in drift]} if drift else {}),
         "generator": generator_info(),

@@ -268,6 +268,18 @@ class InstalledLock(RecordModel):
     sha256: Hex64  # of the lock file when it was installed
 
 
+class ComposedFile(RecordModel):
+    source: str  # the config search path's entry it was read from: a user's directory, or pkg://evalrun.conf
+    sha256: Hex64
+
+
+class ConfigSourcesRecord(RecordModel):
+    """Where a run's config was composed from (``evalrun run --config-dir``, ``EVALRUN_CONFIG_PATH``): provenance."""
+
+    search_path: list[str]  # the user's directories in the order searched, then pkg://evalrun.conf
+    files: dict[str, ComposedFile]  # config.yaml, model/mine.yaml, ...: each file Hydra composed
+
+
 class Install(RecordModel):
     """How the run's software was installed: provenance, outside ``identity`` and the digest."""
 
@@ -295,6 +307,7 @@ class Manifest(OptionalFields):
     seeds: dict[str, Any]
     determinism: dict[str, Any]
     cluster: dict[str, Any]
+    config: ConfigSourcesRecord | None = None  # where the config was composed from (runs made before: absent)
     workers: list[dict[str, Any]]  # every worker at the start: name, hardware, fingerprint
     drift: list[dict[str, Any]] | None = None  # workers that differ from the first (run.on_drift=warn)
     generator: Generator
