@@ -140,7 +140,7 @@ def test_the_check_of_recipe_images_can_fail() -> None:
     assert "registry.example.org/evalrun:latest" in unpinned_images(latest)
     tagged = text.replace("evalrun@sha256:${EVALRUN_IMAGE_DIGEST}   # replace", "evalrun:v1   # replace")
     assert "registry.example.org/evalrun:v1" in unpinned_images(tagged)
-    unset = re.sub(r"\n +env:\n +- \{name: EVALRUN_IMAGE, value: [^\n]*", "", text, count=1)
+    unset = re.sub(r"\n +- \{name: EVALRUN_IMAGE, value: [^\n]*", "", text, count=1)
     assert any(p.startswith("EVALRUN_IMAGE []") for p in unpinned_images(unset))
 
 
@@ -191,3 +191,14 @@ def test_an_image_not_pinned_by_digest_stops_the_run_before_it_starts(run_eval, 
     with pytest.raises(BadInput, match="EVALRUN_IMAGE"):
         run_eval("limit=1")
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+
+
+def test_the_recipes_install_evalrun_from_its_wheel_and_the_lock_never_from_a_checkout() -> None:
+    dockerfile = (CLUSTER / "Dockerfile").read_text()
+    installs = re.findall(r"pip install [^\n\\]*", dockerfile)
+    assert [("--require-hashes" in i, "evalrun-*.whl" in i) for i in installs] == [(True, False), (False, True)]
+    assert "COPY . " not in dockerfile  # the wheel and the lock, not the checkout
+    assert "/opt/evalrun/evalrun-install.json" in dockerfile  # the manifest's install.lock
+    for path in sorted(CLUSTER.iterdir()):
+        text = path.read_text()
+        assert ".venv" not in text and "scripts/setup.sh" not in text.replace("(scripts/setup.sh and", ""), path.name
