@@ -153,7 +153,8 @@ def test_bad_input_is_exit_2_naming_what(tmp_path: Path, capsys: pytest.CaptureF
 
 
 def test_a_stored_config_takes_a_cluster_group_choice_before_its_settings() -> None:
-    config = validate(load_stored(ADDITION / layout.CONFIG, ["cluster.batch_size=3", "cluster=local", MOVED], ["cluster"]))
+    stored = ADDITION / layout.CONFIG
+    config = validate(load_stored(stored, ["cluster.batch_size=3", "cluster=local", MOVED], ["cluster"]))
     assert config.cluster.name == "local" and config.cluster.batch_size == 3 and config.cluster.max_in_flight == 2
     with pytest.raises(BadInput, match=r"cluster=nope: expected cluster=NAME with NAME one of \['inline', 'local'"):
         load_stored(ADDITION / layout.CONFIG, ["cluster=nope"], ["cluster"])
