@@ -13,7 +13,7 @@ from evalrun import cli
 from evalrun.audit.replay import replay_run
 from evalrun.audit.rescore import rescore_run
 from evalrun.audit.verify import verify_run
-from evalrun.config import BUILTIN_TASKS, load
+from evalrun.config import BUILTIN_TASKS, MODELS_DIR, load
 from evalrun.errors import BadInput
 from evalrun.pipeline.dispatch import Dispatcher
 from evalrun.pipeline.runner import execute, prepare
@@ -172,7 +172,7 @@ def perturbed_copy(tmp_path: Path) -> Path:
     import torch
     from safetensors.torch import load_file, save_file
 
-    target = Path(shutil.copytree(Path(__file__).resolve().parents[1] / "models" / "tiny-adder", tmp_path / "judge"))
+    target = Path(shutil.copytree(MODELS_DIR / "tiny-adder", tmp_path / "judge"))
     weights = load_file(target / "model.safetensors")
     generator = torch.Generator().manual_seed(0)
     name = next(k for k in sorted(weights) if "embed" in k)
