@@ -38,6 +38,7 @@ from concurrent.futures import Future, ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from evalrun.audit.claims import implied_identity
 from evalrun.config import ScorerConfig
 from evalrun.engines import Completion, SamplingSpec
 from evalrun.episodes import EncodedPart, encode
@@ -131,11 +132,20 @@ def write_run(path: Path, episodes: list[Episode], part_size: int, pool: Process
     """Write the run directory; returns the seconds spent in chains + output parts."""
     run = layout.create_run_dir(path.parent, path.name, exact=path)
     digest = Digest(prompt_pack=_prompt_pack(), seed_set=seed_set_hash(SEEDS), scoring=scoring_hash(SCORER_CONFIG))
+    sections = {
+        "digest": digest.as_record(),
+        "limit": None,
+        "episodes": len(episodes),
+        "task": {"name": "addition", "scorer": SCORER, "template": {"sha256": TEMPLATE_SHA}},
+        "decoding": DECODING,
+        "seeds": SEEDS,
+        "model": {},
+        "judge_model": None,
+        "generator": GENERATOR,
+    }
     manifest = Manifest(
-        identity={"digest": digest.as_record()}, digest=digest.as_record(), limit=None, episodes=len(episodes),
-        task={"name": "addition", "scorer": SCORER, "template": {"sha256": TEMPLATE_SHA}}, decoding=DECODING,
-        seeds=SEEDS, model={}, judge_model=None, engine={}, determinism={}, cluster={}, workers=[],
-        generator=GENERATOR, libraries={}, python="3", git={}, hardware={}, started_at="synthetic",
+        identity={"digest": digest.as_record(), **implied_identity(sections)}, **sections, engine={}, determinism={},
+        cluster={}, workers=[], libraries={}, python="3", git={}, hardware={}, started_at="synthetic",
     )  # fmt: skip
     raw_config = {"task": {"name": "addition", "scorer": SCORER}, "decoding": DECODING, "seeds": SEEDS}
     files = {layout.CONFIG: writer.write_atomic(run.config, canonical_json(raw_config).encode())}

@@ -132,10 +132,12 @@ def test_a_fewshot_seed_counts_in_the_seed_set_part_only_when_it_differs_from_th
     alone (same prompts); another one added without re-running changes what the seed set hashes."""
     run = golden_copy(tmp_path, "addition-v1")
     manifest = read_manifest(run)
-    manifest["seeds"]["fewshot"] = manifest["seeds"]["master"]
+    for seeds in (manifest["seeds"], manifest["identity"]["seeds"]):  # both records of the seeds, alike
+        seeds["fewshot"] = manifest["seeds"]["master"]
     rewrite(run, manifest)
     assert verify_run(run, jobs=1).digest_parts["seed_set"] == FROM_MANIFEST
-    manifest["seeds"]["fewshot"] = 99
+    for seeds in (manifest["seeds"], manifest["identity"]["seeds"]):
+        seeds["fewshot"] = 99
     rewrite(run, manifest)
     with pytest.raises(CheckFailed, match=r"manifest\.json: digest\.seed_set does not match seeds"):
         verify_run(run, jobs=1)

@@ -76,12 +76,13 @@ def test_a_forged_temperature_fails_naming_the_setting(run: Path) -> None:
 def test_what_only_the_manifest_says_is_caught_by_the_seal_kept_elsewhere(run: Path, field: str) -> None:
     original = verify_run(run).seal
 
-    def forge(manifest: dict) -> None:
-        if field == "model.files":
-            manifest["model"]["files"]["model.safetensors"] = "0" * 64
-        elif field == "model.id":
-            manifest["model"]["id"] = "someone/else"
-        else:
+    def forge(manifest: dict) -> None:  # both records of a claim alike (one alone fails: test_verify_claims.py)
+        for model in (manifest["model"], manifest["identity"]["model"]):
+            if field == "model.files":
+                model["files"]["model.safetensors"] = "0" * 64
+            elif field == "model.id":
+                model["id"] = "someone/else"
+        if field == "hardware":
             manifest["hardware"] = {"gpu": "a better one"}
 
     edit_manifest(run, forge)

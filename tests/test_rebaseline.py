@@ -161,7 +161,8 @@ def test_equal_digests_are_nothing_to_rebaseline(runs: tuple[Path, Path], tmp_pa
 
 def test_another_model_is_not_a_rebaseline(runs: tuple[Path, Path]) -> None:
     old, new = runs
-    edit_manifest_and_rehash(new, lambda m: m["model"]["files"].update({"model.safetensors": "0" * 64}))
+    edit_manifest_and_rehash(new, lambda m: [model["files"].update({"model.safetensors": "0" * 64})
+                                             for model in (m["model"], m["identity"]["model"])])  # fmt: skip
     verify_run(new, jobs=1)  # the rewrite is consistent
     with pytest.raises(BadInput, match=r"model.files: model.safetensors sha256 b4156b9\w+ \(OLD\) vs 0{64} \(NEW\)"):
         rebaseline_runs(old, new, REASON, jobs=1)

@@ -24,6 +24,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from evalrun.audit.claims import implied_identity
 from evalrun.audit.verify import verify_run
 from evalrun.config.paths import BUILTIN_TASKS
 from evalrun.engines import (
@@ -42,7 +43,7 @@ from evalrun.pipeline.manifest import seed_set_hash
 from evalrun.records import heads
 from evalrun.records.canonical import MAX_SAFE_INTEGER, combine
 from evalrun.records.entries import EndEntry, HeaderEntry, JudgeEntry, LoglikelihoodEntry, ModelEntry, parse_line
-from evalrun.records.formats import DigestRecord, EpisodeCounts, Generator, Manifest, Record
+from evalrun.records.formats import DigestRecord, EpisodeCounts, Manifest, Record
 from evalrun.records.outputs import OUTPUT_SCHEMA, SCORES_SCHEMA
 from evalrun.records.seeds import derive_seed
 from evalrun.rundir import layout, writer
@@ -135,10 +136,19 @@ def write_run(root: Path, parts: list[list[EpisodeResult]], decoding: dict[str, 
     parts_of_digest = ["a" * 64, seed_set_hash(SEEDS), "c" * 64]
     digest = DigestRecord(prompt_pack=parts_of_digest[0], seed_set=parts_of_digest[1], scoring=parts_of_digest[2],
                           digest=combine(parts_of_digest))  # fmt: skip
+    sections = {
+        "task": {"name": "synthetic"},
+        "limit": None,
+        "episodes": len(results),
+        "model": {},
+        "judge_model": None,
+        "decoding": decoding,
+        "seeds": SEEDS,
+        "generator": GENERATOR,
+    }
     manifest = Manifest(
-        identity={}, digest=digest, task={"name": "synthetic"}, limit=None, episodes=len(results), model={},
-        judge_model=None, engine={}, decoding=decoding, seeds=SEEDS, determinism={}, cluster={}, workers=[],
-        generator=Generator(**GENERATOR), libraries={}, python="3", git={}, hardware={}, started_at="synthetic",
+        identity=implied_identity(sections), digest=digest, **sections, engine={}, determinism={}, cluster={},
+        workers=[], libraries={}, python="3", git={}, hardware={}, started_at="synthetic",
     )  # fmt: skip
     files[layout.MANIFEST] = writer.write_json(run.manifest, manifest)
     part_writer = writer.PartWriter(run)

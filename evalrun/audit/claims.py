@@ -1,16 +1,18 @@
 """Checks of what a run claims beyond its chains: the seal, every score value, the manifest's
-sampling settings and seeds against what the chains and rows recorded, and a re-baseline record
-(docs/design.md "Audit")."""
+sampling settings and seeds against what the chains and rows recorded, the claims the manifest records twice,
+and a re-baseline record (docs/design.md "Audit")."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import pyarrow.compute as pc
 
 from evalrun.audit.rescore import recorded_context, recorded_scorer
+from evalrun.episodes import kind_of_manifest
+from evalrun.episodes.recorded import as_dict, manifest_failure, section, without
 from evalrun.errors import BadInput, CheckFailed
 from evalrun.pipeline.manifest import DIGEST_PARTS
 from evalrun.records.canonical import combine
@@ -165,3 +167,75 @@ def check_rebaseline(run: layout.RunDir, manifest: dict[str, Any], root: str, se
         raise _fail(where, f"changed_parts is {recorded.changed_parts}, the digests differ in {differing}")
     return (f"checked: re-baselined from {old.run} (digest {old.digest.digest}; {', '.join(differing)} changed): "
             f"{recorded.reason}")  # fmt: skip
+
+
+# --- claims the manifest records twice ----------------------------------------------------------------
+# identity (what decides what the run computes, which resume compares) and the sections that say the same with
+# more detail (model with its path and chat template, task with the paths it read, seeds with master_generated):
+# a forger who edits one of the two and re-seals the run passes every hash, so verify compares each pair.
+# identity.digest against digest is checked with the digest (evalrun.audit.digest_check); identity.engine is the
+# engine's config and engine.settings what the worker resolved (a dtype of null is the model's), as
+# identity.determinism is the config and determinism.asked what the workers report they were asked: provenance.
+
+MODEL_IDENTITY = ("id", "revision", "files", "pinned")  # what identity.model keeps of the manifest's model
+REQUIRED = ("decoding", "seeds", "model", "task", "generator")  # in every identity evalrun ever wrote
+
+
+def _model(manifest: Mapping[str, Any], key: str) -> dict[str, Any] | None:
+    model = manifest.get(key)
+    return None if model is None else {k: as_dict(model).get(k) for k in MODEL_IDENTITY}
+
+
+def _seeds(manifest: Mapping[str, Any]) -> dict[str, Any]:
+    return without(section(manifest, "seeds"), "master_generated")
+
+
+def _task(manifest: Mapping[str, Any]) -> dict[str, Any]:
+    return kind_of_manifest(manifest).recorded_task_identity(section(manifest, "task"))
+
+
+# identity's field -> (the manifest field said to hold the same claim, that claim as identity records it)
+DUPLICATED: dict[str, tuple[str, Callable[[Mapping[str, Any]], Any]]] = {
+    "decoding": ("decoding", lambda m: m.get("decoding")),
+    "seeds": ("seeds", _seeds),
+    "limit": ("limit", lambda m: m.get("limit")),
+    "episodes": ("episodes", lambda m: m.get("episodes")),
+    "generator": ("generator", lambda m: m.get("generator")),
+    "model": ("model", lambda m: _model(m, "model")),
+    "judge_model": ("judge_model", lambda m: _model(m, "judge_model")),
+    "user_model": ("user_model", lambda m: _model(m, "user_model")),
+    "task": ("task", _task),
+}
+
+
+def _differing_path(recorded: Any, implied: Any, path: str) -> str:
+    """The dotted path of the first difference between two JSON values (keys in name order)."""
+    if isinstance(recorded, dict) and isinstance(implied, dict):
+        missing = object()
+        for key in sorted(set(recorded) | set(implied)):
+            if recorded.get(key, missing) != implied.get(key, missing):
+                return _differing_path(recorded.get(key), implied.get(key), f"{path}.{key}")
+    return path
+
+
+def implied_identity(manifest: Mapping[str, Any]) -> dict[str, Any]:
+    """The claims of ``identity`` that the manifest's other sections imply (for a manifest made by hand, as the
+    synthetic runs of the tests and benchmarks are): a user model only where there is one."""
+    implied = {key: claim(manifest) for key, (_field, claim) in DUPLICATED.items()}
+    return {k: v for k, v in implied.items() if k != "user_model" or v is not None}
+
+
+def check_duplicated_claims(manifest: Mapping[str, Any]) -> None:
+    """Every claim ``identity`` shares with another section agrees with it; CheckFailed naming both fields of the
+    first that does not (``identity.model.files.config.json differs from model.files.config.json``)."""
+    identity = section(manifest, "identity")
+    for key in REQUIRED:
+        if key not in identity:
+            raise manifest_failure(f"identity.{key} is missing")
+    for key, (field, implied_by) in DUPLICATED.items():
+        if key not in identity:
+            continue  # written by code older than the field: nothing to compare
+        recorded, implied = identity[key], implied_by(manifest)
+        if recorded != implied:
+            where = _differing_path(recorded, implied, "")
+            raise manifest_failure(f"identity.{key}{where} differs from {field}{where}")

@@ -37,7 +37,14 @@ from typing import Any
 import pyarrow.compute as pc
 
 from evalrun.audit.checkpoints import check_checkpoints
-from evalrun.audit.claims import check_rebaseline, check_sampling, check_score_values, check_seal, check_seeds
+from evalrun.audit.claims import (
+    check_duplicated_claims,
+    check_rebaseline,
+    check_sampling,
+    check_score_values,
+    check_seal,
+    check_seeds,
+)
 from evalrun.audit.digest_check import check_digest
 from evalrun.episodes import kind_of_manifest
 from evalrun.episodes.checked import PartResult, verify_part
@@ -289,6 +296,7 @@ def _verify_run(
     leaves_of = {out_rel: part.leaves for (_log_rel, out_rel), part in zip(pairs, results, strict=True)}
     checkpoints = check_checkpoints(run, record, leaves_of, public_key)
     manifest, digest_parts = check_manifest(run, record.as_record())
+    check_duplicated_claims(manifest)
     if isinstance(manifest.get("episodes"), int) and manifest["episodes"] != written:
         raise _fail(layout.MANIFEST, f"plans {manifest['episodes']} episodes, the run holds {written}")
     check_sampling(manifest, frozenset().union(*(p.samplings for p in results)),

@@ -234,6 +234,11 @@ class EpisodeKind(Protocol):
         """A recorded ``identity`` as this code would write it for ``config`` (records of older code)."""
         ...
 
+    def recorded_task_identity(self, task: Mapping[str, Any]) -> dict[str, Any]:
+        """The ``identity.task`` a recorded manifest's ``task`` section implies: the same claims without the paths
+        read (verify refuses a manifest whose two records of the task disagree)."""
+        ...
+
     # --- dispatch ---
     def run(self, engines: Engines, episodes: list[Any], generator: dict[str, Any] | Canonical) -> list[Any]:
         """A batch's results, in episode order."""

@@ -131,6 +131,20 @@ class DatasetKind:
             **_references(task),
         }
 
+    def recorded_task_identity(self, task: Mapping[str, Any]) -> dict[str, Any]:
+        dataset = as_dict(task.get("dataset"))
+        rubric = task.get("rubric")
+        return {
+            "name": task.get("name"),
+            "dataset_sha256": dataset.get("sha256"),
+            "items": dataset.get("items"),
+            "prompt_pack": without(as_dict(task.get("prompt_pack")), "path"),
+            "choices": task.get("choices"),
+            "rubric": without(rubric, "path") if isinstance(rubric, dict) else rubric,
+            "scorer": task.get("scorer"),
+            **{key: task[key] for key in ("on_overlong", "references") if key in task},  # absent in older records
+        }
+
     def recorded_identity(self, identity: dict[str, Any], config: EvalConfig) -> dict[str, Any]:
         task = identity.get("task")
         if isinstance(task, dict) and "on_overlong" not in task:

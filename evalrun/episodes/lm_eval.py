@@ -76,6 +76,13 @@ class LmEvalKind(DatasetKind):
         recorded["dataset"] = {**recorded["dataset"], "splits": self._splits_of(task)}
         return {"kind": self.name, **recorded, "lm_eval": self._scoring_of(task)}
 
+    def recorded_task_identity(self, task: Mapping[str, Any]) -> dict[str, Any]:
+        splits = as_dict(as_dict(task.get("dataset")).get("splits"))
+        processed = {name: as_dict(split.get("process_docs")).get("docs_sha256") for name, split in splits.items()
+                     if isinstance(split, dict) and "process_docs" in split}  # fmt: skip
+        return {"kind": self.name, **super().recorded_task_identity(task), "lm_eval": task.get("lm_eval"),
+                **({"processed_docs_sha256": processed} if processed else {})}  # fmt: skip
+
     def recorded_scoring_context(self, manifest: Mapping[str, Any], rubric: Rubric | None) -> ScoringContext:
         task = section(manifest, "task")
         choices = as_dict(task.get("choices"))

@@ -160,6 +160,9 @@ class WorldKind:
     def recorded_identity(self, identity: dict[str, Any], config: EvalConfig) -> dict[str, Any]:
         return identity
 
+    def recorded_task_identity(self, task: Mapping[str, Any]) -> dict[str, Any]:
+        return dict(task)  # the section is the identity (:meth:`section`)
+
     # --- dispatch ---
 
     def run(self, engines: Engines, episodes: list[AgentEpisode], generator: dict[str, Any] | Canonical) -> list[Any]:
