@@ -18,6 +18,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from helpers.forgery import set_field as _set
 
 from evalrun.audit import digest_check
 from evalrun.audit import replay as replay_module
@@ -157,17 +158,6 @@ def test_a_run_with_digest_inputs_has_every_part_recomputed(tmp_path: Path, gold
     run = golden_copy(tmp_path, golden_name)
     with_digest_inputs(run)
     assert verify_run(run, jobs=1).digest_parts == dict.fromkeys(("prompt_pack", "seed_set", "scoring"), FROM_INPUTS)
-
-
-def _set(path: str, value: Any) -> Callable[[dict[str, Any]], None]:
-    def edit(manifest: dict[str, Any]) -> None:
-        *parents, last = path.split(".")
-        target = manifest
-        for key in parents:
-            target = target[key]
-        target[last] = value
-
-    return edit
 
 
 def _with_inputs_rehashed(*edits: Callable[[dict[str, Any]], None]) -> Callable[[dict[str, Any]], None]:

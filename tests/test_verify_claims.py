@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from helpers.forgery import reseal
+from helpers.forgery import set_field as _set
 
 from evalrun.audit.verify import verify_run
 from evalrun.errors import CheckFailed
@@ -21,17 +22,6 @@ GOLDEN = Path(__file__).resolve().parent / "golden"
 OTHER = "0" * 64
 
 Forgery = Callable[[dict[str, Any]], None]
-
-
-def _set(dotted: str, value: Any) -> Forgery:
-    def forge(manifest: dict[str, Any]) -> None:
-        *path, last = dotted.split(".")
-        node = manifest
-        for key in path:
-            node = node[key]
-        node[last] = value
-
-    return forge
 
 
 # (golden run, the forgery, the two fields verify must name: identity's, then the section's)

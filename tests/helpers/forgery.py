@@ -4,7 +4,9 @@ digest, the seal and the attestation made to match again, so that only what veri
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from evalrun.records.canonical import file_sha256
 from evalrun.records.formats import Record, seal_of
@@ -26,3 +28,16 @@ def reseal(path: Path) -> str:
     write_attestation(run, forged, None)
     assert forged.seal is not None
     return forged.seal
+
+
+def set_field(dotted: str, value: Any) -> Callable[[dict[str, Any]], None]:
+    """An edit of a manifest (or any JSON object): the field at ``dotted`` (``model.id``) set to ``value``."""
+
+    def edit(record: dict[str, Any]) -> None:
+        *parents, last = dotted.split(".")
+        target = record
+        for key in parents:
+            target = target[key]
+        target[last] = value
+
+    return edit
