@@ -122,7 +122,7 @@ def plan_held(path: Path, live: str, draws: int, overrides: Sequence[str]) -> li
     for seed in masters:
         given = [*overrides, *held, *([f"seeds.master={seed}"] if seed is not None else [])]
         try:
-            config = validate(load_stored(run.config, given))
+            config = validate(load_stored(run.config, given, groups=("cluster",)))  # cluster=NAME, as check takes it
             check_destination(config)
             plans.append(prepare(config))
         except BadInput as exc:
