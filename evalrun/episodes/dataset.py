@@ -132,17 +132,17 @@ class DatasetKind:
         }
 
     def recorded_task_identity(self, task: Mapping[str, Any]) -> dict[str, Any]:
+        """The section with what it read by path said as the identity says it (the dataset by its sha256 and
+        items, the prompt pack and rubric without their paths); every other field as it is (a kind built on this
+        one that adds a field to both keeps it)."""
         dataset = as_dict(task.get("dataset"))
         rubric = task.get("rubric")
         return {
-            "name": task.get("name"),
+            **{key: value for key, value in task.items() if key not in ("dataset", "prompt_pack", "rubric")},
             "dataset_sha256": dataset.get("sha256"),
             "items": dataset.get("items"),
             "prompt_pack": without(as_dict(task.get("prompt_pack")), "path"),
-            "choices": task.get("choices"),
             "rubric": without(rubric, "path") if isinstance(rubric, dict) else rubric,
-            "scorer": task.get("scorer"),
-            **{key: task[key] for key in ("on_overlong", "references") if key in task},  # absent in older records
         }
 
     def recorded_identity(self, identity: dict[str, Any], config: EvalConfig) -> dict[str, Any]:

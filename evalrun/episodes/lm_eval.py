@@ -80,8 +80,7 @@ class LmEvalKind(DatasetKind):
         splits = as_dict(as_dict(task.get("dataset")).get("splits"))
         processed = {name: as_dict(split.get("process_docs")).get("docs_sha256") for name, split in splits.items()
                      if isinstance(split, dict) and "process_docs" in split}  # fmt: skip
-        return {"kind": self.name, **super().recorded_task_identity(task), "lm_eval": task.get("lm_eval"),
-                **({"processed_docs_sha256": processed} if processed else {})}  # fmt: skip
+        return {**super().recorded_task_identity(task), **({"processed_docs_sha256": processed} if processed else {})}
 
     def recorded_scoring_context(self, manifest: Mapping[str, Any], rubric: Rubric | None) -> ScoringContext:
         task = section(manifest, "task")
