@@ -10,7 +10,6 @@ run composed from is recorded (:class:`ConfigSources`): the directories searched
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 from collections.abc import Iterator, Mapping, Sequence
 from contextvars import ContextVar
@@ -20,6 +19,7 @@ from typing import Any
 
 from evalrun.config.paths import CONF_DIR, CONF_MODULE
 from evalrun.errors import BadInput
+from evalrun.records.canonical import file_sha256
 
 CONFIG_PATH_VARIABLE = "EVALRUN_CONFIG_PATH"
 CONFIG_DIR_OPTION = "--config-dir"
@@ -70,7 +70,7 @@ class ConfigSearchPath:
             found = self.find(relative)
             if found is not None:
                 source, path = found
-                files[relative] = ConfigFile(source, hashlib.sha256(path.read_bytes()).hexdigest())
+                files[relative] = ConfigFile(source, file_sha256(path))
         return ConfigSources(tuple(self.sources()), files)
 
 
