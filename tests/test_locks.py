@@ -63,10 +63,14 @@ def build_requires() -> list[str]:
 
 
 def top_level(extra: str) -> list[Requirement]:
-    """What the lock of ``extra`` must satisfy: the project's dependencies, the extra, dev, and the build backend."""
+    """What the lock of ``extra`` must satisfy: the project's dependencies, the extra, lm-eval, dev, and the build
+    backend."""
     project = pyproject()["project"]
     extras = project["optional-dependencies"]
-    return [Requirement(r) for r in [*project["dependencies"], *extras[extra], *extras["dev"], *build_requires()]]
+    return [
+        Requirement(r)
+        for r in [*project["dependencies"], *extras[extra], *extras["lm-eval"], *extras["dev"], *build_requires()]
+    ]
 
 
 @pytest.mark.parametrize("extra", sorted(LOCKS))
