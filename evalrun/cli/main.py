@@ -65,6 +65,7 @@ from evalrun.rundir import layout, store
 from evalrun.rundir.attest import write_attestation
 from evalrun.rundir.reader import load_record, open_run, read_config, read_manifest, read_outputs, read_summary
 from evalrun.rundir.references import load_answers, load_index, parse_set_name
+from evalrun.tasks import lm_eval_catalog
 from evalrun.worlds.reference_sets import check_reference_set, raise_problems
 
 PROG = "evalrun"
@@ -925,6 +926,61 @@ def references_check(world_name: str, world_version: str, answers: str | None, r
         click.echo(f"references ok: {report.checked} in {report.index.directory}"
                    f"{' (re-solved)' if resolve else ''}; index sha256 {report.index.sha256}")  # fmt: skip
     raise_problems(report)
+
+
+# --- lm-eval task definitions ---------------------------------------------------------------------------
+
+LM_EVAL_LIBRARY = "lm-eval"  # PATH's name for lm-eval's own shipped tasks
+
+
+def _task_root(path: str) -> Path:
+    if path == LM_EVAL_LIBRARY and not Path(path).exists():
+        return lm_eval_catalog.library_dir()
+    return Path(path)
+
+
+@cli.group(cls=EvalrunGroup, short_help="lm-eval task YAMLs: what a directory defines, and whether each loads.")
+def tasks() -> None:
+    """lm-eval task YAMLs as lm-eval itself reads them (no model is loaded and no data is read). PATH is a
+    directory of task YAMLs (what task.path names), one YAML, or `lm-eval` for lm-eval's own shipped tasks."""
+
+
+@tasks.command("list", short_help="The tasks, groups and tags under PATH.")
+@click.argument("path", metavar="PATH")
+@click.option("--json", "as_json", is_flag=True, help=JSON_HELP)
+def tasks_list(path: str, as_json: bool) -> None:
+    """The tasks, groups (with their members) and tags lm-eval's TaskManager finds under PATH."""
+    found = lm_eval_catalog.catalog(_task_root(path))
+    if as_json:
+        _print_json({"root": str(found.root), "lm_eval_version": lm_eval_catalog.lm_eval_version(),
+                     "definitions": [d.as_record() for d in found.definitions.values()],
+                     "unreadable": {str(p): r for p, r in found.unreadable.items()}})  # fmt: skip
+    else:
+        render.render_task_list(render.stdout_console(), found)
+
+
+@tasks.command("check", short_help="Whether each task and group under PATH loads, and every reason it does not.")
+@click.argument("path", metavar="PATH")
+@click.argument("names", nargs=-1)
+@click.option("--json", "as_json", is_flag=True, help=JSON_HELP)
+def tasks_check(path: str, names: tuple[str, ...], as_json: bool) -> None:
+    """Load every task and group under PATH (or the NAMES given; a tag stands for its tasks) as lm-eval loads it,
+    up to its data: its YAML, every helper it imports, its TaskConfig, metrics, aggregations and filters, and what
+    it asks of evalrun's engines. Every reason a task does not load is listed, and counts at the end. Exit 1 when
+    one does not load."""
+    found, checked = lm_eval_catalog.check(_task_root(path), names)
+    if as_json:
+        _print_json({"root": str(found.root), "lm_eval_version": lm_eval_catalog.lm_eval_version(),
+                     "checked": [c.as_record() for c in checked], "counts": lm_eval_catalog.counts(checked),
+                     "unreadable": {str(p): r for p, r in found.unreadable.items()}})  # fmt: skip
+    else:
+        render.render_task_check(render.stdout_console(), found, checked)
+    refused = [c for c in checked if not c.loads]
+    if refused or found.unreadable:
+        raise CheckFailed(
+            f"{len(refused)} of {len(checked)} do not load"
+            + (f"; {len(found.unreadable)} YAML files do not read" if found.unreadable else "")
+        )
 
 
 def _usage_error(exc: click.UsageError) -> int:

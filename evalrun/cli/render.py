@@ -31,6 +31,7 @@ from evalrun.audit.verify import VerifyReport
 from evalrun.pipeline.canary import CanaryResult, describe
 from evalrun.pipeline.canary import failure_lines as canary_failure_lines
 from evalrun.records.formats import REPLAY_FORMAT, RESCORE_FORMAT, VERIFY_FORMAT
+from evalrun.tasks.lm_eval_catalog import Catalog, Checked, counts
 
 OFF_TERMINAL_WIDTH = 200
 MAX_DIVERGENCES = 10
@@ -495,3 +496,41 @@ def timings_line(timings: dict[str, Any]) -> str:
             each = ", ".join(f"{seconds:.1f} s ({worker})" for worker, seconds in seconds_by_worker.items())
             phases.append(f"{key.replace('_', ' ')} {each}")
     return "; ".join(phases)
+
+
+def render_task_list(console: Console, found: Catalog) -> None:
+    """Each kind's names with the YAML that defines it (a group's and a tag's members), then the counts."""
+    for kind, title in (("task", "tasks"), ("python", "python tasks"), ("group", "groups"), ("tag", "tags")):
+        defined = found.of_kind(kind)
+        if not defined:
+            continue
+        table = _table("name", "members>" if kind in ("group", "tag") else "defined in", title=title)
+        for d in defined:
+            where = str(len(d.members)) if kind in ("group", "tag") else str(d.path)
+            table.add_row(d.name, where)
+        _emit(console, table)
+    for path, reason in found.unreadable.items():
+        _line(console, f"UNREADABLE {path}: {reason}")
+    numbers = {kind: len(found.of_kind(kind)) for kind in ("task", "python", "group", "tag")}
+    _line(console, f"{found.root}: {numbers['task'] + numbers['python']} tasks, {numbers['group']} groups, "
+                   f"{numbers['tag']} tags")  # fmt: skip
+
+
+def render_task_check(console: Console, found: Catalog, checked: Sequence[Checked]) -> None:
+    """Each task or group that does not load with every reason, then the counts: by kind, and by reason."""
+    for c in checked:
+        if not c.loads:
+            _line(console, f"REFUSED {c.kind} {c.name} ({c.path})")
+            for reason in c.reasons:
+                _line(console, f"  - {reason}")
+    for path, reason in found.unreadable.items():
+        _line(console, f"UNREADABLE {path}: {reason}")
+    numbers = counts(checked)
+    for kind, (loading, total) in numbers["loads"].items():
+        share = f" ({100 * loading / total:.1f}%)" if total else ""
+        _line(console, f"{kind}: {loading} of {total} load{share}")
+    if numbers["reasons"]:
+        table = _table("refused>", "reason", title="reasons, by the tasks and groups they refuse")
+        for reason, n in numbers["reasons"].items():
+            table.add_row(str(n), reason)
+        _emit(console, table)
