@@ -25,7 +25,7 @@ GOLDEN = Path(__file__).resolve().parent / "golden"
 ADDITION, MC = GOLDEN / "addition-v1", GOLDEN / "mc-v1"
 COMMANDS = {"run", "resume", "verify", "rescore", "replay", "prove", "verify-proof", "attest", "anchor", "rebaseline",
             "compare", "digest", "gate", "nondet", "references", "check", "export", "canary",
-            "report", "pin", "unlock"}  # fmt: skip
+            "report", "pin", "unlock", "tasks"}  # fmt: skip
 
 
 def evalrun(capsys: pytest.CaptureFixture[str], *args: str | Path) -> tuple[int, str, str]:
