@@ -395,7 +395,8 @@ def _run_staged(engine: Engine, episodes: list[Episode], generator: Canonical,
         if e.choice_scoring in ("loglikelihood", "both"):
             for option, label in enumerate(e.options):
                 continuation = option_continuation(label, e.option_delimiter)
-                ll_requests.append(LoglikelihoodRequest(e.prompt, continuation, e.episode_id,
+                context = e.option_contexts[option] if e.option_contexts else e.prompt
+                ll_requests.append(LoglikelihoodRequest(context, continuation, e.episode_id,
                                                         len(calls[i].entries) + option,
                                                         e.add_special_tokens))  # fmt: skip
                 scored.append((i, option))

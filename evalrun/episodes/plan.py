@@ -54,6 +54,8 @@ class Episode:
     shuffle_order: tuple[int, ...] = ()  # multiple choice: shown position -> original index
     choice_scoring: str = ""  # multiple choice: letter | loglikelihood | both
     option_delimiter: str = " "  # multiple choice: between the prompt and an option scored by loglikelihood
+    # multiple choice: each option's context, scored in place of the prompt (Item.contexts); empty: the prompt
+    option_contexts: tuple[str, ...] = ()
     # how many times the policy's request is sampled, the replies scored together (lm-eval's repeats, whose
     # majority_vote filter reads them all); each call after the first with a seed of its own (GENERATION_SEED)
     generations: int = 1
@@ -226,6 +228,7 @@ class Plan(Sequence[Episode]):
             shuffle_order=planned.shuffle_order,
             choice_scoring=self._scoring,
             option_delimiter=self._option_delimiter,
+            option_contexts=item.contexts,
             judging=rubric,
             judge_calls=judge_calls,
             fields=item.fields if rubric is not None else None,

@@ -35,6 +35,8 @@ class Item:
     fields: Mapping[str, Any]
     target: str
     options: tuple[str, ...] = ()  # multiple choice: the options in original order
+    # an option's own context, one per option (lm-eval's multiple-input tasks: winogrande); empty: the prompt's
+    contexts: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
