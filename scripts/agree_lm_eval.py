@@ -32,11 +32,13 @@ and compares them per item (lm-eval ``doc_id`` against evalrun ``item_id``):
 
 It prints a table per task and an overall one, the first differing items with both values, and exits 1
 when any prompt differs, or (generation) any output, answer or metric value differs, or (multiple choice)
-any acc / acc_norm differs, or (loglikelihood) any continuation, is_greedy or acc differs, or the two sides
+any acc / acc_norm differs, or (loglikelihood) any is_greedy or acc differs, or the two sides
 scored different item sets; 2 when something could not run.
 
-How it sets up lm-eval. lm-eval is no dependency of evalrun and never enters the project's .venv: the
-set-up is scripts/compare_lm_eval.py's (``setup_lm_eval``, imported, not copied): ``pip install --target
+How it sets up lm-eval. evalrun reads and scores lm-eval tasks with lm-eval's own library (the locked lm-eval
+extra, in the .venv); the side of the comparison that runs lm-eval's evaluator with its own model backend runs
+apart, as it always did, so that nothing it installs or writes can reach the .venv: the set-up is
+scripts/compare_lm_eval.py's (``setup_lm_eval``, imported, not copied): ``pip install --target
 --no-deps`` of lm_eval==0.4.13 and exactly the distributions the .venv lacks into
 ``${EVALRUN_CACHE:-~/.cache/evalrun}/lm-eval/0.4.13/site``, once (``ready.json``). lm-eval then runs in a child
 process of the project's python with that directory on PYTHONPATH (``lm_eval_env``: offline, its own datasets
@@ -283,10 +285,6 @@ def compare_task(name: str, lm: dict, run_dir: Path) -> dict:
 
     checks: dict[str, Check] = {"prompt": Check("prompt")}
     gating = not lm.get("sampled")  # sampled replies: reported, not gated (see sampled())
-    from evalrun.scoring.lm_eval import apply_filters  # the .venv's evalrun, as the run used
-    from evalrun.tasks.lm_eval import load_task
-
-    pipelines = {p.name: p for p in load_task(Path(lm["yaml"])).filters}
     metric_names: list[tuple[str, str]] = []  # (metric, filter)
     max_dlp, dlp_item = 0.0, None
     for doc_id in common:
@@ -305,9 +303,7 @@ def compare_task(name: str, lm: dict, run_dir: Path) -> dict:
                     max_dlp, dlp_item = d, (doc_id, lls, ours)
             if out_type == "multiple_choice":
                 checks.setdefault("choices", Check("number of choices")).add(doc_id, len(lls), len(ours))
-            else:  # loglikelihood: the continuation scored, and whether it is the greedy one (lm-eval's is_greedy)
-                checks.setdefault("continuation", Check("continuation")).add(doc_id, s0["arguments"][0][1],
-                                                                            row["target"])  # fmt: skip
+            else:  # loglikelihood: whether the continuation is the greedy one (lm-eval's is_greedy)
                 greedy = [bool(r[0][1]) for r in s0["resps"]], [bool(g) for g in row["option_greedy"]]
                 checks.setdefault("greedy", Check("is_greedy")).add(doc_id, *greedy)
         else:
@@ -324,12 +320,6 @@ def compare_task(name: str, lm: dict, run_dir: Path) -> dict:
                 if out_type not in SCORED_TYPES and ev is not None:
                     checks.setdefault(f"answer/{filt}", Check(f"answer [{filt}]", gating)).add(
                         doc_id, s["filtered_resps"][0], ev[1]
-                    )
-                if out_type not in SCORED_TYPES and filt in pipelines and metric == s0["metrics"][0]:
-                    # evalrun's filters on lm-eval's own replies (all of them, with repeats): lm-eval's answer
-                    ours_on_theirs = apply_filters(pipelines[filt], s["resps"][0])
-                    checks.setdefault(f"refilter/{filt}", Check(f"evalrun's [{filt}] on lm-eval's replies")).add(
-                        doc_id, s["filtered_resps"][0], ours_on_theirs
                     )
                 lv, evv = num(s[metric]), (None if ev is None else num(ev[0]))
                 if metric in LOGLIKELIHOOD_METRICS:  # a document's loglikelihood: floating point, as max |dlogprob|

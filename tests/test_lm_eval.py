@@ -1,13 +1,14 @@
-"""lm-eval task YAMLs read as lm-eval 0.4.13 reads them: the shipped suites' prompts and continuations equal, item
-for item, what lm-eval's own code builds from them (tests/lm_eval_requests, made by scripts/lm_eval_contexts.py in
-a side environment with lm-eval installed); every key evalrun does not implement, a split that is not there, a
-!function that does not exist and a hub dataset are refused naming the file and key; filters and metrics follow
-lm-eval's definitions."""
+"""lm-eval task YAMLs read, prompted and scored by lm-eval's own library, on documents evalrun reads: the shipped
+suites' prompts and continuations equal, item for item, what lm-eval's own evaluator builds from them
+(tests/lm_eval_requests, made by scripts/lm_eval_contexts.py); what lm-eval refuses, and what evalrun does not
+run, are BadInputs naming the file with every reason; the features lm-eval's library brings (process_results, a
+metric function, fewshot_config.samples, multiple inputs, decontamination keys) run as lm-eval runs them; data
+are read at a pinned commit, a loading-script dataset from its Parquet conversion."""
 
 from __future__ import annotations
 
 import json
-import re
+import random
 from pathlib import Path
 
 import pytest
@@ -16,17 +17,13 @@ from helpers.lm_eval import TINY_TASK, write_tiny_data
 from evalrun.chat import ModelChat, chat_format
 from evalrun.config import MODELS_DIR
 from evalrun.errors import BadInput
-from evalrun.scoring.lm_eval import FILTERS, apply_filters, choice_metrics, exact_match, likelihood_metrics
-from evalrun.tasks.lm_eval import FILTER_FUNCTIONS, METRICS, FilterPipeline, index, load_task
+from evalrun.tasks.lm_eval import ScoringTask, find_task, load_task, read_definition
+from evalrun.tasks.lm_eval_catalog import catalog
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = ROOT / "evalrun" / "tasks" / "builtin" / "lm_eval"
 GOLDEN = ROOT / "tests" / "lm_eval_requests"
-
-
 CHAT_MODEL = MODELS_DIR / "tiny-invoice-agent"  # the chat goldens' template (it writes the BOS token itself)
-
-
 SYSTEM = "You are a careful calculator."  # the --system_instruction of the NAME[.chat][.singleturn].system goldens
 
 
@@ -41,37 +38,32 @@ def _variant_goldens() -> list[Path]:
 
 
 def _yaml_of(task_name: str) -> Path:
-    for path in sorted(SHIPPED.rglob("*.yaml")):
-        if f"task: {task_name}\n" in path.read_text(encoding="utf-8"):
-            return path
-    raise AssertionError(f"no shipped YAML declares task {task_name}")
+    path = catalog(SHIPPED).definitions[task_name].path
+    assert path is not None
+    return path
 
 
 @pytest.mark.parametrize("golden", _goldens() + _variant_goldens(), ids=lambda p: p.name)
 def test_the_prompts_are_lm_evals_item_for_item(golden: Path) -> None:
-    """Plain, and as lm-eval makes them with its prompt options: under --apply_chat_template the description a
-    system message, each example a user and an assistant turn (or all in one user turn), a choice scored with no
-    target delimiter; with --system_instruction before the description."""
     name, *options = golden.name.removesuffix(".jsonl").split(".")
     task = load_task(_yaml_of(name))
     expected = [json.loads(line) for line in golden.read_text(encoding="utf-8").splitlines()]
     chat = chat_format("chat", ModelChat.of_directory(CHAT_MODEL), None, None, "here") if "chat" in options else None
     system = SYSTEM if "system" in options else None
-    got = list(task.requests(chat=chat, system_instruction=system, multiturn="singleturn" not in options))
+    got = task.requests(chat=chat, system_instruction=system, multiturn="singleturn" not in options)
     assert len(got) == len(expected) == len(task.eval_split.docs)
-    for doc, requests, line in zip(task.eval_split.docs, got, expected, strict=True):
-        assert dict(doc) == line["doc"]
+    for requests, line in zip(got, expected, strict=True):
+        assert dict(requests.doc) == line["doc"] and requests.doc_id == line["doc_id"]
+        assert task.task.doc_to_target(requests.doc) == line["target"]
         if task.output_type in ("multiple_choice", "loglikelihood"):  # the continuations scored
             assert [[requests.context, c] for c in requests.continuations] == line["requests"]
-            assert task.target(doc) == line["target"]
         else:
             ((context, generation),) = line["requests"]
-            assert requests.context == context and task.generation() == generation
-            assert task.target(doc) == line["target"]
+            assert requests.context == context and task.task.config.generation_kwargs == generation
 
 
 def test_a_golden_file_exists_for_every_shipped_task() -> None:
-    names = {load_task(p).name for p in index(SHIPPED).tasks.values()}  # the group YAMLs beside them are not tasks
+    names = {d.name for d in catalog(SHIPPED).of_kind("task")}  # the group YAMLs beside them are not tasks
     assert names and names == {p.stem for p in _goldens()}
     variants: dict[str, set[str]] = {}
     for path in _variant_goldens():
@@ -90,78 +82,78 @@ def _write(tmp_path: Path, text: str, name: str = "task.yaml") -> Path:
 BASE = TINY_TASK
 
 
-@pytest.mark.parametrize(
-    ("extra", "key"),
-    [
-        ("process_results: x\n", "process_results"),
-        ("gen_prefix: 3\n", "gen_prefix"),
-        ("fewshot_config: {process_docs: x}\n", "fewshot_config.process_docs"),
-        ("fewshot_config: {target_delimiter: 1}\n", "fewshot_config.target_delimiter"),
-        ("output_type: loglikelihood_rolling\n", "output_type"),
-        ("generation_kwargs: {until: ['\\n'], num_beams: 4}\n", "generation_kwargs.num_beams"),
-        ("fewshot_config: {sampler: first_n, samples: []}\n", "fewshot_config.samples"),
-        ("filter_list: [{name: m, filter: [{function: map}]}]\n", "filter_list.0.filter.0.function"),
-        ("metric_list: [{metric: bleu}]\n", "metric_list.0.metric"),
-        ("output_type: loglikelihood\nmetric_list: [{metric: acc_norm}]\n", "metric_list.0.metric"),
-        (
-            "output_type: loglikelihood\nmetric_list: [{metric: perplexity, aggregation: mean}]\n",
-            "metric_list.0.aggregation",
-        ),
-        ("output_type: loglikelihood\ndoc_to_choice: [a, b]\n", "doc_to_choice"),
-        ("output_type: loglikelihood\nrepeats: 2\n", "repeats"),
-        ("repeats: 0\n", "repeats"),
-        ("metric_list: [{metric: exact_match, ignore_spaces: true}]\n", "metric_list.0.ignore_spaces"),
-        ("test_split: validation\n", "test_split"),
-    ],
-)
-def test_what_evalrun_does_not_implement_is_refused_by_file_and_key(tmp_path: Path, extra: str, key: str) -> None:
-    path = _write(tmp_path, BASE + extra)
+def test_what_lm_eval_refuses_and_what_evalrun_does_not_run_are_named_all_at_once(tmp_path: Path) -> None:
+    unknown = _write(tmp_path, BASE + "not_a_key: 1\n", "unknown.yaml")
+    with pytest.raises(BadInput, match="not_a_key") as caught:
+        load_task(unknown)
+    assert caught.value.where == str(unknown) and "lm-eval does not build it" in caught.value.message
+    served = _write(tmp_path, BASE + "output_type: loglikelihood_rolling\ndoc_to_image: img\nunsafe_code: true\n")
     with pytest.raises(BadInput) as caught:
-        load_task(path)
-    assert caught.value.where == f"{path}: {key}", caught.value
+        load_task(served)
+    message = caught.value.message
+    assert "output_type 'loglikelihood_rolling'" in message and "doc_to_image" in message and "unsafe_code" in message
+    corpus = _write(tmp_path, BASE + "metric_list: [{metric: bleu}]\n", "bleu.yaml")
+    with pytest.raises(BadInput, match="metric 'bleu' aggregates by bleu"):
+        load_task(corpus)
+    absent = _write(tmp_path, BASE.replace("test_split: test", "test_split: validation"), "split.yaml")
+    with pytest.raises(BadInput, match="no split 'validation'") as caught:
+        load_task(absent)
+    assert caught.value.where == f"{absent}: test_split"
 
 
-def test_a_key_is_named_in_the_file_it_came_from(tmp_path: Path) -> None:
-    _write(tmp_path, BASE + "should_decontaminate: true\n", "base.yaml")
-    path = tmp_path / "task.yaml"
-    path.write_text("include: base.yaml\ntask: other\n", encoding="utf-8")
-    with pytest.raises(BadInput) as caught:
-        load_task(path)
-    assert caught.value.where == f"{tmp_path / 'base.yaml'}: should_decontaminate"
+def test_decontamination_keys_are_accepted_and_recorded(tmp_path: Path) -> None:
+    path = _write(tmp_path, BASE + "should_decontaminate: true\ndoc_to_decontamination_query: '{{q}}'\n")
+    task = load_task(path)
+    assert [r.context for r in task.requests()] == ["Q: 1+1\nA:", "Q: 2+2\nA:"]
+    assert task.prompt_record()["settings"]["should_decontaminate"] is True
 
 
-def test_includes_merge_shallowly_with_the_including_files_keys_winning(tmp_path: Path) -> None:
+def test_includes_merge_as_lm_eval_merges_them(tmp_path: Path) -> None:
     _write(tmp_path, BASE + 'description: "base\\n\\n"\n', "base.yaml")
     path = tmp_path / "task.yaml"
     path.write_text("include: base.yaml\ntask: derived\ndoc_to_text: 'q={{q}}'\n", encoding="utf-8")
     task = load_task(path)
     assert task.name == "derived" and [r.context for r in task.requests()] == ["base\n\nq=1+1", "base\n\nq=2+2"]
     (tmp_path / "loop.yaml").write_text("include: loop.yaml\ntask: loop\n", encoding="utf-8")
-    with pytest.raises(BadInput, match="includes itself"):
+    with pytest.raises(BadInput, match="Include cycle"):
         load_task(tmp_path / "loop.yaml")
 
 
-def test_a_function_is_read_from_the_file_beside_its_yaml_and_hashed(tmp_path: Path) -> None:
+def test_a_helper_is_hashed_and_one_that_does_not_import_names_its_package(tmp_path: Path) -> None:
     (tmp_path / "utils.py").write_text("def text(doc):\n    return 'fn ' + doc['q']\n", encoding="utf-8")
     path = _write(tmp_path, BASE.replace('doc_to_text: "Q: {{q}}\\nA:"', "doc_to_text: !function utils.text"))
     task = load_task(path)
     assert [r.context for r in task.requests()] == ["fn 1+1", "fn 2+2"]
     record = task.as_record()["settings"]["doc_to_text"]
-    assert record["function"] == "utils.text" and len(record["sha256"]) == 64
-    missing = _write(tmp_path, BASE.replace('doc_to_text: "Q: {{q}}\\nA:"', "doc_to_text: !function nope.text"))
-    with pytest.raises(BadInput) as caught:
+    assert record == {"function": "utils.text", "module": "utils.py", "sha256": record["sha256"]}
+    assert len(record["sha256"]) == 64
+    (tmp_path / "needs.py").write_text("import langdetect\n\ndef text(doc):\n    return doc['q']\n", encoding="utf-8")
+    missing = _write(tmp_path, BASE.replace('doc_to_text: "Q: {{q}}\\nA:"', "doc_to_text: !function needs.text"),
+                     "needs.yaml")  # fmt: skip
+    with pytest.raises(BadInput, match=r"package 'langdetect' is not installed; lm-eval's extra ifeval") as caught:
         load_task(missing)
-    assert caught.value.where == f"{missing}: !function nope.text" and "no file" in caught.value.message
-    absent = _write(tmp_path, BASE.replace('doc_to_text: "Q: {{q}}\\nA:"', "doc_to_text: !function utils.absent"))
-    with pytest.raises(BadInput, match="has no function 'absent'"):
-        load_task(absent)
+    assert caught.value.where == str(missing)
 
 
-def test_process_docs_goes_over_every_split_and_is_recorded_apart_from_the_rows_read(tmp_path: Path) -> None:
+def test_a_folder_runs_every_task_whose_helper_imports(tmp_path: Path) -> None:
+    """One task's helper that does not import refuses that task alone: the others of its folder load."""
+    (tmp_path / "needs.py").write_text("import langdetect\n\ndef text(doc):\n    return doc['q']\n", encoding="utf-8")
+    _write(
+        tmp_path,
+        BASE.replace("task: tiny", "task: broken").replace(
+            'doc_to_text: "Q: {{q}}\\nA:"', "doc_to_text: !function needs.text"
+        ),
+        "b.yaml",
+    )
+    _write(tmp_path, BASE, "a.yaml")
+    assert find_task(tmp_path, "tiny").name == "tiny"
+    with pytest.raises(BadInput, match="langdetect"):
+        find_task(tmp_path, "broken")
+
+
+def test_process_docs_is_lm_evals_and_what_it_made_is_recorded_apart_from_the_rows_read(tmp_path: Path) -> None:
     (tmp_path / "utils.py").write_text(
-        "def upper(dataset):\n    return dataset.map(lambda d: {'q': d['q'].replace('+', ' plus ')})\n"
-        "def boom(dataset):\n    raise KeyError('nope')\n"
-        "def count(dataset):\n    return len(dataset)\n",
+        "def upper(dataset):\n    return dataset.map(lambda d: {'q': d['q'].replace('+', ' plus ')})\n",
         encoding="utf-8",
     )
     (tmp_path / "train.jsonl").write_text('{"q": "5+5", "a": "10"}\n', encoding="utf-8")
@@ -171,27 +163,119 @@ def test_process_docs_goes_over_every_split_and_is_recorded_apart_from_the_rows_
     task = load_task(path)
     assert [r.context for r in task.requests()] == ["Q: 5 plus 5\nA: 10\n\nQ: 1 plus 1\nA:",
                                                     "Q: 5 plus 5\nA: 10\n\nQ: 2 plus 2\nA:"]  # fmt: skip
-    record, before = task.eval_split.as_record(), plain.eval_split.as_record()
-    assert record["rows_sha256"] == before["rows_sha256"] and "process_docs" not in before  # the rows as read
-    assert record["process_docs"]["function"] == "utils.upper"
-    assert record["process_docs"]["docs_sha256"] != record["rows_sha256"]
+    assert task.eval_split.rows_sha256 == plain.eval_split.rows_sha256  # the rows as read
+    assert set(task.processed_docs_sha256) == {"test", "train"} and plain.processed_docs_sha256 == {}
     (tmp_path / "utils.py").write_text(
         (tmp_path / "utils.py").read_text(encoding="utf-8").replace("' plus '", "' and '"), encoding="utf-8"
     )
     edited = load_task(path)
-    assert next(edited.requests()).context.endswith("Q: 1 and 1\nA:")
-    assert edited.eval_split.as_record()["rows_sha256"] == record["rows_sha256"]  # the same data, read again
-    assert edited.prompt_record() != task.prompt_record()  # the function's source is in the digest
-    for reference, message in [("!function utils.boom", "failed on split 'test' (KeyError"),
-                               ("!function utils.count", "returned int for split 'test'"),
-                               ("utils.upper", "a !function reference")]:  # fmt: skip
-        bad = _write(tmp_path, two_splits + f"process_docs: {reference}\n", "bad.yaml")
-        with pytest.raises(BadInput, match=re.escape(message)) as caught:
-            load_task(bad)
-        assert caught.value.where == f"{bad}: process_docs", caught.value
+    assert edited.requests()[0].context.endswith("Q: 1 and 1\nA:")
+    assert edited.processed_docs_sha256 != task.processed_docs_sha256
+    assert edited.prompt_record() != task.prompt_record()  # the helper's source is in the digest
+
+
+def test_the_fewshot_examples_are_lm_evals_sampler_and_recorded_by_place(tmp_path: Path) -> None:
+    rows = "".join(json.dumps({"q": f"{i}+1", "a": str(i + 1)}) + "\n" for i in range(12))
+    (tmp_path / "train.jsonl").write_text(rows, encoding="utf-8")
+    path = _write(tmp_path, BASE.replace("{test: test.jsonl}", "{test: test.jsonl, train: train.jsonl}")
+                  + "fewshot_split: train\nnum_fewshot: 2\n")  # fmt: skip
+    task = load_task(path)
+    pool = list(task.splits["train"].docs)
+    rnd = random.Random(1234)
+    expected = [rnd.sample(pool, 2), rnd.sample(pool, 2)]
+    made = task.requests()
+    assert [[pool[int(e.split(":")[1])] for e in r.examples] for r in made] == expected
+    a, b = expected[0]
+    assert made[0].context == f"Q: {a['q']}\nA: {a['a']}\n\nQ: {b['q']}\nA: {b['a']}\n\nQ: 1+1\nA:"
+    assert task.requests(seed=7)[0].examples != made[0].examples  # seeds.fewshot replaces lm-eval's 1234
+
+
+def test_fewshot_samples_from_the_yaml(tmp_path: Path) -> None:
+    samples = "fewshot_config: {sampler: first_n, samples: [{q: 9+9, a: '18'}]}\nnum_fewshot: 1\n"
+    task = load_task(_write(tmp_path, BASE + samples))
+    made = task.requests()
+    assert made[0].context == "Q: 9+9\nA: 18\n\nQ: 1+1\nA:" and made[0].examples == ("samples:0",)
+
+
+MULTIPLE_INPUT = """task: fill
+dataset_path: json
+dataset_kwargs: {data_files: {test: fill.jsonl}}
+test_split: test
+output_type: multiple_choice
+doc_to_text: !function fill.gold
+doc_to_choice: !function fill.contexts
+doc_to_target: !function fill.rest
+should_decontaminate: true
+doc_to_decontamination_query: sentence
+"""
+FILL = """def contexts(doc):
+    head = doc["sentence"].split("_")[0]
+    return [head + doc["option1"], head + doc["option2"]]
+
+
+def gold(doc):
+    return int(doc["answer"]) - 1
+
+
+def rest(doc):
+    return doc["sentence"].split("_")[1].strip()
+"""
+
+
+def test_a_multiple_input_task_scores_its_one_continuation_after_each_context(tmp_path: Path) -> None:
+    """winogrande's form: one context per choice, the same continuation; acc is whichever context makes it the
+    likeliest, scored by lm-eval's process_results."""
+    (tmp_path / "fill.py").write_text(FILL, encoding="utf-8")
+    (tmp_path / "fill.jsonl").write_text(json.dumps({"sentence": "The cup fell because _ was slippery.",
+                                                     "option1": "the cup", "option2": "the table",
+                                                     "answer": "1"}) + "\n", encoding="utf-8")  # fmt: skip
+    path = tmp_path / "fill.yaml"
+    path.write_text(MULTIPLE_INPUT, encoding="utf-8")
+    task = load_task(path)
+    (made,) = task.requests()
+    assert made.contexts == ("The cup fell because the cup", "The cup fell because the table")
+    assert made.continuations == (" was slippery.", " was slippery.")
+    scoring = ScoringTask(read_definition(path))
+    scores = {m: v for m, _, v, _ in scoring.score(made.doc, [[(-1.0, False)], [(-3.0, False)]])}
+    assert scores == {"acc": 1.0, "acc_norm": 1.0}
+    scores = {m: v for m, _, v, _ in scoring.score(made.doc, [[(-5.0, False)], [(-3.0, False)]])}
+    assert scores["acc"] == 0.0
+
+
+SCORED = """task: scored
+dataset_path: json
+dataset_kwargs: {data_files: {test: test.jsonl}}
+test_split: test
+doc_to_text: "Q: {{q}}\\nA:"
+doc_to_target: a
+generation_kwargs: {until: ["\\n"], max_gen_toks: 4}
+"""
+
+
+def test_process_results_and_a_metric_function_score_as_lm_eval_scores(tmp_path: Path) -> None:
+    (tmp_path / "score.py").write_text(
+        "def results(doc, replies):\n    return {'close': float(replies[0].strip() == doc['a']), 'length': "
+        "len(replies[0])}\n\n"
+        "def digits(references, predictions):\n    return float(predictions[0].strip().isdigit())\n",
+        encoding="utf-8",
+    )
+    custom = _write(tmp_path, SCORED + "process_results: !function score.results\nmetric_list:\n"
+                    "  - {metric: close, aggregation: mean, higher_is_better: true}\n"
+                    "  - {metric: length, aggregation: mean, higher_is_better: false}\n", "custom.yaml")  # fmt: skip
+    task = load_task(custom)
+    doc = task.eval_split.docs[0]
+    scored = ScoringTask(read_definition(custom)).score(doc, [[" 2"]])
+    assert [(m, f, v) for m, f, v, _ in scored] == [("close", "none", 1.0), ("length", "none", 2)]
+    assert task.scoring_record()["process_results"]["function"] == "score.results"
+    function = _write(tmp_path, SCORED + "metric_list:\n  - {metric: !function score.digits, aggregation: mean, "
+                      "higher_is_better: true}\n", "function.yaml")  # fmt: skip
+    load_task(function)
+    scored = ScoringTask(read_definition(function)).score(doc, [[" 12"]])
+    assert [(m, v) for m, _, v, _ in scored] == [("digits", 1.0)]
 
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
+CONVERSION = "fedcba9876543210fedcba9876543210fedcba98"
 
 
 def _hub_cache(root: Path) -> Path:
@@ -226,65 +310,43 @@ def test_a_hub_dataset_is_read_from_the_local_cache_at_its_pinned_commit(tmp_pat
     assert record["files"][0]["file"] == "test-00000-of-00001.parquet" and record["docs"] == 3
     other = _write(tmp_path, pinned.read_text().replace("dataset_name: main", "dataset_name: other"), "other.yaml")
     assert len(load_task(other).eval_split.docs) == 1  # no card config: the files named after the split
-    branch = _write(tmp_path, hub.replace("{data_files: {test: test.jsonl}}", "{revision: main}"), "branch.yaml")
+    unpinned = hub.replace("dataset_kwargs: {data_files: {test: test.jsonl}}\n", "")
+    branch = _write(tmp_path, unpinned, "branch.yaml")
     with pytest.raises(BadInput, match="the commit") as caught:
         load_task(branch)
     assert caught.value.where == f"{branch}: dataset_kwargs.revision"
-    unpinned = load_task(branch, allow_unpinned=True).splits["test"].as_record()["hub"]
-    assert unpinned["revision"] == COMMIT and unpinned["pinned"] is False  # the commit the cache had, recorded
+    assert load_task(branch, revision=COMMIT).splits["test"].as_record()["hub"]["pinned"] is True  # no edit
+    assert load_task(branch, revision={"evalrun/adds": COMMIT}).eval_split.rows_sha256 == task.eval_split.rows_sha256
+    read = load_task(branch, allow_unpinned=True).splits["test"].as_record()["hub"]
+    assert read["revision"] == COMMIT and read["pinned"] is False  # the commit the cache had, recorded
     absent = _write(tmp_path, pinned.read_text().replace(COMMIT, "f" * 40), "absent.yaml")
     with pytest.raises(BadInput, match="is not in the local Hugging Face cache") as caught:
         load_task(absent)
     assert caught.value.where == f"{absent}: dataset_path"
-    (tmp_path / "hub" / "datasets--evalrun--adds" / "snapshots" / COMMIT / "adds.py").write_text("# a builder\n")
-    scripted = _write(tmp_path, pinned.read_text().replace("dataset_name: main", "dataset_name: scripted"), "s.yaml")
-    with pytest.raises(BadInput, match=r"loading script \(adds\.py\), which evalrun does not run") as caught:
-        load_task(scripted)  # its configs are the script's: no files
-    assert caught.value.where == f"{scripted}: dataset_name"
 
 
-def test_the_fewshot_sampler_is_lm_evals_one_generator_for_the_task_in_document_order(tmp_path: Path) -> None:
-    import random
+def test_a_loading_script_dataset_is_read_from_its_parquet_conversion(tmp_path: Path, monkeypatch) -> None:
+    """The hub's refs/convert/parquet commit lays each config's split out as CONFIG/SPLIT/NNNN.parquet; evalrun runs
+    no dataset code, says which commit to pin, and reads the conversion at it."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
 
-    rows = "".join(json.dumps({"q": f"{i}+1", "a": str(i + 1)}) + "\n" for i in range(12))
-    (tmp_path / "train.jsonl").write_text(rows, encoding="utf-8")
-    path = _write(tmp_path, BASE.replace("{test: test.jsonl}", "{test: test.jsonl, train: train.jsonl}")
-                  + "fewshot_split: train\nnum_fewshot: 2\n")  # fmt: skip
-    task = load_task(path)
-    pool = list(task.splits["train"].docs)
-    rnd = random.Random(1234)
-    assert [[pool[i] for i in chosen] for chosen in task.fewshot()] == [rnd.sample(pool, 2), rnd.sample(pool, 2)]
-    too_many = _write(tmp_path, path.read_text().replace("num_fewshot: 2", "num_fewshot: 13"), "many.yaml")
-    with pytest.raises(BadInput, match="13 examples from split 'train', which has 12 documents"):
-        list(load_task(too_many).requests())
-    first = next(task.requests()).context
-    a, b = rnd_examples = random.Random(1234).sample(pool, 2)
-    assert first == f"Q: {a['q']}\nA: {a['a']}\n\nQ: {b['q']}\nA: {b['a']}\n\nQ: 1+1\nA:" and rnd_examples
-
-
-def test_the_filters_and_metrics_are_lm_evals() -> None:
-    assert set(FILTERS) == set(FILTER_FUNCTIONS) and set(METRICS) == {"exact_match", "acc", "acc_norm", "perplexity"}
-    last = FilterPipeline("flex", (("regex", {"regex_pattern": r"(-?\d+)", "group_select": -1}), ("take_first", {})))
-    assert apply_filters(last, ["12 then 35 ok", "x"]) == "35"
-    groups = FilterPipeline("g", (("regex", {"regex_pattern": r"(\d+)|([a-z]+)"}), ("take_first", {})))
-    assert apply_filters(groups, ["abc 1"]) == "abc"  # the first non-empty group of the first match
-    none = FilterPipeline("n", (("regex", {}), ("take_first", {})))
-    assert apply_filters(none, ["no answer line"]) == "[invalid]"
-    vote = FilterPipeline("v", (("regex", {"regex_pattern": r"(\d+)"}), ("majority_vote", {}), ("take_first", {})))
-    assert apply_filters(vote, ["it is 3", "5", "x 5", "3", "none"]) == "3"  # ties to the first of the most common
-    assert apply_filters(vote, ["no", "7", "none"]) == "[invalid]"
-    tidy = FilterPipeline("t", (("remove_whitespace", {}), ("lowercase", {}), ("take_first", {})))
-    assert apply_filters(tidy, ["  Paris \n"]) == "paris"
-    assert exact_match(" A.", "a", ignore_case=True, ignore_punctuation=True) == 0.0  # whitespace is kept
-    assert exact_match("A.", "a", ignore_case=True, ignore_punctuation=True) == 1.0
-    assert exact_match("The answer: 42", "42", regexes_to_ignore=[r"^The answer: "]) == 1.0
-    assert exact_match("abc12", "abc", ignore_numbers=True) == 1.0
-    # acc picks the likeliest choice, acc_norm the likeliest per character (ties to the first)
-    assert choice_metrics([-4.0, -6.0], ["no", "yes!!"], 1) == {"acc": 0.0, "acc_norm": 1.0}
-    assert choice_metrics([-2.0, -2.0], ["a", "b"], 0) == {"acc": 1.0, "acc_norm": 1.0}
-    # loglikelihood: a document's perplexity value is its target's loglikelihood, acc whether it is greedy
-    assert likelihood_metrics(-1.5, False) == {"perplexity": -1.5, "acc": 0.0}
-    assert likelihood_metrics(-0.25, True) == {"perplexity": -0.25, "acc": 1.0}
+    cache = _hub_cache(tmp_path / "hub")
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    repo = cache / "datasets--evalrun--adds"
+    (repo / "snapshots" / COMMIT / "adds.py").write_text("# a builder\n")
+    converted = repo / "snapshots" / CONVERSION / "scripted" / "test"
+    converted.mkdir(parents=True)
+    pq.write_table(pa.table({"q": ["7+7"], "a": ["14"]}), converted / "0000.parquet")
+    (repo / "refs" / "convert").mkdir()
+    (repo / "refs" / "convert" / "parquet").write_text(CONVERSION)
+    scripted = BASE.replace("dataset_path: json", "dataset_path: evalrun/adds\ndataset_name: scripted")
+    main = _write(tmp_path, scripted.replace("{data_files: {test: test.jsonl}}", f"{{revision: {COMMIT}}}"))
+    with pytest.raises(BadInput, match=rf"loading script \(adds\.py\).*task\.dataset_revision={CONVERSION}"):
+        load_task(main)
+    task = load_task(main, revision=CONVERSION)
+    assert [r.context for r in task.requests()] == ["Q: 7+7\nA:"]
+    assert task.eval_split.as_record()["hub"]["revision"] == CONVERSION
 
 
 def test_lm_evals_prompt_options_are_in_the_digest_and_refused_where_they_mean_nothing() -> None:
@@ -307,3 +369,6 @@ def test_lm_evals_prompt_options_are_in_the_digest_and_refused_where_they_mean_n
     with pytest.raises(BadInput, match="an lm-eval task's setting") as caught:
         load(["task=addition", f"task.system_instruction={SYSTEM}"])
     assert caught.value.where == "task.system_instruction"
+    with pytest.raises(BadInput, match="a commit") as caught:
+        load([*base, "task.dataset_revision=main"])
+    assert caught.value.where == "task.dataset_revision"

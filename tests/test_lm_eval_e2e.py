@@ -78,7 +78,7 @@ def test_a_shipped_suite_runs_with_lm_evals_prompts_and_verifies_replays_and_res
         assert all(r["finish_reason"] == "not_generated" for r in rows)  # scored by loglikelihood only
     elif task.output_type == "loglikelihood":  # the target's loglikelihood, and whether it is the greedy answer
         assert metrics == {"perplexity", "acc"} and all(r["finish_reason"] == "not_generated" for r in rows)
-        assert [r["target"] for r in rows] == [g["requests"][0][1] for g in golden]  # lm-eval's continuation
+        assert [json.loads(r["target"])["doc"] for r in rows] == [g["doc"] for g in golden]  # scored against it
         by_item = {(s["item_id"], s["metric"]): s["value"] for s in scores}
         for row in rows:
             ((logprob,), (greedy,)) = row["option_logprobs"], row["option_greedy"]
@@ -87,7 +87,7 @@ def test_a_shipped_suite_runs_with_lm_evals_prompts_and_verifies_replays_and_res
         summary = json.loads((run / "summary.json").read_text())["tasks"][task.name]
         assert summary["perplexity"]["perplexity"] == pytest.approx(math.exp(-summary["perplexity"]["mean"]))
     else:
-        assert metrics == {f"exact_match/{task.filters[0].name}"}
+        assert metrics == {f"exact_match/{task.filter_names[0]}"}
         assert all(r["finish_reason"] in ("stop", "length") for r in rows)
         if task.repeats > 1:  # every reply kept, the first the output; the answer their majority (lm-eval's filter)
             extracted = {s["item_id"]: s["extracted"] for s in scores}
@@ -172,7 +172,7 @@ def test_a_multiple_choice_target_delimiter_is_what_each_choice_is_scored_after(
     task = load_task(yaml)
     run = _run(run_eval, yaml)
     expected = [r.continuations for r in task.requests()][:LIMIT]
-    assert expected[0][0] == str(task.choices(task.eval_split.docs[0])[0])  # no space before the choice
+    assert expected[0][0] == str(task.task.doc_to_choice(task.eval_split.docs[0])[0])  # no space before the choice
     logs: dict[str, list[dict]] = {}
     for part in sorted((run / "log").glob("part-*.jsonl")):
         for line in part.read_text().splitlines():
@@ -184,12 +184,10 @@ def test_a_multiple_choice_target_delimiter_is_what_each_choice_is_scored_after(
         assert tuple(e["request"]["continuation"] for e in scored) == continuations
         assert [e["response"]["logprob"] for e in scored] == row["option_logprobs"]
     manifest = json.loads((run / "manifest.json").read_text())
-    assert manifest["task"]["choices"]["delimiter"] == ""
+    assert manifest["task"]["choices"]["delimiter"] == ""  # each continuation is lm-eval's, its delimiter in it
     assert verify_run(run).scores == "recomputed"
     replayed = replay_run(run, [])
     assert replayed.reproduced == LIMIT and not replayed.divergences
-    shipped = json.loads((_run(run_eval, SHIPPED / "addition_mc/addition_mc.yaml") / "manifest.json").read_text())
-    assert "delimiter" not in shipped["task"]["choices"]  # lm-eval's default space: recorded as before
 
 
 @pytest.mark.e2e
@@ -202,12 +200,12 @@ def test_documents_process_docs_makes_differently_are_refused_at_resume_though_i
     utils.write_text(utils.read_text().replace('f"Q: {', f'f"{{{label}}}: {{'))
     (copy / "label.txt").write_text("Q")
     run = _run(run_eval, copy / "addition_fn.yaml")
-    recorded = json.loads((run / "manifest.json").read_text())["task"]["dataset"]["splits"]["test"]["process_docs"]
+    recorded = json.loads((run / "manifest.json").read_text())["task"]["dataset"]["processed_docs_sha256"]
     (run / "record.json").unlink()  # as if it had stopped before its end
     (copy / "label.txt").write_text("Question")
     with pytest.raises(BadInput, match=r"task\.processed_docs_sha256\.test changed"):
         resume(run, [])
-    assert load_task(copy / "addition_fn.yaml").eval_split.docs_sha256 != recorded["docs_sha256"]
+    assert load_task(copy / "addition_fn.yaml").processed_docs_sha256["test"] != recorded["test"]
 
 
 CHATML = (
@@ -230,13 +228,13 @@ def test_apply_chat_template_is_task_chat_format_chat_and_in_the_digest(
     rows = sorted(pq.read_table(run / "outputs").to_pylist(), key=lambda r: int(r["item_id"]))
     task = load_task(yaml)
     for row, doc in zip(rows, task.eval_split.docs, strict=False):
-        assert row["prompt"] == f"<|im_start|>user\n{task.text(doc)}<|im_end|>\n<|im_start|>assistant\n"
+        assert row["prompt"] == f"<|im_start|>user\n{task.task.doc_to_text(doc)}<|im_end|>\n<|im_start|>assistant\n"
     manifest = json.loads((run / "manifest.json").read_text())
     assert manifest["task"]["choices"]["delimiter"] == ""
     assert manifest["task"]["prompt_pack"]["chat"]["origin"] == "file"
     first = next((run / "log").glob("part-*.jsonl")).read_text().splitlines()
     continuations = [json.loads(line).get("request", {}).get("continuation") for line in first]
-    assert str(task.choices(task.eval_split.docs[int(rows[0]["item_id"])])[0]) in continuations
+    assert str(task.task.doc_to_choice(task.eval_split.docs[int(rows[0]["item_id"])])[0]) in continuations
     assert verify_run(run).scores == "recomputed"
     replayed = replay_run(run, [])
     assert replayed.reproduced == LIMIT and not replayed.divergences
@@ -248,9 +246,16 @@ BASE = TINY_TASK
 @pytest.mark.parametrize(
     ("text", "named"),
     [
-        (BASE + "process_results: !function utils.score\n", ": process_results: an lm-eval key evalrun does not"),
+        (
+            BASE + "output_type: loglikelihood_rolling\n",
+            ": evalrun does not run it: output_type 'loglikelihood_rolling'",
+        ),
+        (BASE + "not_a_key: 1\n", ": lm-eval does not build it: TypeError"),
         (BASE.replace("test_split: test", "test_split: validation"), ": test_split: the dataset has no split"),
-        (BASE.replace('"Q: {{q}}\\nA:"', "!function nope.text"), ": !function nope.text: no file"),
+        (
+            BASE.replace('"Q: {{q}}\\nA:"', "!function nope.text"),
+            ": lm-eval does not read it: no helper file nope.py beside the YAML",
+        ),
         (
             BASE.replace(
                 "dataset_path: json\ndataset_kwargs: {data_files: {test: test.jsonl}}",

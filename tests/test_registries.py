@@ -63,7 +63,8 @@ def test_built_in_plug_ins_are_registered_by_name() -> None:
     assert DISPATCHERS.names() == ("inline", "local", "ray")
     assert SCORERS.names() == ("choice", "exact_match", "lm_eval", "number", "regex", "rubric", "verifier")
     assert NORMALIZERS.names() == ("collapse_whitespace", "lower", "strip", "strip_punctuation")
-    assert {name: SCORERS.get(name).version for name in SCORERS.names()} == dict.fromkeys(SCORERS.names(), "1")
+    versions = {name: SCORERS.get(name).version for name in SCORERS.names()}
+    assert versions == {**dict.fromkeys(SCORERS.names(), "1"), "lm_eval": "2"}  # 2: scored by lm-eval's library
     assert SCORERS.get("choice").columns[-2:] == ("shuffle_order", "option_logprobs")
 
 
@@ -194,6 +195,7 @@ CHAT_SETTINGS = (
     "reasoning_parser",
     "path",
     "allow_unpinned_dataset",
+    "dataset_revision",
     "system_instruction",
     "fewshot_as_multiturn",
 )
@@ -218,7 +220,7 @@ def test_settings_are_typed_frozen_and_give_back_the_composed_record() -> None:
     raw = OmegaConf.to_container(cfg, resolve=True)
     config = validate(cfg)
     assert raw["task"].pop("kind") is None  # a setting left out of the record while null (records stay as before)
-    assert [raw["task"].pop(k) for k in CHAT_SETTINGS] == [None, None, {}, None, None, None, None, None]
+    assert [raw["task"].pop(k) for k in CHAT_SETTINGS] == [None, None, {}, None, None, None, None, None, None]
     assert raw["task"]["choices"].pop("delimiter") is None  # the same
     assert raw["determinism"].pop("require_invariant") is None  # the same
     assert [raw["engine"].pop(k) for k in SERVED_SETTINGS] == [None] * len(SERVED_SETTINGS)  # engine=openai's, the same
@@ -240,7 +242,7 @@ def test_settings_are_typed_frozen_and_give_back_the_composed_record() -> None:
 def test_the_hydra_schema_is_generated_from_the_settings_with_the_same_defaults() -> None:
     schema = OmegaConf.to_container(OmegaConf.structured(Schema))
     assert schema["task"].pop("kind") is None  # composed as null, left out of the record while null
-    assert [schema["task"].pop(k) for k in CHAT_SETTINGS] == [None, None, {}, None, None, None, None, None]
+    assert [schema["task"].pop(k) for k in CHAT_SETTINGS] == [None, None, {}, None, None, None, None, None, None]
     assert schema["task"]["choices"].pop("delimiter") is None  # the same
     assert schema["determinism"].pop("require_invariant") is None  # the same
     assert [schema["engine"].pop(k) for k in SERVED_SETTINGS] == [None] * len(SERVED_SETTINGS)

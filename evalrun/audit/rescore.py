@@ -118,8 +118,9 @@ def edited_lm_eval_context(run: layout.RunDir, path: Path) -> tuple[ScoringConte
     task = manifest.get("task") or {}
     if task.get("kind") != "lm_eval":
         raise BadInput("task.path", "this run is not an lm-eval task's: task.path edits an lm-eval task's YAML")
-    allow_unpinned = bool((read_config(run).get("task") or {}).get("allow_unpinned_dataset"))  # as the run read it
-    edited = find_task(path, str(task.get("name")), allow_unpinned)
+    settings = read_config(run).get("task") or {}  # the data read as the run read it
+    edited = find_task(path, str(task.get("name")), bool(settings.get("allow_unpinned_dataset")),
+                       settings.get("dataset_revision"))  # fmt: skip
     recorded_prompts = {k: v for k, v in (task.get("prompt_pack") or {}).items() if k not in ("path", "decoding")}
     recorded = {"prompt_pack": recorded_prompts, "dataset": (task.get("dataset") or {}).get("splits")}
     now = {"prompt_pack": edited.prompt_record(), "dataset": edited.splits_record()}
@@ -129,7 +130,9 @@ def edited_lm_eval_context(run: layout.RunDir, path: Path) -> tuple[ScoringConte
                                   "recorded outputs do not apply; that is a new run")  # fmt: skip
     scoring, recorded_scoring = edited.scoring_record(), task.get("lm_eval") or {}
     context = kind_of_manifest(manifest).recorded_scoring_context(manifest, None)
-    return replace(context, lm_eval=scoring), tuple(d[0] for d in differences(recorded_scoring, scoring))
+    return replace(context, lm_eval=scoring, lm_eval_path=str(edited.path)), tuple(
+        d[0] for d in differences(recorded_scoring, scoring)
+    )
 
 
 def _diffs(old: pa.Table, new: pa.Table) -> tuple[TaskDiff, ...]:

@@ -565,6 +565,9 @@ class TaskConfig(Section):
     # an lm-eval task's hub dataset at a branch or no revision (not a commit): read as the local cache has it,
     # recorded as unpinned; null: refused
     allow_unpinned_dataset: bool | None = field(default=None, metadata=LEFT_OUT_WHEN_NULL)
+    # an lm-eval task's hub dataset read at this commit (over its YAML's dataset_kwargs.revision): a shipped YAML
+    # pinned without editing it; or, for a group, {DATASET_PATH: COMMIT} per dataset its tasks read
+    dataset_revision: str | Mapping[str, str] | None = field(default=None, metadata=LEFT_OUT_WHEN_NULL)
     # an lm-eval task's --system_instruction: the system turn, before the YAML's description
     system_instruction: str | None = field(default=None, metadata=LEFT_OUT_WHEN_NULL)
     # an lm-eval task's --fewshot_as_multiturn under a chat template: false puts the examples and the document in
@@ -587,9 +590,10 @@ class TaskConfig(Section):
                 raise _fail(f"task.{key}", "null: it is an lm-eval task's setting (task=lm_eval; a prompt pack has "
                                            "its own system template and fewshot.as_multiturn)",
                             getattr(self, key))  # fmt: skip
-        if self.allow_unpinned_dataset is not None:
-            raise BadInput("task.allow_unpinned_dataset", "a setting of an lm-eval task's hub dataset (task=lm_eval): "
-                                                          "expected null")  # fmt: skip
+        for key in ("allow_unpinned_dataset", "dataset_revision"):
+            if getattr(self, key) is not None:
+                raise BadInput(f"task.{key}", "a setting of an lm-eval task's hub dataset (task=lm_eval): expected "
+                                              "null")  # fmt: skip
         if self.world is not None:
             self.world.check()
             given = [k for k in ("dataset", "template", "prompt_pack", "rubric", "references")
@@ -627,6 +631,12 @@ class TaskConfig(Section):
         if self.scorer.name != "lm_eval":
             raise BadInput("task.scorer.name", "an lm-eval task is scored by its YAML's filters and metrics: expected "
                                                "lm_eval")  # fmt: skip
+        revision = self.dataset_revision
+        commit = re.compile(r"[0-9a-f]{40}")
+        revisions = revision.values() if isinstance(revision, Mapping) else [] if revision is None else [revision]
+        if not all(isinstance(r, str) and commit.fullmatch(r) for r in revisions):
+            raise _fail("task.dataset_revision", "a commit (40 lowercase hex digits), or {DATASET_PATH: COMMIT} for a "
+                                                 "group's datasets", revision)  # fmt: skip
         if self.fewshot_as_multiturn is not None and self.chat_format != "chat":
             raise _fail("task.fewshot_as_multiturn", "null unless task.chat_format=chat (as lm-eval, which takes "
                                                      "--fewshot_as_multiturn only with --apply_chat_template)",

@@ -2,11 +2,11 @@
 task.path=TASK.yaml``).
 
 Its episodes are a dataset's (:mod:`evalrun.episodes.dataset`: one generation, or one loglikelihood call per
-choice, recorded and replayed alike); what differs is where they come from. The task, its documents and its
-prompts are :mod:`evalrun.tasks.lm_eval`'s (lm-eval's definitions, reproduced), the scores the ``lm_eval``
-scorer's (its filters and metrics, :mod:`evalrun.scoring.lm_eval`), and the digest covers the task as lm-eval
-defines it: the resolved YAML with its functions' sources and its data's hashes in the prompt-pack part, the
-filters and metrics in the scoring part.
+choice, recorded and replayed alike); what differs is where they come from. The task and its prompts are lm-eval's
+own (:mod:`evalrun.tasks.lm_eval`: its library builds them on the documents evalrun read), the scores the
+``lm_eval`` scorer's (lm-eval's filters and ``process_results``, :mod:`evalrun.scoring.lm_eval`), and the digest
+covers the task as lm-eval defines it: lm-eval's version, the resolved YAML with its helpers' sources and its
+data's hashes in the prompt-pack part, the filters, metrics and process_results in the scoring part.
 """
 
 from __future__ import annotations
@@ -38,7 +38,8 @@ class LmEvalKind(DatasetKind):
 
     def load(self, config: EvalConfig, model: ModelFiles) -> tuple[EvalConfig, Task]:
         wanted = None if config.task.name == DEFAULT_NAME else config.task.name
-        source = find_task(Path(config.prompt_path), wanted, bool(config.task.allow_unpinned_dataset))
+        source = find_task(Path(config.prompt_path), wanted, bool(config.task.allow_unpinned_dataset),
+                           config.task.dataset_revision)  # fmt: skip
         # lm-eval's few-shot seed is 1234 (simple_evaluate's fewshot_random_seed); seeds.fewshot replaces it
         # lm-eval's prompts are plain unless --apply_chat_template: task.chat_format null is plain, chat is that flag
         spec = config.task
@@ -58,7 +59,8 @@ class LmEvalKind(DatasetKind):
 
     def scoring_context(self, config: EvalConfig, task: Task, model: ResolvedModel,
                         judge_model: ResolvedModel | None) -> ScoringContext:  # fmt: skip
-        return ScoringContext(task.choices.scoring if task.multiple_choice else "", lm_eval=self._scoring_of(task))
+        return ScoringContext(task.choices.scoring if task.multiple_choice else "", lm_eval=self._scoring_of(task),
+                              lm_eval_path=str(task.pack.path))  # fmt: skip
 
     def prompt_record(self, config: EvalConfig, task: Task) -> dict[str, Any]:
         return dict(task.pack_record(config.decoding.as_record()))
@@ -66,27 +68,28 @@ class LmEvalKind(DatasetKind):
     def identity(self, config: EvalConfig, task: Task) -> dict[str, Any]:
         # The documents a process_docs made, by split: a change to what it returns that its source's hash does
         # not show (a module it imports, a library's version) is a different run, caught at resume.
-        processed = {name: split["process_docs"]["docs_sha256"] for name, split in self._splits_of(task).items()
-                     if "process_docs" in split}  # fmt: skip
+        processed = dict(getattr(task.pack, "processed_docs_sha256", {}))
         return {"kind": self.name, **super().identity(config, task), "lm_eval": self._scoring_of(task),
                 **({"processed_docs_sha256": processed} if processed else {})}  # fmt: skip
 
     def section(self, config: EvalConfig, task: Task) -> dict[str, Any]:
         recorded = super().section(config, task)
-        recorded["dataset"] = {**recorded["dataset"], "splits": self._splits_of(task)}
+        processed = dict(getattr(task.pack, "processed_docs_sha256", {}))
+        recorded["dataset"] = {**recorded["dataset"], "splits": self._splits_of(task),
+                               **({"processed_docs_sha256": processed} if processed else {})}  # fmt: skip
         return {"kind": self.name, **recorded, "lm_eval": self._scoring_of(task)}
 
     def recorded_task_identity(self, task: Mapping[str, Any]) -> dict[str, Any]:
-        splits = as_dict(as_dict(task.get("dataset")).get("splits"))
-        processed = {name: as_dict(split.get("process_docs")).get("docs_sha256") for name, split in splits.items()
-                     if isinstance(split, dict) and "process_docs" in split}  # fmt: skip
+        processed = as_dict(as_dict(task.get("dataset")).get("processed_docs_sha256"))
         return {**super().recorded_task_identity(task), **({"processed_docs_sha256": processed} if processed else {})}
 
     def recorded_scoring_context(self, manifest: Mapping[str, Any], rubric: Rubric | None) -> ScoringContext:
         task = section(manifest, "task")
         choices = as_dict(task.get("choices"))
         scoring = choices.get("scoring", "") if choices.get("field") is not None else ""
-        return ScoringContext(str(scoring), lm_eval=as_dict(task.get("lm_eval")))
+        path = as_dict(task.get("prompt_pack")).get("path")
+        return ScoringContext(str(scoring), lm_eval=as_dict(task.get("lm_eval")),
+                              lm_eval_path=None if path is None else str(path))  # fmt: skip
 
     def recorded_scoring_record(self, manifest: Mapping[str, Any]) -> dict[str, Any]:
         return self.recorded_scoring_context(manifest, None).as_record()

@@ -23,6 +23,9 @@ class ScoringContext:
     references: dict[str, str] | None = None  # a dataset task's frozen answer set (name, version, index hash)
     # an lm-eval task's output type, filter pipelines and metrics (evalrun.tasks.lm_eval's scoring_record)
     lm_eval: dict[str, Any] | None = None
+    # where that task's YAML is, whose helpers lm-eval imports to score (not in the record: the record's helper
+    # hashes say what they must be, wherever the YAML lies)
+    lm_eval_path: str | None = None
 
     @classmethod
     def of(cls, choices: ChoicesConfig, rubric: Rubric | None, model_files: dict[str, str],

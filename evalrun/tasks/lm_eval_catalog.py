@@ -138,7 +138,7 @@ def catalog(root: Path) -> Catalog:
             try:
                 config = load_yaml(path, resolve_func=False)
             except (Exception, SystemExit) as error:  # lm-eval's index skips it; say why
-                unreadable[path] = _reason(error)
+                unreadable[path] = reason_of(error)
                 continue
             if "task" in config or "group" in config:  # a name defined twice: lm-eval keeps the first
                 continue
@@ -221,7 +221,7 @@ def task_reasons(path: Path) -> list[str]:
     try:
         raw = load_yaml(path, resolve_func=False)
     except (Exception, SystemExit) as error:
-        return [f"its YAML does not read: {_reason(error)}"]
+        return [f"its YAML does not read: {reason_of(error)}"]
     reasons = []
     known = {f.name for f in dataclasses.fields(TaskConfig)}
     unknown = [] if "class" in raw else sorted(k for k in raw if k not in known and k not in STRUCTURAL_KEYS)
@@ -231,7 +231,7 @@ def task_reasons(path: Path) -> list[str]:
     try:
         config = load_yaml(path, resolve_func=True)
     except (Exception, SystemExit) as error:
-        return [*reasons, f"a helper it names does not import: {_reason(error)}"]
+        return [*reasons, f"a helper it names does not import: {reason_of(error)}"]
     if "class" in config:  # a Python task class: lm-eval builds it; nothing more to check without its data
         return reasons
     for key in STRUCTURAL_KEYS:
@@ -239,17 +239,19 @@ def task_reasons(path: Path) -> list[str]:
     if unknown:
         return reasons
 
+    defined: list[Any] = []
+
     class Defined(ConfigurableTask):
         def download(self, *args: Any, **kwargs: Any) -> None:
+            defined.append(self)
             raise _Defined
 
     try:
-        task = Defined(config=config)
+        Defined(config=config)
     except _Defined:
-        task = None
+        reasons.extend(scoring_reasons(defined[0]))
     except (Exception, SystemExit) as error:
-        return [*reasons, f"lm-eval does not build it: {_reason(error)}"]
-    del task
+        return [*reasons, f"lm-eval does not build it: {reason_of(error)}"]
     settings = TaskConfig(**config)
     if settings.process_results is None and settings.output_type == "generate_until":  # the one type that calls them
         for metric in settings.metric_list or ():
@@ -261,7 +263,7 @@ def task_reasons(path: Path) -> list[str]:
             build_filter_ensemble(pipeline["name"], [[f["function"], {k: v for k, v in f.items() if k != "function"}]
                                                      for f in pipeline["filter"]])  # fmt: skip
         except (Exception, SystemExit) as error:
-            reasons.append(f"filter {pipeline.get('name')!r}: {_reason(error)}")
+            reasons.append(f"filter {pipeline.get('name')!r}: {reason_of(error)}")
     return reasons
 
 
@@ -285,6 +287,21 @@ def served_reasons(config: Mapping[str, Any]) -> list[str]:
     return reasons
 
 
+def scoring_reasons(task: Any) -> list[str]:
+    """What of a built ``ConfigurableTask``'s scoring evalrun's summary does not aggregate (yet): a metric whose
+    aggregation is not lm-eval's mean, but perplexity's under its own name (exp(-mean) of its loglikelihoods)."""
+    from lm_eval.api.metrics import mean, perplexity
+
+    reasons = []
+    for metric, aggregation in task._aggregation_list.items():
+        if aggregation is mean or (aggregation is perplexity and metric == "perplexity"):
+            continue
+        name = getattr(aggregation, "__name__", type(aggregation).__name__)
+        reasons.append(f"metric {metric!r} aggregates by {name}: evalrun's summary aggregates means (and "
+                       "perplexity) only, for now")  # fmt: skip
+    return reasons
+
+
 def group_reasons(group: Definition, found: Catalog, tasks: Mapping[str, Checked]) -> list[str]:
     """A group loads when lm-eval reads its YAML and every member it names loads."""
     from lm_eval.config.group import GroupConfig
@@ -295,7 +312,7 @@ def group_reasons(group: Definition, found: Catalog, tasks: Mapping[str, Checked
         raw = load_yaml(group.path, resolve_func=True)
         GroupConfig(**{k: v for k, v in raw.items() if k in {f.name for f in dataclasses.fields(GroupConfig)}})
     except (Exception, SystemExit) as error:
-        return [f"lm-eval does not read it: {_reason(error)}"]
+        return [f"lm-eval does not read it: {reason_of(error)}"]
     reasons = []
     for member in group.members:
         definition = found.definitions.get(member)
@@ -330,9 +347,10 @@ def _member_name(member: Any) -> str:
 
 
 MISSING_MODULE = re.compile(r"No module named '([^'.]+)")
+HELPER_MODULE = re.compile(r"Cannot import module '([^']+)' for function")  # lm-eval's loader's words
 
 
-def _reason(error: BaseException) -> str:
+def reason_of(error: BaseException) -> str:
     """An exception as one line, the missing package and the lm-eval extra that brings it named where a module
     did not import."""
     cause: BaseException | None = error
@@ -340,6 +358,10 @@ def _reason(error: BaseException) -> str:
         cause = cause.__cause__ or cause.__context__
     if isinstance(cause, ModuleNotFoundError):
         module = (cause.name or "").split(".")[0] or next(iter(MISSING_MODULE.findall(str(cause))), "")
+        named = HELPER_MODULE.match(str(error))
+        if named and named.group(1).split(".")[0] == module:  # the !function's module itself, not what it imports
+            return (f"no helper file {named.group(1).replace('.', '/')}.py beside the YAML, and no installed module "
+                    f"{named.group(1)!r} [{' '.join(str(error).split())[:300]}]")  # fmt: skip
         if not module:  # a helper's own ImportError, its message saying what to install
             return "a package is not installed: " + " ".join(str(cause).split())[:400]
         package = DISTRIBUTION_OF.get(module, module)

@@ -12,6 +12,7 @@ inline task definitions, any other group key.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,11 +20,48 @@ from typing import Any
 
 from evalrun.errors import BadInput
 from evalrun.records.canonical import file_sha256
-from evalrun.tasks.lm_eval import TaskIndex, index, read_yaml
+from evalrun.tasks.lm_eval_catalog import catalog, quiet
 
 GROUP_KEYS = ("group", "group_alias", "task", "aggregate_metric_list", "metadata")
 AGGREGATE_KEYS = ("metric", "filter_list", "aggregation", "weight_by_size")
 NO_FILTER = "none"  # lm-eval's name of a metric's result without a filter pipeline
+
+
+@dataclass(frozen=True)
+class TaskIndex:
+    """What a directory of lm-eval YAMLs defines, as lm-eval's ``TaskManager`` indexes it: each task's YAML, each
+    group's, and each tag's tasks in name order."""
+
+    tasks: Mapping[str, Path]
+    groups: Mapping[str, Path]
+    tags: Mapping[str, tuple[str, ...]]
+    unreadable: Mapping[Path, str] = dataclasses.field(default_factory=dict)  # YAMLs lm-eval's index passed over
+
+    def listing(self) -> str:
+        kinds = (("tasks", self.tasks), ("groups", self.groups), ("tags", self.tags))
+        named = [f"{kind} {', '.join(sorted(names))}" for kind, names in kinds if names]
+        listed = "one of the " + "; ".join(named) if named else "it has no lm-eval YAML"
+        unread = "; ".join(f"{path} ({reason})" for path, reason in self.unreadable.items())
+        return f"{listed}; lm-eval does not read {unread}" if unread else listed
+
+
+def index(directory: Path) -> TaskIndex:
+    """The tasks, groups and tags lm-eval indexes under ``directory``."""
+    found = catalog(directory)
+    tasks = {d.name: d.path for d in found.of_kind("task", "python") if d.path is not None}
+    groups = {d.name: d.path for d in found.of_kind("group") if d.path is not None}
+    return TaskIndex(tasks, groups, {d.name: d.members for d in found.of_kind("tag")}, found.unreadable)
+
+
+def read_yaml(path: Path) -> tuple[dict[str, Any], None]:
+    """A group YAML as lm-eval's loader reads it (includes merged, functions unresolved)."""
+    from lm_eval.tasks._yaml_loader import load_yaml
+
+    try:
+        with quiet():
+            return load_yaml(path, resolve_func=False), None
+    except Exception as error:
+        raise BadInput(str(path), f"lm-eval does not read it ({type(error).__name__}: {error})") from error
 
 
 @dataclass(frozen=True)
