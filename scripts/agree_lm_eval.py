@@ -125,8 +125,8 @@ def worker(args: argparse.Namespace) -> int:
     if args.lm_eval_threads is not None:
         torch.set_num_threads(args.lm_eval_threads)
     side = Path(args.side_dir).resolve()
-    assert Path(lm_eval.__file__).resolve().is_relative_to(side), f"lm_eval not from {side}: {lm_eval.__file__}"
-    for mod in (torch, transformers, datasets):  # datasets is an evalrun dependency (process_docs): the .venv's
+    assert importlib.metadata.version("lm_eval") == "0.4.13", importlib.metadata.version("lm_eval")
+    for mod in (torch, transformers, datasets):  # the .venv's, as evalrun uses them
         assert not Path(mod.__file__).resolve().is_relative_to(side), f"{mod.__name__} from {side}"
     print(
         f"lm-eval worker: lm_eval {importlib.metadata.version('lm_eval')} ({lm_eval.__file__}), "

@@ -103,7 +103,7 @@ def setup_lm_eval(home: Path) -> dict[str, Any]:
               "venv_distributions": venv_distributions()}  # fmt: skip
     with (home / ".lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if ready.is_file() and (home / "site" / "lm_eval").is_dir():
+        if ready.is_file() and (home / "site").is_dir():
             record = json.loads(ready.read_text())
             if all(record.get(k) == v for k, v in wanted.items()):
                 return record
@@ -118,8 +118,10 @@ def setup_lm_eval(home: Path) -> dict[str, Any]:
             missing = [f"{i['metadata']['name']}=={i['metadata']['version']}"
                        for i in json.loads(report.read_text())["install"]]  # fmt: skip
             site = Path(tmp) / "site"
-            log(f"installing {len(missing)} distributions into {home / 'site'}: {' '.join(missing)}")
-            subprocess.run([*pip, "install", "--quiet", "--no-deps", "--target", str(site), *missing], check=True)
+            site.mkdir()
+            if missing:  # nothing, when the .venv has the lm-eval extra (scripts/setup.sh installs it)
+                log(f"installing {len(missing)} distributions into {home / 'site'}: {' '.join(missing)}")
+                subprocess.run([*pip, "install", "--quiet", "--no-deps", "--target", str(site), *missing], check=True)
             records = Path(tmp) / "record"
             records.mkdir()
             if wanted["vllm_record"] is not None:
