@@ -21,6 +21,7 @@ import importlib.metadata
 import logging
 import os
 import re
+import threading
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,8 +66,11 @@ def quiet() -> Iterator[None]:
     logger.setLevel(logging.CRITICAL)
     os.environ.update(dict.fromkeys(saved, "1"))
     try:  # helper modules print at import (a missing optional package, a solver not on PATH)
-        with open(os.devnull, "w") as sink, contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
-            yield
+        if threading.current_thread() is not threading.main_thread():
+            yield  # sys.stdout is the process's: a scoring thread leaves the run's own output alone
+        else:
+            with open(os.devnull, "w") as sink, contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
+                yield
     finally:
         logger.setLevel(level)
         for key, value in saved.items():
