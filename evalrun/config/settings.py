@@ -56,6 +56,9 @@ def _join(where: str, key: str) -> str:
     return f"{where}.{key}" if where else key
 
 
+COMMIT = re.compile(r"[0-9a-f]{40}")  # a git commit, as a hub dataset's revision is pinned by
+
+
 def _fail(where: str, expected: str, got: Any) -> BadInput:
     return BadInput(where, f"expected {expected}, got {got!r}")
 
@@ -632,9 +635,8 @@ class TaskConfig(Section):
             raise BadInput("task.scorer.name", "an lm-eval task is scored by its YAML's filters and metrics: expected "
                                                "lm_eval")  # fmt: skip
         revision = self.dataset_revision
-        commit = re.compile(r"[0-9a-f]{40}")
         revisions = revision.values() if isinstance(revision, Mapping) else [] if revision is None else [revision]
-        if not all(isinstance(r, str) and commit.fullmatch(r) for r in revisions):
+        if not all(isinstance(r, str) and COMMIT.fullmatch(r) for r in revisions):
             raise _fail("task.dataset_revision", "a commit (40 lowercase hex digits), or {DATASET_PATH: COMMIT} for a "
                                                  "group's datasets", revision)  # fmt: skip
         if self.fewshot_as_multiturn is not None and self.chat_format != "chat":

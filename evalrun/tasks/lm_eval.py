@@ -32,7 +32,7 @@ from typing import Any
 from evalrun.chat import ChatFormat, Conversation
 from evalrun.config import ChoicesConfig
 from evalrun.errors import BadInput
-from evalrun.records.canonical import canonical_hash, file_sha256
+from evalrun.records.canonical import canonical_hash, canonical_json, file_sha256
 from evalrun.tasks import Item, Task
 from evalrun.tasks.lm_eval_catalog import (
     STRUCTURAL_KEYS,
@@ -216,14 +216,18 @@ class LmEvalTask:
 
     @cached_property
     def processed_docs_sha256(self) -> dict[str, str]:
-        """With ``process_docs``: the canonical hash of the documents it made, by split (what the prompts are
-        made from; a change its source's hash does not show, e.g. a library's version, is a new run)."""
-        config, fewshot = self.task.config, self.task.fewshot_cfg
+        """With ``process_docs``: the canonical hash of the documents it made, by split, for the evaluated split and
+        (with examples) the few-shot one: what the prompts are made from, so a change its source's hash does not
+        show (a file it reads, a library's version) is a new run. They are the documents lm-eval's task holds
+        already (``task_docs``, its sampler's), not processed again."""
+        task, config = self.task, self.task.config
         made = {}
-        for key, split in named_splits(self.settings):
-            process = fewshot.process_docs if key in ("fewshot_split", "fewshot_config") else config.process_docs
-            if process is not None and split not in made:
-                made[split] = canonical_hash([_jsonable(d) for d in process(self.task.dataset[split])])
+        if config.process_docs is not None:
+            made[self.eval_split.name] = canonical_hash([_jsonable(d) for d in task.task_docs])
+        sampler = getattr(task, "sampler", None)
+        processed = config.process_docs is not None or task.fewshot_cfg.process_docs is not None
+        if processed and sampler is not None and self.num_fewshot > 0:
+            made.setdefault(self.fewshot_split_name(), canonical_hash([_jsonable(d) for d in sampler.fewshot_docs()]))
         return made
 
     def requests(self, seed: int = FEWSHOT_SEED, chat: ChatFormat | None = None, system_instruction: str | None = None,
@@ -283,9 +287,14 @@ class LmEvalTask:
         return made
 
     def fewshot_split_name(self) -> str:
-        config = self.task.config
-        cfg = self.task.fewshot_cfg
-        return str(cfg.split or config.fewshot_split or ("samples" if cfg.samples is not None else "fewshot"))
+        """Where the few-shot examples come from, as lm-eval picks it: ``fewshot_config.split``, ``fewshot_split``,
+        the YAML's ``fewshot_config.samples``, else the training, validation or test split."""
+        config, cfg = self.task.config, self.task.fewshot_cfg
+        if cfg.split or config.fewshot_split:
+            return str(cfg.split or config.fewshot_split)
+        if cfg.samples is not None:
+            return "samples"
+        return str(config.training_split or config.validation_split or config.test_split)
 
     def as_record(self) -> dict[str, Any]:
         """What the digest covers of the task as lm-eval defines it: lm-eval's version, the resolved settings (each
@@ -312,9 +321,7 @@ class LmEvalTask:
     def scoring_record(self) -> dict[str, Any]:
         """The digest's scoring part: lm-eval's version, and the settings that score (output type, filters,
         metrics, process_results; each function by its module's sha256)."""
-        settings = self.definition.settings_record()
-        return {"lm_eval": lm_eval_version(), "output_type": self.output_type,
-                **{k: settings[k] for k in SCORING_KEYS[1:] if k in settings}}  # fmt: skip
+        return {"lm_eval": lm_eval_version(), "output_type": self.output_type, **scoring_settings(self.definition)}
 
     def decoding(self) -> dict[str, Any]:
         """The generation settings as evalrun's decoding section takes them: ``until`` as stop strings,
@@ -445,7 +452,7 @@ def _jsonable(value: Any) -> Any:
 
 def doc_target(doc_id: int, doc: Mapping[str, Any]) -> str:
     """An item's target: its document as JSON (what lm-eval's ``process_results`` scores a reply against)."""
-    return json.dumps({"doc_id": doc_id, "doc": _jsonable(doc)}, ensure_ascii=False, sort_keys=True)
+    return canonical_json({"doc_id": doc_id, "doc": _jsonable(doc)})
 
 
 def read_doc_target(target: str) -> tuple[int, dict[str, Any]]:
@@ -579,14 +586,21 @@ class ScoringTask:
 _SCORING: dict[str, ScoringTask] = {}
 
 
+def scoring_settings(definition: Definition) -> dict[str, Any]:
+    """The settings of ``definition`` that score (filters, metrics, process_results; functions by their module's
+    sha256): the scoring record's, beside lm-eval's version and the output type."""
+    settings = definition.settings_record()
+    return {k: settings[k] for k in SCORING_KEYS[1:] if k in settings}
+
+
 def scoring_task(path: Path, recorded: Mapping[str, Any]) -> ScoringTask:
     """The scoring of the task YAML at ``path``, which must score as ``recorded`` says (its scoring record: the
-    same lm-eval, settings and helper sources), else a BadInput saying what changed."""
-    definition = read_definition(path)
-    key = canonical_hash({"path": str(definition.path), "record": dict(recorded)})
+    same lm-eval, settings and helper sources), else a BadInput saying what changed. Read and checked once per
+    process for a path and record (a scorer is built for every part a run scores)."""
+    key = canonical_hash({"path": str(path.resolve()), "record": dict(recorded)})
     if key not in _SCORING:
-        settings = definition.settings_record()
-        now = {"lm_eval": lm_eval_version(), **{k: settings[k] for k in SCORING_KEYS[1:] if k in settings}}
+        definition = read_definition(path)
+        now = {"lm_eval": lm_eval_version(), **scoring_settings(definition)}
         expected = {k: v for k, v in recorded.items() if k != "output_type"}
         if now != expected:
             changed = sorted(k for k in set(now) | set(expected) if now.get(k) != expected.get(k))

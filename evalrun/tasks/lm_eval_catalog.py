@@ -136,16 +136,12 @@ def catalog(root: Path) -> Catalog:
         indexed = {d.path for d in definitions.values() if d.path is not None}
         unreadable = {}
         files = [root] if root.is_file() else TaskIndex._iter_yaml_files(root)
-        for path in files:
-            if path in indexed:
-                continue
-            try:
-                config = load_yaml(path, resolve_func=False)
-            except (Exception, SystemExit) as error:  # lm-eval's index skips it; say why
-                unreadable[path] = reason_of(error)
-                continue
-            if "task" in config or "group" in config:  # a name defined twice: lm-eval keeps the first
-                continue
+        for path in files:  # lm-eval's index skips a YAML it cannot read, silently: say which, and why
+            if path not in indexed:
+                try:
+                    load_yaml(path, resolve_func=False)
+                except (Exception, SystemExit) as error:
+                    unreadable[path] = reason_of(error)
     return Catalog(root, definitions, unreadable)
 
 

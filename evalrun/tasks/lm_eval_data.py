@@ -21,6 +21,7 @@ from typing import Any
 
 import yaml
 
+from evalrun.config.settings import COMMIT
 from evalrun.errors import BadInput
 from evalrun.records.canonical import canonical_hash, file_sha256
 
@@ -91,7 +92,6 @@ def local_splits(settings: Mapping[str, Any], origins: Mapping[str, Path]) -> di
     return splits
 
 
-COMMIT = re.compile(r"[0-9a-f]{40}")
 DATA_SUFFIXES = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".csv": "csv"}
 
 

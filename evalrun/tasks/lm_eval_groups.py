@@ -53,13 +53,13 @@ def index(directory: Path) -> TaskIndex:
     return TaskIndex(tasks, groups, {d.name: d.members for d in found.of_kind("tag")}, found.unreadable)
 
 
-def read_yaml(path: Path) -> tuple[dict[str, Any], None]:
+def read_yaml(path: Path) -> dict[str, Any]:
     """A group YAML as lm-eval's loader reads it (includes merged, functions unresolved)."""
     from lm_eval.tasks._yaml_loader import load_yaml
 
     try:
         with quiet():
-            return load_yaml(path, resolve_func=False), None
+            return load_yaml(path, resolve_func=False)
     except Exception as error:
         raise BadInput(str(path), f"lm-eval does not read it ({type(error).__name__}: {error})") from error
 
@@ -149,7 +149,7 @@ def find_group(path: Path, name: str | None) -> Group | None:
     """The group ``name`` names under ``path`` (a directory of YAMLs, or a group YAML itself), a tag's tasks, or the
     tasks of a comma-separated list of names; None when ``name`` names one task (or ``path`` is a task YAML)."""
     if path.is_file():
-        settings, _ = read_yaml(path)
+        settings = read_yaml(path)
         if not isinstance(settings.get("group"), str):
             return None
         if name is not None and name != settings["group"]:
@@ -174,7 +174,7 @@ def _member(name: str, found: TaskIndex, parent: str, where: tuple[str, ...], se
     if name in found.groups:
         if name in seen:
             raise BadInput(": ".join(where), f"group {name!r} contains itself (through {' -> '.join(seen)})")
-        settings, _ = read_yaml(found.groups[name])
+        settings = read_yaml(found.groups[name])
         return _group(name, settings, found.groups[name], found, seen)
     if name in found.tags:
         return Group(name, "tag", tuple(Leaf(t, found.tasks[t]) for t in found.tags[name]))

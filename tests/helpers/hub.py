@@ -4,15 +4,16 @@ lm-eval's shipped task YAMLs' data from, offline, at a pinned commit."""
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from evalrun.records.canonical import sha256_hex
+
 
 def commit_of(repo: str) -> str:
     """A made-up commit for a test's dataset (40 hex digits, fixed by the name)."""
-    return hashlib.sha1(repo.encode()).hexdigest()
+    return sha256_hex(repo)[:40]
 
 
 def write_hub_dataset(cache: Path, repo: str, config: str | None,
