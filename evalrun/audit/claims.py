@@ -15,7 +15,7 @@ from evalrun.episodes import kind_of_manifest
 from evalrun.episodes.recorded import as_dict, manifest_failure, section, without
 from evalrun.errors import BadInput, CheckFailed
 from evalrun.pipeline.manifest import DIGEST_PARTS
-from evalrun.records.canonical import combine
+from evalrun.records.canonical import combine, differences
 from evalrun.records.formats import Record, seal_of
 from evalrun.records.outputs import with_error_column
 from evalrun.records.seeds import derive_seed
@@ -208,16 +208,6 @@ DUPLICATED: dict[str, tuple[str, Callable[[Mapping[str, Any]], Any]]] = {
 }
 
 
-def _differing_path(recorded: Any, implied: Any, path: str) -> str:
-    """The dotted path of the first difference between two JSON values (keys in name order)."""
-    if isinstance(recorded, dict) and isinstance(implied, dict):
-        missing = object()
-        for key in sorted(set(recorded) | set(implied)):
-            if recorded.get(key, missing) != implied.get(key, missing):
-                return _differing_path(recorded.get(key), implied.get(key), f"{path}.{key}")
-    return path
-
-
 def implied_identity(manifest: Mapping[str, Any]) -> dict[str, Any]:
     """The claims of ``identity`` that the manifest's other sections imply (for a manifest made by hand, as the
     synthetic runs of the tests and benchmarks are): a user model only where there is one."""
@@ -236,6 +226,7 @@ def check_duplicated_claims(manifest: Mapping[str, Any]) -> None:
         if key not in identity:
             continue  # written by code older than the field: nothing to compare
         recorded, implied = identity[key], implied_by(manifest)
-        if recorded != implied:
-            where = _differing_path(recorded, implied, "")
+        if recorded != implied:  # differences() names where (a key set to null in one only, it does not)
+            path = next((p for p, _, _ in differences(recorded, implied)), "")
+            where = f".{path}" if path else ""
             raise manifest_failure(f"identity.{key}{where} differs from {field}{where}")
