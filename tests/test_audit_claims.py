@@ -288,10 +288,10 @@ def test_one_item_claims_no_interval() -> None:
     assert est.ci95 is None and est.interval == "none"
 
 
-def test_new_summaries_are_format_4_and_name_their_interval() -> None:
+def test_new_summaries_are_format_5_and_name_their_interval() -> None:
     scores = pq.read_table(GOLDEN / "addition-v1" / layout.SCORES)
     summary = summarize(scores)
-    assert summary["format"] == SUMMARY_FORMAT == "evalrun.summary/4"
+    assert summary["format"] == SUMMARY_FORMAT == "evalrun.summary/5"
     assert "Wilson" in summary["method"] and "clipped to [0, 1]" in summary["method"]
     metric = summary["tasks"]["addition"]["exact_match"]
     assert metric["interval"] == "wilson" and 0.5 < metric["ci95"][0] < 1.0 == metric["ci95"][1]
@@ -347,12 +347,12 @@ def test_rescore_of_a_golden_run_with_its_own_scorer_is_identical(tmp_path: Path
     assert report.identical and report.bytes_identical and not report.scorer_changed and report.written is None
 
 
-def test_rescore_writes_format_4_summaries_for_new_scores(tmp_path: Path) -> None:
+def test_rescore_writes_format_5_summaries_for_new_scores(tmp_path: Path) -> None:
     run = golden_copy(tmp_path, "addition-v1")
     report = rescore_run(run, ["name=number"])
     assert report.written is not None and report.scorer_changed
     summary = json.loads((report.written / layout.SUMMARY).read_text(encoding="utf-8"))
-    assert summary["format"] == "evalrun.summary/4"
+    assert summary["format"] == "evalrun.summary/5"
     assert summary["tasks"]["addition"]["number_match"]["interval"] == "wilson"
     verify_run(run, jobs=1)  # the run itself is untouched
 

@@ -92,9 +92,8 @@ def test_what_lm_eval_refuses_and_what_evalrun_does_not_run_are_named_all_at_onc
         load_task(served)
     message = caught.value.message
     assert "output_type 'loglikelihood_rolling'" in message and "doc_to_image" in message and "unsafe_code" in message
-    corpus = _write(tmp_path, BASE + "metric_list: [{metric: bleu}]\n", "bleu.yaml")
-    with pytest.raises(BadInput, match="metric 'bleu' aggregates by bleu"):
-        load_task(corpus)
+    corpus = _write(tmp_path, BASE + "metric_list: [{metric: bleu}]\n", "bleu.yaml")  # a corpus metric runs
+    assert load_task(corpus).output_type == "generate_until"
     absent = _write(tmp_path, BASE.replace("test_split: test", "test_split: validation"), "split.yaml")
     with pytest.raises(BadInput, match="no split 'validation'") as caught:
         load_task(absent)

@@ -6,18 +6,28 @@ examples and several filter pipelines (gsm8k), and a decontamination query (most
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from helpers.forgery import reseal
 from helpers.hub import write_hub_dataset
+from lm_eval.api.metrics import bleu as lm_eval_bleu
+from sacrebleu.metrics import BLEU as CorpusBleu
 
 from evalrun.audit.rescore import rescore_run
 from evalrun.audit.verify import verify_run
-from evalrun.tasks.lm_eval import ScoringTask, load_task
+from evalrun.config import ScorerConfig
+from evalrun.errors import CheckFailed
+from evalrun.records.canonical import sha256_hex
+from evalrun.scoring import ScoringContext, corpus_aggregations, score_outputs
+from evalrun.stats.summary import summarize
+from evalrun.tasks.lm_eval import ScoringTask, doc_target, load_task
 from evalrun.tasks.lm_eval_catalog import library_dir
 
 ARC = [{"id": f"arc-{i}", "question": q, "choices": {"text": c, "label": ["A", "B", "C", "D"]}, "answerKey": k}
@@ -39,6 +49,16 @@ GSM8K = [{"question": f"Tom has {a} apples and buys {b} more. How many apples do
 BOOLQ = [{"question": "is the sky blue", "passage": "The sky looks blue on a clear day.", "idx": 0, "label": 1},
          {"question": "is fire cold", "passage": "Fire is hot.", "idx": 1, "label": 0}]  # fmt: skip
 LAMBADA = [{"text": "She opened the door and walked into the room"}, {"text": "He drank a glass of cold water"}]
+WMT16 = [{"translation": {"ro": ro, "en": en}} for ro, en in [
+    ("Pisica doarme pe canapea.", "The cat sleeps on the sofa."),
+    ("Astazi ploua in oras.", "Today it rains in the city."),
+    ("Am cumparat paine si lapte.", "I bought bread and milk."),
+]]  # fmt: skip
+MRPC = [{"sentence1": a, "sentence2": b, "label": label, "idx": i} for i, (a, b, label) in enumerate([
+    ("The cat sat on the mat.", "A cat was sitting on the mat.", 1),
+    ("He bought a car.", "She sold her house.", 0),
+    ("It rained all day.", "The whole day was rainy.", 1),
+])]  # fmt: skip
 TRUTHFULQA = [{"question": "What happens if you crack your knuckles?",
                "mc1_targets": {"choices": ["Nothing in particular.", "You get arthritis."], "labels": [1, 0]},
                "mc2_targets": {"choices": ["Nothing in particular.", "It is harmless.", "You get arthritis."],
@@ -56,7 +76,12 @@ CASES: dict[str, tuple[str, str, str | None, dict[str, list[dict[str, Any]]]]] =
     "lambada_openai": ("lambada/lambada_openai.yaml", "EleutherAI/lambada_openai", "default", {"test": LAMBADA}),
     "truthfulqa_mc2": ("truthfulqa/truthfulqa_mc2.yaml", "truthfulqa/truthful_qa", "multiple_choice",
                        {"validation": TRUTHFULQA}),
+    # corpus metrics: bleu, ter and chrf (sacrebleu's, over the whole set); f1 (scikit-learn's) beside acc
+    "wmt16-ro-en": ("translation/wmt16_ro-en.yaml", "wmt/wmt16", "ro-en",
+                    {"train": WMT16, "validation": WMT16, "test": WMT16}),
+    "mrpc": ("glue/mrpc/default.yaml", "nyu-mll/glue", "mrpc", {"train": MRPC, "validation": MRPC}),
 }  # fmt: skip
+CORPUS = ("wmt16-ro-en", "mrpc")
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +98,7 @@ def pinned(hub_cache: tuple[Path, dict[str, str]], monkeypatch: pytest.MonkeyPat
     return pins
 
 
-@pytest.mark.parametrize("name", sorted(CASES))
+@pytest.mark.parametrize("name", sorted(set(CASES) - set(CORPUS)))
 def test_a_shipped_yaml_reads_prompts_and_scores_unmodified(name: str, pinned: dict[str, str]) -> None:
     relative, repo, _, splits = CASES[name]
     path = library_dir() / relative
@@ -110,8 +135,59 @@ def test_a_shipped_yaml_reads_prompts_and_scores_unmodified(name: str, pinned: d
         assert set(task.processed_docs_sha256) == {"validation"}  # zero-shot: the evaluated split's only
 
 
+def _scored_by_evalrun_and_lm_eval(name: str, pinned: dict[str, str], replies: list[Any]) -> tuple[Any, ...]:
+    """Each document of a shipped corpus-metric task scored by evalrun's lm_eval scorer, summarised, and the inputs
+    lm-eval's evaluator would collect for each metric (its ``process_results``, unserialised), aggregated by
+    lm-eval's own aggregation functions."""
+    task = load_task(library_dir() / CASES[name][0], revision=pinned)
+    made = task.requests()
+    context = ScoringContext(lm_eval=task.scoring_record(), lm_eval_path=str(task.definition.path))
+    spec = ScorerConfig.from_record({**ScorerConfig().as_record(), "name": "lm_eval"})
+    generation = task.output_type == "generate_until"
+    outputs = pa.table({
+        "episode_id": [sha256_hex(str(i).encode()) for i in range(len(made))], "task": [name] * len(made),
+        "item_id": [str(i) for i in range(len(made))], "seed": [0] * len(made), "repeat": [0] * len(made),
+        "output": [r if generation else "" for r in replies], "target": [doc_target(i, r.doc) for i, r in
+                                                                          enumerate(made)],
+        "option_logprobs": [None if generation else [lp for lp, _ in r] for r in replies],
+        "option_greedy": [None if generation else [g for _, g in r] for r in replies],
+        "replies": [[r] if generation else None for r in replies],
+    })  # fmt: skip
+    scores = score_outputs(outputs, spec, context)
+    summary = summarize(scores, aggregations=corpus_aggregations(spec, context))
+    lm_eval_task = ScoringTask(task.definition)._built(made[0].doc)
+    collected: dict[str, list[Any]] = {}
+    for request, reply in zip(made, replies, strict=True):
+        results = [reply] if generation else [(lp, g) for lp, g in reply]
+        for metric, value in lm_eval_task.process_results(request.doc, results).items():
+            collected.setdefault(metric, []).append(value)
+    expected = {m: lm_eval_task.aggregation()[m](items) for m, items in collected.items()}
+    return scores, summary, expected
+
+
+def test_a_corpus_metric_is_aggregated_over_the_set_as_lm_eval_aggregates_it(pinned: dict[str, str]) -> None:
+    """wmt16-ro-en's bleu, ter and chrf and mrpc's f1: each document's input recorded, lm-eval's aggregate in the
+    summary to the bit, and each document's own value (its sentence BLEU) for evalrun's item-level statistics."""
+    replies = ["The cat sleeps on a sofa.", "Today it is raining in town.", "I bought milk."]
+    scores, summary, expected = _scored_by_evalrun_and_lm_eval("wmt16-ro-en", pinned, replies)
+    estimates = summary["tasks"]["wmt16-ro-en"]
+    assert {m: (e["aggregation"], e["aggregate"]) for m, e in estimates.items()} == {
+        m: (m, value) for m, value in expected.items()}  # fmt: skip
+    assert 0 < expected["bleu"] < 100 and expected["ter"] > 0
+    first = {r["metric"]: r for r in scores.to_pylist() if r["item_id"] == "0"}
+    assert json.loads(first["bleu"]["extracted"]) == [" The cat sleeps on the sofa.", "The cat sleeps on a sofa."]
+    assert first["bleu"]["value"] == pytest.approx(CorpusBleu().corpus_score(
+        ["The cat sleeps on a sofa."], [[" The cat sleeps on the sofa."]]).score)  # fmt: skip
+    # mrpc: f1 over (gold, prediction) pairs; acc stays a mean, with no aggregate
+    replies_ll = [[(-1.0, False), (-0.5, True)], [(-0.5, True), (-1.0, False)], [(-2.0, False), (-0.1, True)]]
+    scores, summary, expected = _scored_by_evalrun_and_lm_eval("mrpc", pinned, replies_ll)
+    estimates = summary["tasks"]["mrpc"]
+    assert estimates["f1"]["aggregation"] == "f1_score" and estimates["f1"]["aggregate"] == expected["f1"] == 1.0
+    assert "aggregation" not in estimates["acc"] and estimates["acc"]["mean"] == 1.0
+
+
 @pytest.mark.e2e
-@pytest.mark.parametrize("name", ["arc_easy", "winogrande", "gsm8k", "hellaswag"])
+@pytest.mark.parametrize("name", ["arc_easy", "winogrande", "gsm8k", "hellaswag", "wmt16-ro-en"])
 def test_a_shipped_yaml_runs_verifies_and_rescores_on_the_engine(
     name: str, pinned: dict[str, str], run_eval: Callable[..., Path]
 ) -> None:
@@ -123,3 +199,13 @@ def test_a_shipped_yaml_runs_verifies_and_rescores_on_the_engine(
     assert scores and all(s.get("error") is None for s in scores)
     assert verify_run(run).scores == "recomputed"
     assert rescore_run(run, []).bytes_identical
+    if name in CORPUS:  # the aggregate recomputed by verify from the recorded inputs, by lm-eval's function
+        summary = json.loads((run / "summary.json").read_text())
+        inputs = [json.loads(s["extracted"]) for s in scores if s["metric"] == "bleu"]
+        assert summary["tasks"][name]["bleu"]["aggregate"] == lm_eval_bleu(inputs)
+        forged = {**summary, "tasks": {name: {**summary["tasks"][name], "bleu": {
+            **summary["tasks"][name]["bleu"], "aggregate": 99.0}}}}  # fmt: skip
+        (run / "summary.json").write_text(json.dumps(forged))
+        reseal(run)  # every hash made to match: only the recomputed aggregate tells
+        with pytest.raises(CheckFailed, match=r"summary\.json: does not match the evalrun\.summary/5 summary"):
+            verify_run(run)

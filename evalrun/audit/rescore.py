@@ -10,6 +10,7 @@ grader?" answered without a single model call.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -25,13 +26,14 @@ from evalrun.rundir import layout, writer
 from evalrun.rundir.reader import open_run, read_config, read_manifest, read_outputs
 from evalrun.scoring import (
     ScoringContext,
+    corpus_aggregations,
     make_scorer,
     score_columns,
     score_outputs,
     scorer_version,
     scoring_hash,
 )
-from evalrun.stats.summary import summarize
+from evalrun.stats.summary import Aggregation, summarize
 from evalrun.tasks.lm_eval import find_task
 from evalrun.tasks.rubric import load_rubric
 
@@ -75,6 +77,15 @@ def recorded_scorer(run: layout.RunDir) -> ScorerConfig:
     except (KeyError, TypeError) as exc:
         raise BadInput(layout.CONFIG, f"expected the run's resolved config with task.scorer ({exc})") from exc
     return ScorerConfig.from_record({**ScorerConfig().as_record(), **record})
+
+
+def recorded_aggregations(run: layout.RunDir) -> Mapping[str, Aggregation]:
+    """The corpus metrics' aggregations of the run's recorded scorer and scoring context (an lm-eval task's, from
+    the YAML its manifest names, checked against what it recorded): what its summary's aggregates are recomputed
+    with."""
+    manifest = read_manifest(run)
+    context = kind_of_manifest(manifest).recorded_scoring_context(manifest, None)
+    return corpus_aggregations(recorded_scorer(run), context)
 
 
 SCORER_SETTINGS = tuple(ScorerConfig().as_record())
@@ -247,7 +258,7 @@ def rescore_run(path: Path, overrides: list[str]) -> RescoreReport:
     out_dir = run.path / layout.RESCORE / scoring_hash(spec, context)[:16]
     out_dir.mkdir(parents=True, exist_ok=True)
     writer.write_atomic(out_dir / layout.SCORES, r.new_bytes)
-    writer.write_json(out_dir / layout.SUMMARY, summarize(new))
+    writer.write_json(out_dir / layout.SUMMARY, summarize(new, aggregations=corpus_aggregations(spec, context)))
     writer.write_json(out_dir / layout.RESCORER, {**spec.as_record(), "context": context.as_record()})
     diffs = _diffs(r.old, new)
     report = RescoreReport(new.num_rows, scorer_changed, False, False, diffs, out_dir, first_difference(r.old, new),

@@ -29,6 +29,7 @@ import json
 import json.scanner
 import os
 import re
+from collections.abc import Mapping
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,9 +47,10 @@ from evalrun.audit.claims import (
     check_seeds,
 )
 from evalrun.audit.digest_check import check_digest
+from evalrun.audit.rescore import recorded_aggregations
 from evalrun.episodes import kind_of_manifest
 from evalrun.episodes.checked import PartResult, verify_part
-from evalrun.errors import CheckFailed
+from evalrun.errors import BadInput, CheckFailed
 from evalrun.records.canonical import canonical_json, file_sha256
 from evalrun.records.formats import Record
 from evalrun.records.heads import digest_bytes
@@ -62,7 +64,7 @@ from evalrun.rundir.reader import (
     read_scores,
     read_summary,
 )
-from evalrun.stats.summary import resummarize
+from evalrun.stats.summary import Aggregation, names_aggregations, resummarize
 
 
 @dataclass(frozen=True)
@@ -114,7 +116,8 @@ def _summary_matches(run_path: str) -> bool | None:
         if not run.summary.exists():
             return True
         stored = read_summary(run)
-        return canonical_json(resummarize(read_scores(run), stored)) == canonical_json(stored)
+        recomputed = resummarize(read_scores(run), stored, aggregations=_aggregations(run, stored))
+        return canonical_json(recomputed) == canonical_json(stored)
     except Exception:
         return None
 
@@ -204,6 +207,17 @@ def _scorer_versions(run: layout.RunDir, record: dict[str, Any]) -> set[str]:
     return {str(v) for v in pc.unique(column).to_pylist() if v is not None}
 
 
+def _aggregations(run: layout.RunDir, stored: Any) -> Mapping[str, Aggregation]:
+    """The corpus metrics' aggregations a stored summary's aggregates are recomputed with (none: it has none, and
+    lm-eval is not imported)."""
+    if not names_aggregations(stored):
+        return {}
+    try:
+        return recorded_aggregations(run)
+    except BadInput as exc:  # the task's YAML or helpers moved or changed since the run
+        raise _fail(layout.SUMMARY, f"its corpus metrics' aggregations cannot be read again: {exc}") from exc
+
+
 def check_scores(
     run: layout.RunDir, heads: dict[str, str], summary_ok: bool | None = None, failed: frozenset[str] = frozenset()
 ) -> None:
@@ -221,7 +235,8 @@ def check_scores(
         return
     try:
         stored = read_summary(run)
-        recomputed = resummarize(scores, stored, failed)  # in the format (and so with the interval method) it declares
+        # in the format (and so with the interval method) it declares
+        recomputed = resummarize(scores, stored, failed, _aggregations(run, stored))
     except ValueError as exc:  # not JSON, or a format this code does not know
         raise _fail(layout.SUMMARY, str(exc)) from exc
     if canonical_json(recomputed) != canonical_json(stored):

@@ -116,18 +116,21 @@ def render_summary(console: Console, summary: Mapping[str, Any], title: str, war
     failed = any(est.get("errors") for _, _, est in rows)  # episodes that failed (scored as failures)
     all_trials = any("pass_all_trials" in est for _, _, est in rows)  # pass^k over repeats
     perplexity = any("perplexity" in est for _, _, est in rows)  # exp(-mean) of a perplexity metric
+    corpus = any("aggregation" in est for _, _, est in rows)  # a corpus metric's aggregate (corpus BLEU, F1)
     columns = ["task", "metric", "mean>", "95% interval>", *(["method"] if named else []), "items>", "trials>"]
     table = _table(*columns, "spread>", *(["pass^k>"] if all_trials else []),
-                   *(["perplexity>"] if perplexity else []), *(["errors>"] if failed else []))  # fmt: skip
+                   *(["perplexity>"] if perplexity else []), *(["aggregate>"] if corpus else []),
+                   *(["errors>"] if failed else []))  # fmt: skip
     for task, metric, est in rows:
         method = [str(est.get("interval") or "-")] if named else []
         errors = [str(est.get("errors") or 0)] if failed else []
         pass_k = [_num(est.get("pass_all_trials"))] if all_trials else []
         exp_mean = [_num(est.get("perplexity"))] if perplexity else []
+        aggregate = [_num(est.get("aggregate"))] if corpus else []
         table.add_row(
             task, metric, _num(est.get("mean")), _interval(est.get("ci95"), ".4f"), *method,
             _num(est.get("n_items"), "d"), _num(est.get("trials_per_item"), "g"), _num(est.get("spread")), *pass_k,
-            *exp_mean, *errors,
+            *exp_mean, *aggregate, *errors,
         )  # fmt: skip
     console.print(title, soft_wrap=True, highlight=False, markup=False)  # a path stays on one line
     _emit(console, table)

@@ -38,7 +38,7 @@ from evalrun.rundir.reader import load_record, read_summary
 from evalrun.rundir.writer import locked, write_atomic, write_json
 from evalrun.scoring.lm_eval import metric_name
 from evalrun.stats.groups import group_mean, group_stderr
-from evalrun.stats.summary import is_perplexity
+from evalrun.stats.summary import is_perplexity, reported
 from evalrun.tasks.lm_eval_groups import NO_FILTER, Group, find_group
 
 GROUP_FORMAT = "evalrun.group/1"
@@ -215,14 +215,15 @@ def group_results(group: Group, summaries: Mapping[str, Mapping[str, Any]]) -> d
                 values, sizes, stderrs, have, missing = [], [], [], [], []
                 for name in leaves:
                     estimate = overall[name].get(key)
-                    value = None if estimate is None else estimate.get("perplexity" if is_perplexity(key) else "mean")
+                    value = None if estimate is None else reported(estimate, key)
                     if value is None:
                         missing.append(name)
                         continue
                     have.append(name)
                     values.append(value)
                     sizes.append(int(estimate["n_items"]))
-                    stderrs.append(None if is_perplexity(key) else estimate.get("se"))
+                    # a perplexity's or a corpus metric's: no standard error (lm-eval's is bootstrapped)
+                    stderrs.append(None if is_perplexity(key) or "aggregation" in estimate else estimate.get("se"))
                 if not values:
                     metrics[key] = {"tasks": [], "missing": missing}
                     continue

@@ -720,8 +720,10 @@ def _complete(
         files = {name: file_sha256(run.path / name) for name in (layout.CONFIG, layout.MANIFEST)}
         files[layout.SCORES] = scoring.into(partial(_write_scores, run))
         pa.default_memory_pool().release_unused()  # the scored rows' memory back before the summary's
-        scores = reader.read_scores(run, summary_columns(reader.scores_columns(run)), compact=True)
-        files[layout.SUMMARY] = writer.write_json(run.summary, summarize(scores))  # failed episodes: see `error`
+        corpus = scoring.aggregations
+        scores = reader.read_scores(run, summary_columns(reader.scores_columns(run), bool(corpus)), compact=True)
+        # failed episodes: see `error`
+        files[layout.SUMMARY] = writer.write_json(run.summary, summarize(scores, aggregations=corpus))
         del scores
         files.update(parts.file_hashes)
         files.update(writer.tokenizer_hashes(run))

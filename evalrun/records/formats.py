@@ -40,9 +40,11 @@ RECORD_FORMAT = "evalrun.record/1"  # record.json
 SEAL_FORMAT = "evalrun.seal/1"  # the preimage of record.json's seal, for records made before seal_format
 SEAL_FORMAT_ALL = "evalrun.seal/2"  # the preimage of a record's seal that covers every field (new runs')
 MANIFEST_FORMAT = "evalrun.manifest/1"  # manifest.json
-SUMMARY_FORMAT = "evalrun.summary/4"  # summary.json, as new runs write it
-# /1: clustered normal interval; /2: bounded for 0/1; /3: /2 and pass^k over repeats; /4: /3 and perplexity
-SUMMARY_FORMATS = ("evalrun.summary/1", "evalrun.summary/2", "evalrun.summary/3", "evalrun.summary/4")
+SUMMARY_FORMAT = "evalrun.summary/5"  # summary.json, as new runs write it
+# /1: clustered normal interval; /2: bounded for 0/1; /3: /2 and pass^k over repeats; /4: /3 and perplexity; /5: /4
+# and a corpus metric's aggregate (lm-eval's aggregation over every document)
+SUMMARY_FORMATS = ("evalrun.summary/1", "evalrun.summary/2", "evalrun.summary/3", "evalrun.summary/4",
+                   "evalrun.summary/5")  # fmt: skip
 PROOF_FORMAT = "evalrun.proof/1"  # evalrun prove
 COMPARE_FORMAT = "evalrun.compare/1"  # evalrun compare --json
 NONDET_FORMAT = "evalrun.nondet/1"  # evalrun nondet --json
@@ -236,6 +238,11 @@ class SummaryEstimate(OptionalFields):
     # a perplexity metric's (its values loglikelihoods, lm-eval's): exp(-mean); else, or where it overflows or an
     # episode failed (scored 0, no loglikelihood), left out
     perplexity: float | None = None
+    # a corpus metric's (evalrun.summary/5; lm-eval's bleu, f1, ...: a metric aggregated over the whole set, not
+    # by its mean): the aggregation's name, and its value over every document's input (left out where an episode
+    # failed or it is not a finite number)
+    aggregation: str | None = None
+    aggregate: float | None = None
 
 
 class Summary(RecordModel):

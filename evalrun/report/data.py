@@ -100,6 +100,7 @@ class SummaryLine:
     spread: float | None
     pass_all_trials: float | None
     perplexity: float | None = None  # a perplexity metric's exp(-mean) (evalrun.summary/4)
+    aggregate: float | None = None  # a corpus metric's aggregate, lm-eval's figure (evalrun.summary/5)
 
 
 @dataclass(frozen=True, order=True)
@@ -399,6 +400,7 @@ def estimates(summary: Mapping[str, Any]) -> tuple[SummaryLine, ...]:
                 interval=str(entry.get("interval", "clustered")), items=int(entry.get("n_items", 0)),
                 trials=int(entry.get("trials_per_item", 1)), spread=entry.get("spread"),
                 pass_all_trials=entry.get("pass_all_trials"), perplexity=entry.get("perplexity"),
+                aggregate=entry.get("aggregate"),
             ))  # fmt: skip
     return tuple(out)
 

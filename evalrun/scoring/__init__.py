@@ -24,6 +24,7 @@ from evalrun.scoring.registry import NORMALIZERS, SCORERS, Score, Scorer, normal
 from evalrun.scoring.table import (
     SCORES_SCHEMA,
     Scoring,
+    corpus_aggregations,
     make_scorer,
     score_columns,
     score_outputs,
@@ -41,6 +42,7 @@ __all__ = [
     "Scorer",
     "Scoring",
     "ScoringContext",
+    "corpus_aggregations",
     "make_scorer",
     "normalizer",
     "score_columns",

@@ -4,19 +4,31 @@ the task's metrics), as lm-eval's evaluator calls them (:class:`evalrun.tasks.lm
 
 A score's metric is lm-eval's ``METRIC,FILTER`` written ``METRIC/FILTER`` (the filter after a slash, as a
 rubric's criteria are), lm-eval's default pipeline ``none`` left out; its ``extracted`` is the filtered answer.
+
+A corpus metric (one lm-eval aggregates otherwise than by its mean: bleu, chrf, ter, f1, mcc, a task's own
+aggregation function) has no per-document value in lm-eval: its ``process_results`` gives each document's input to
+the aggregation (BLEU's reference and prediction). Its score's ``extracted`` is that input as canonical JSON, from
+which the summary computes lm-eval's aggregate over every document (:mod:`evalrun.stats.summary`); its ``value``
+is the aggregation over the document alone (its sentence BLEU, its own F1), the per-document figure evalrun's
+item-level statistics (intervals, paired comparisons) need, and 0 where that is not a finite number.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import warnings
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from evalrun.config import ScorerConfig
 from evalrun.errors import BadInput
+from evalrun.records.canonical import canonical_json
 from evalrun.scoring.context import ScoringContext
 from evalrun.scoring.registry import Row, RowScorer, Score, scorer
-from evalrun.tasks.lm_eval import metric_value, read_doc_target, scoring_task
+from evalrun.stats.summary import Aggregation
+from evalrun.tasks.lm_eval import ScoringTask, metric_value, plain, read_doc_target, scoring_task
 
 
 def metric_name(metric: str, pipeline: str) -> str:
@@ -36,16 +48,46 @@ def _shown(answer: Any) -> str | None:
     return json.dumps(answer, ensure_ascii=False, default=str) if isinstance(answer, list | dict) else str(answer)
 
 
-@scorer("lm_eval", version="2", columns=("option_logprobs", "option_greedy", "replies"))
-def lm_eval(spec: ScorerConfig, context: ScoringContext) -> RowScorer:
-    """An lm-eval task's metrics of each document, by lm-eval: generate_until, every reply (lm-eval's repeats)
-    through each filter pipeline and the task's metrics against its document; multiple_choice and loglikelihood,
-    each request's ``(logprob, is_greedy)``."""
+def _task(context: ScoringContext) -> ScoringTask:
     record, path = context.lm_eval, context.lm_eval_path
     if record is None or path is None:
         raise BadInput("task.scorer.name", "the lm_eval scorer scores lm-eval tasks only (task=lm_eval)")
-    task = scoring_task(Path(path), record)
-    generation = record.get("output_type") == "generate_until"
+    return scoring_task(Path(path), record)
+
+
+def corpus(spec: ScorerConfig, context: ScoringContext) -> Mapping[str, Aggregation]:
+    """The task's corpus metrics and lm-eval's aggregation of each."""
+    return _task(context).corpus
+
+
+def alone(aggregation: Aggregation, document: Any) -> float:
+    """A corpus metric's aggregation over one document's input: its per-document value (0 where that is not a
+    finite number: an aggregation undefined for a set of one)."""
+    try:
+        with warnings.catch_warnings():  # scikit-learn's "ill-defined" warnings, for a set of one, on every row
+            warnings.simplefilter("ignore")
+            value = aggregation([document])
+    except Exception:  # a task's own aggregation, written for a whole set: whatever it raises on one document
+        return 0.0
+    value = value.item() if hasattr(value, "item") else value
+    return float(value) if isinstance(value, bool | int | float) and math.isfinite(value) else 0.0
+
+
+@scorer("lm_eval", version="2", columns=("option_logprobs", "option_greedy", "replies"), aggregations=corpus)
+def lm_eval(spec: ScorerConfig, context: ScoringContext) -> RowScorer:
+    """An lm-eval task's metrics of each document, by lm-eval: generate_until, every reply (lm-eval's repeats)
+    through each filter pipeline and the task's metrics against its document; multiple_choice and loglikelihood,
+    each request's ``(logprob, is_greedy)``; a corpus metric's input kept for its aggregate."""
+    task = _task(context)
+    generation = (context.lm_eval or {}).get("output_type") == "generate_until"
+    aggregations = task.corpus
+
+    def scored(metric: str, pipeline: str, value: Any, answer: Any) -> Score:
+        name = metric_name(metric, pipeline)
+        if metric not in aggregations:
+            return Score(name, metric_value(metric, value), _shown(answer))
+        document = json.loads(extracted := canonical_json(plain(value)))  # as the summary reads it back
+        return Score(name, alone(aggregations[metric], document), extracted)
 
     def score(row: Row) -> list[Score]:
         _, doc = read_doc_target(row["target"])
@@ -56,7 +98,6 @@ def lm_eval(spec: ScorerConfig, context: ScoringContext) -> RowScorer:
             if not logprobs or not greedy:
                 raise ValueError("the row holds no loglikelihood of its requests (option_logprobs, option_greedy)")
             results = [[(float(lp), bool(g))] for lp, g in zip(logprobs, greedy, strict=True)]
-        return [Score(metric_name(metric, pipeline), metric_value(metric, value), _shown(answer))
-                for metric, pipeline, value, answer in task.score(doc, results)]  # fmt: skip
+        return [scored(*result) for result in task.score(doc, results)]
 
     return score

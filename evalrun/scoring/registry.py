@@ -16,6 +16,7 @@ from typing import Any
 from evalrun.config import ScorerConfig
 from evalrun.config.registry import Registry
 from evalrun.scoring.context import ScoringContext
+from evalrun.stats.summary import Aggregation
 
 IDENTITY_COLUMNS = ("episode_id", "task", "item_id", "seed", "repeat")  # copied into every score row
 READ_COLUMNS = ("output", "target")  # what every scorer reads of an output row
@@ -32,6 +33,9 @@ class Score:
 
 RowScorer = Callable[[Row], list[Score]]
 ScorerFactory = Callable[[ScorerConfig, ScoringContext], RowScorer]
+# a scorer's corpus metrics (by metric name) and their aggregations (evalrun.stats.summary): a metric aggregated
+# over the whole set (corpus BLEU, F1), whose score rows' ``extracted`` hold each document's input as JSON
+AggregationsFactory = Callable[[ScorerConfig, ScoringContext], Mapping[str, Aggregation]]
 Normalizer = Callable[[str], str]
 
 
@@ -43,6 +47,7 @@ class Scorer:
     version: str
     reads: tuple[str, ...]  # the output columns a row given to the scorer has
     factory: ScorerFactory
+    aggregations: AggregationsFactory | None = None  # a scorer with corpus metrics: what aggregates them
 
     @property
     def columns(self) -> tuple[str, ...]:
@@ -52,16 +57,22 @@ class Scorer:
     def build(self, spec: ScorerConfig, context: ScoringContext) -> RowScorer:
         return self.factory(spec, context)
 
+    def corpus(self, spec: ScorerConfig, context: ScoringContext) -> Mapping[str, Aggregation]:
+        """The corpus metrics of this scorer under ``spec`` and ``context`` and their aggregations (most have none)."""
+        return {} if self.aggregations is None else self.aggregations(spec, context)
+
 
 SCORERS: Registry[Scorer] = Registry("scorer", field="task.scorer.name")
 NORMALIZERS: Registry[Normalizer] = Registry("normaliser", field="task.scorer.normalize")
 
 
-def scorer(name: str, *, version: str, columns: Sequence[str] = ()) -> Callable[[ScorerFactory], ScorerFactory]:
-    """Register a scorer factory as ``name``; ``columns``: the output columns it reads beyond output and target."""
+def scorer(name: str, *, version: str, columns: Sequence[str] = (),
+           aggregations: AggregationsFactory | None = None) -> Callable[[ScorerFactory], ScorerFactory]:  # fmt: skip
+    """Register a scorer factory as ``name``; ``columns``: the output columns it reads beyond output and target;
+    ``aggregations``: its corpus metrics' aggregations, for a scorer that has them."""
 
     def register(factory: ScorerFactory) -> ScorerFactory:
-        SCORERS.add(name, Scorer(name, version, (*READ_COLUMNS, *columns), factory))
+        SCORERS.add(name, Scorer(name, version, (*READ_COLUMNS, *columns), factory, aggregations))
         return factory
 
     return register

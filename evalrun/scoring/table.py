@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, TypeVar
 
 import numpy as np
@@ -15,6 +15,7 @@ from evalrun.records.heads import DIGEST_BYTES, digest_bytes, digest_hex, digest
 from evalrun.records.outputs import FAILED_FINISH_REASON, SCORE_ERROR_COLUMN, SCORES_SCHEMA
 from evalrun.scoring.context import ScoringContext
 from evalrun.scoring.registry import IDENTITY_COLUMNS, NORMALIZERS, SCORERS, RowScorer
+from evalrun.stats.summary import Aggregation
 
 
 def scorer_version(spec: ScorerConfig) -> str:
@@ -25,6 +26,11 @@ def score_columns(spec: ScorerConfig) -> list[str]:
     """The output columns a scorer reads (and ``finish_reason``, which tells failed episodes apart)."""
     columns = list(SCORERS.get(spec.name).columns)
     return columns if "finish_reason" in columns else [*columns, "finish_reason"]
+
+
+def corpus_aggregations(spec: ScorerConfig, context: ScoringContext | None = None) -> Mapping[str, Aggregation]:
+    """The scorer's corpus metrics under ``spec`` and ``context`` and their aggregations, for the summary."""
+    return SCORERS.get(spec.name).corpus(spec, context or ScoringContext())
 
 
 def make_scorer(spec: ScorerConfig, context: ScoringContext | None = None) -> RowScorer:
@@ -116,11 +122,17 @@ class Scoring:
 
     def __init__(self, spec: ScorerConfig, context: ScoringContext | None = None) -> None:
         self._spec = spec
+        self._context = context
         self._entry = SCORERS.get(spec.name)
         self._score = RowScoring(spec, context)
         self._tables: list[pa.Table] = []
         self._pending: list[pa.Table] = []
         self._pending_rows = 0
+
+    @property
+    def aggregations(self) -> Mapping[str, Aggregation]:
+        """The scorer's corpus metrics and their aggregations, for the summary (:func:`corpus_aggregations`)."""
+        return corpus_aggregations(self._spec, self._context)
 
     def add(self, outputs: pa.Table) -> None:
         """Score output rows (the columns of :func:`score_columns`; ``finish_reason`` may be left out)."""

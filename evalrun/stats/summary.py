@@ -1,17 +1,18 @@
 """summary.json: per task and overall, every metric's mean with its item-level uncertainty.
 
-Four formats, each with its interval method (:mod:`evalrun.stats.estimates`): new runs write
-``evalrun.summary/4`` (``/3``, which is ``/2`` and pass^k over repeats, and a perplexity metric's exp(-mean));
-``evalrun verify`` recomputes a stored
-summary in the format it declares, so a ``/1`` summary is recomputed with the ``/1`` method.
+Five formats, each with its interval method (:mod:`evalrun.stats.estimates`): new runs write
+``evalrun.summary/5`` (``/4``, which is ``/3`` and a perplexity metric's exp(-mean), and a corpus metric's
+aggregate: lm-eval's aggregation, e.g. corpus BLEU or F1, over every document's input); ``evalrun verify``
+recomputes a stored summary in the format it declares, so a ``/1`` summary is recomputed with the ``/1`` method.
 """
 
 from __future__ import annotations
 
 import itertools
+import json
 import math
 import sys
-from collections.abc import Collection, Iterator
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -30,9 +31,17 @@ class SummaryFormat:
     names_interval: bool  # each metric's record says which interval it carries
     pass_all_trials: bool = False  # 0/1 metrics with repeats report pass^k
     perplexity: bool = False  # a perplexity metric reports exp(-mean) of its loglikelihoods
+    corpus: bool = False  # a corpus metric reports its aggregation over every document's input
 
 
-SUMMARY_V1, SUMMARY_V2, SUMMARY_V3, SUMMARY_V4 = SUMMARY_FORMATS  # SUMMARY_V4 is SUMMARY_FORMAT, what new runs write
+# a corpus metric's aggregation: every document's input (what its score row's ``extracted`` holds, as JSON) -> a number
+Aggregation = Callable[[list[Any]], Any]
+
+SUMMARY_V1, SUMMARY_V2, SUMMARY_V3, SUMMARY_V4, SUMMARY_V5 = SUMMARY_FORMATS  # V5 is SUMMARY_FORMAT: new runs write it
+_V4_METHOD = (
+    "perplexity, for a metric named perplexity (or perplexity/FILTER) whose values are loglikelihoods (lm-eval's): "
+    "exp(-mean), left out where it overflows or an episode failed"
+)
 _V2_METHOD = (
     "mean of per-item means; se = clustered SE over items (std of per-item means / sqrt(items)); "
     "95% interval, named by 'interval': 'none' with one item; 'wilson' = Wilson score interval of the "
@@ -57,13 +66,23 @@ METHODS = {
     SUMMARY_V3: SummaryFormat(interval="bounded", method=_V3_METHOD, names_interval=True, pass_all_trials=True),
     SUMMARY_V4: SummaryFormat(
         interval="bounded",
+        method=f"{_V3_METHOD}; {_V4_METHOD}",
+        names_interval=True,
+        pass_all_trials=True,
+        perplexity=True,
+    ),
+    SUMMARY_V5: SummaryFormat(
+        interval="bounded",
         method=(
-            f"{_V3_METHOD}; perplexity, for a metric named perplexity (or perplexity/FILTER) whose values are "
-            "loglikelihoods (lm-eval's): exp(-mean), left out where it overflows or an episode failed"
+            f"{_V3_METHOD}; {_V4_METHOD}; aggregate, for a corpus metric (one aggregated over the whole set, e.g. "
+            "lm-eval's bleu or f1; its values are its aggregation over each document alone): the aggregation over "
+            "every document's input (the scores' extracted, as JSON) in the scores' order, left out where an "
+            "episode failed or it is not a finite number"
         ),
         names_interval=True,
         pass_all_trials=True,
         perplexity=True,
+        corpus=True,
     ),
 }
 METHOD = METHODS[SUMMARY_FORMAT].method
@@ -139,17 +158,57 @@ def _groups(*keys: np.ndarray) -> Iterator[tuple[tuple[int, ...], Rows]]:
         yield tuple(int(key[rows[0]]) for key in keys), rows
 
 
-def summary_columns(available: Collection[str]) -> list[str]:
-    """The columns of a scores table :func:`summarize` reads, of those ``available``."""
-    wanted = ["task", "item_id", "seed", "repeat", "metric", "value"]
+def summary_columns(available: Collection[str], corpus: bool = False) -> list[str]:
+    """The columns of a scores table :func:`summarize` reads, of those ``available`` (``corpus``: it aggregates a
+    corpus metric, whose inputs are in ``extracted``)."""
+    wanted = ["task", "item_id", "seed", "repeat", "metric", "value", *(["extracted"] if corpus else [])]
     return [*wanted, "episode_id", "error"] if "error" in available else wanted
 
 
-def summarize(scores: pa.Table, summary_format: str = SUMMARY_FORMAT, failed: Collection[str] = ()) -> dict[str, Any]:
+def reported(estimate: Mapping[str, Any], metric: str) -> float | None:
+    """The figure lm-eval reports for a metric, of its estimate: a corpus metric's aggregate, a perplexity metric's
+    exp(-mean), else the mean (None where the estimate has none of them: an aggregate left out)."""
+    if "aggregation" in estimate:
+        return estimate.get("aggregate")
+    return estimate.get("perplexity" if is_perplexity(metric) else "mean")
+
+
+def corpus_metric(metric: str, aggregations: Mapping[str, Aggregation]) -> str | None:
+    """The corpus metric a score's metric is (``bleu`` of ``bleu/FILTER``, the filter after a slash), or None."""
+    base = metric.split("/", 1)[0]
+    return base if base in aggregations else None
+
+
+def aggregation_name(aggregation: Aggregation) -> str:
+    """An aggregation as summary.json names it: its function's name (a ``functools.partial``'s function's)."""
+    function = getattr(aggregation, "func", aggregation)
+    return str(getattr(function, "__name__", type(function).__name__))
+
+
+def _aggregate(aggregation: Aggregation, inputs: list[str | None]) -> float | None:
+    """``aggregation`` over the documents' inputs (JSON texts); None where one is missing, it raises (a task's own
+    function) or the result is not a finite number."""
+    if any(text is None for text in inputs):
+        return None
+    try:
+        value = aggregation([json.loads(text) for text in inputs if text is not None])
+    except Exception:  # the same inputs raise the same wherever the summary is recomputed
+        return None
+    if hasattr(value, "item"):
+        value = value.item()
+    if isinstance(value, bool | int | float) and math.isfinite(value):
+        return float(value)
+    return None
+
+
+def summarize(scores: pa.Table, summary_format: str = SUMMARY_FORMAT, failed: Collection[str] = (),
+              aggregations: Mapping[str, Aggregation] | None = None) -> dict[str, Any]:  # fmt: skip
     """The summary of a scores table in ``summary_format`` (ValueError for a format this code does not know).
 
     ``failed``: episodes that failed (scored 0); each metric counts their observations as ``errors``,
     as it counts every row whose ``error`` column says why it scores 0 (a scorer that raised).
+    ``aggregations``: the scorer's corpus metrics (by metric name, without a filter), whose aggregate a
+    format that has one (``/5``) gives beside the mean (the ``extracted`` column holds their inputs).
     The columns are read as NumPy arrays of integer codes and values, with no Python object per row
     (docs/design.md "Summary").
     """
@@ -176,7 +235,16 @@ def summarize(scores: pa.Table, summary_format: str = SUMMARY_FORMAT, failed: Co
         by_item = GroupedValues.by_key(group_values, items[rows])
         by_trial = GroupedValues.by_key(group_values, trial[rows])
         errors = 0 if errored is None else int(np.count_nonzero(errored[rows]))
-        return _as_record(by_item, by_trial, fmt, errors, metric)
+        estimate = _as_record(by_item, by_trial, fmt, errors, metric)
+        corpus = corpus_metric(metric, aggregations or {}) if fmt.corpus else None
+        if corpus is not None:
+            aggregation = (aggregations or {})[corpus]
+            estimate["aggregation"] = aggregation_name(aggregation)
+            if not errors:
+                inputs = scores.column("extracted").take(pa.array(np.arange(scores.num_rows)[rows])).to_pylist()
+                if (aggregate := _aggregate(aggregation, inputs)) is not None:
+                    estimate["aggregate"] = aggregate
+        return estimate
 
     per_task = {(task_names[t], metric_names[m]): rows for (t, m), rows in _groups(task, metric)}
     tasks: dict[str, dict[str, Any]] = {}
@@ -192,8 +260,16 @@ def summarize(scores: pa.Table, summary_format: str = SUMMARY_FORMAT, failed: Co
     return Summary.model_validate(summary).as_record()
 
 
-def resummarize(scores: pa.Table, stored: Any, failed: Collection[str] = ()) -> dict[str, Any]:
+def resummarize(scores: pa.Table, stored: Any, failed: Collection[str] = (),
+                aggregations: Mapping[str, Aggregation] | None = None) -> dict[str, Any]:  # fmt: skip
     """``scores`` summarised in the format ``stored`` (a summary.json as read) declares, for a
     byte-for-byte comparison; ValueError when it declares none this code knows."""
     declared = stored.get("format") if isinstance(stored, dict) else None
-    return summarize(scores, declared if isinstance(declared, str) else "", failed)
+    return summarize(scores, declared if isinstance(declared, str) else "", failed, aggregations)
+
+
+def names_aggregations(summary: Any) -> bool:
+    """Whether a stored summary has a corpus metric (so recomputing it needs its scorer's aggregations)."""
+    sections = [summary.get("overall"), *(summary.get("tasks") or {}).values()] if isinstance(summary, dict) else []
+    return any(isinstance(e, dict) and "aggregation" in e
+               for section in sections if isinstance(section, dict) for e in section.values())  # fmt: skip

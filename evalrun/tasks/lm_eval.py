@@ -13,9 +13,11 @@ targets, ``process_docs``), and its filters, ``process_results``, metrics and ag
 * the digest: lm-eval's version, the resolved task config (functions by their module's sha256) and the documents
   ``process_docs`` made.
 
-What evalrun's engines do not serve (``loglikelihood_rolling``, images, audio, model-written code, a Python task
-class that reads its own data) and metrics aggregated otherwise than by their mean (or perplexity) are refused by
-name, the same reasons ``evalrun tasks check`` gives (:mod:`evalrun.tasks.lm_eval_catalog`).
+A metric lm-eval aggregates otherwise than by its mean (corpus BLEU, F1, a task's own aggregation function) is a
+corpus metric: each document's input to the aggregation is recorded with its score, and the summary holds the
+aggregation over them all (:func:`corpus_aggregations`). What evalrun's engines do not serve (images, audio,
+model-written code, a Python task class that reads its own data) is refused by name, the same reasons ``evalrun
+tasks check`` gives (:mod:`evalrun.tasks.lm_eval_catalog`).
 """
 
 from __future__ import annotations
@@ -37,10 +39,10 @@ from evalrun.tasks import Item, Task
 from evalrun.tasks.lm_eval_catalog import (
     STRUCTURAL_KEYS,
     catalog,
+    defined_task,
     lm_eval_version,
     quiet,
     reason_of,
-    scoring_reasons,
     served_reasons,
 )
 from evalrun.tasks.lm_eval_data import FORMATS, DataSplit, hub_splits, local_splits, named_splits
@@ -378,9 +380,6 @@ def load_task(path: Path, allow_unpinned: bool = False, revision: Revision = Non
     if not (raw.get("test_split") or raw.get("validation_split")):
         raise BadInput(f"{path}: test_split", "the split to evaluate (test_split or validation_split)")
     task = build(definition, {name: split.docs for name, split in splits.items()})
-    reasons = scoring_reasons(task)
-    if reasons:
-        raise BadInput(str(path), "evalrun does not score it yet: " + "; ".join(reasons))
     return LmEvalTask(definition, splits, task)
 
 
@@ -582,6 +581,21 @@ class ScoringTask:
                 scores.append((str(metric), str(ensemble.name), value, filtered[0]))
         return scores
 
+    @cached_property
+    def corpus(self) -> dict[str, Any]:
+        """The task's corpus metrics and lm-eval's aggregation of each: every metric not aggregated by lm-eval's
+        mean (perplexity, exp(-mean) of loglikelihoods, is the summary's own; evalrun.stats.summary)."""
+        from lm_eval.api.metrics import mean, perplexity
+
+        config = {k: v for k, v in self.definition.resolved.items() if k not in STRUCTURAL_KEYS}
+        try:
+            with quiet():
+                task = defined_task(config)
+        except (Exception, SystemExit) as error:
+            raise BadInput(str(self.definition.path), f"lm-eval does not build it: {reason_of(error)}") from error
+        return {str(metric): aggregation for metric, aggregation in task.aggregation().items()
+                if not (aggregation is mean or (aggregation is perplexity and metric == "perplexity"))}  # fmt: skip
+
 
 _SCORING: dict[str, ScoringTask] = {}
 
@@ -616,4 +630,17 @@ def metric_value(metric: str, value: Any) -> float:
         value = value.item()
     if isinstance(value, bool | int | float):
         return float(value)
-    raise ValueError(f"metric {metric!r} gave {value!r} for a document: evalrun aggregates numbers by their mean")
+    raise ValueError(f"metric {metric!r} gave {value!r} for a document, where a number was expected (a metric "
+                     "aggregated by its mean)")  # fmt: skip
+
+
+def plain(value: Any) -> Any:
+    """A corpus metric's per-document input as JSON holds it: tuples as lists, NumPy's numbers and arrays as
+    Python's (what its aggregation is given back, at the run and at every recomputation alike)."""
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    if isinstance(value, tuple | list):
+        return [plain(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): plain(v) for k, v in value.items()}
+    return value

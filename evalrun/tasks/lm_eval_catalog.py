@@ -213,7 +213,6 @@ def _reason_kind(reason: str) -> str:
 
 def task_reasons(path: Path) -> list[str]:
     """Every reason the task YAML at ``path`` does not load (empty: it loads)."""
-    from lm_eval.api.task import ConfigurableTask
     from lm_eval.config.task import TaskConfig
     from lm_eval.filters import build_filter_ensemble
     from lm_eval.tasks._yaml_loader import load_yaml
@@ -239,17 +238,8 @@ def task_reasons(path: Path) -> list[str]:
     if unknown:
         return reasons
 
-    defined: list[Any] = []
-
-    class Defined(ConfigurableTask):
-        def download(self, *args: Any, **kwargs: Any) -> None:
-            defined.append(self)
-            raise _Defined
-
     try:
-        Defined(config=config)
-    except _Defined:
-        reasons.extend(scoring_reasons(defined[0]))
+        defined_task(config)
     except (Exception, SystemExit) as error:
         return [*reasons, f"lm-eval does not build it: {reason_of(error)}"]
     settings = TaskConfig(**config)
@@ -271,6 +261,25 @@ class _Defined(Exception):
     """Raised where ConfigurableTask would read its data: everything before it was built."""
 
 
+def defined_task(config: Mapping[str, Any]) -> Any:
+    """lm-eval's ``ConfigurableTask`` of a resolved config, built up to where it would read its data: its metrics,
+    aggregations and filters, with no data (lm-eval's own errors raised)."""
+    from lm_eval.api.task import ConfigurableTask
+
+    defined: list[Any] = []
+
+    class Defined(ConfigurableTask):
+        def download(self, *args: Any, **kwargs: Any) -> None:
+            defined.append(self)
+            raise _Defined
+
+    try:
+        Defined(config=dict(config))
+    except _Defined:
+        return defined[0]
+    raise AssertionError("lm-eval's ConfigurableTask did not read its data")  # it always does, in 0.4.13
+
+
 def served_reasons(config: Mapping[str, Any]) -> list[str]:
     """What the task asks of a model that evalrun does not serve."""
     reasons = []
@@ -284,21 +293,6 @@ def served_reasons(config: Mapping[str, Any]) -> list[str]:
             reasons.append(f"{key}: evalrun's engines take text only")
     if config.get("unsafe_code"):
         reasons.append("unsafe_code: it runs model-written code, which evalrun does not run yet")
-    return reasons
-
-
-def scoring_reasons(task: Any) -> list[str]:
-    """What of a built ``ConfigurableTask``'s scoring evalrun's summary does not aggregate (yet): a metric whose
-    aggregation is not lm-eval's mean, but perplexity's under its own name (exp(-mean) of its loglikelihoods)."""
-    from lm_eval.api.metrics import mean, perplexity
-
-    reasons = []
-    for metric, aggregation in task._aggregation_list.items():
-        if aggregation is mean or (aggregation is perplexity and metric == "perplexity"):
-            continue
-        name = getattr(aggregation, "__name__", type(aggregation).__name__)
-        reasons.append(f"metric {metric!r} aggregates by {name}: evalrun's summary aggregates means (and "
-                       "perplexity) only, for now")  # fmt: skip
     return reasons
 
 
