@@ -140,6 +140,10 @@ def worker(args: argparse.Namespace) -> int:
     from lm_eval.tasks import TaskManager
 
     cfgs = [contexts.load_config(Path(y)) for y in args.yaml]
+    shipped = json.loads(args.data_files) if args.data_files else {}
+    for cfg, y in zip(cfgs, args.yaml, strict=True):
+        if y in shipped:  # the documents evalrun reads from the hub cache, as Parquet files lm-eval's loader reads
+            cfg.update(dataset_path="parquet", dataset_name=None, dataset_kwargs={"data_files": shipped[y]})
     yaml_of = {cfg["task"]: y for cfg, y in zip(cfgs, args.yaml, strict=True)}
     manager = TaskManager(include_defaults=False)
     evaluated: list = cfgs
@@ -175,9 +179,35 @@ def worker(args: argparse.Namespace) -> int:
             "results": results["results"].get(name, {}),
             "samples": results["samples"].get(name, []),
         }
-    Path(args.out).write_text(json.dumps(out, default=str, ensure_ascii=False))
+    # NumPy's numbers in a corpus metric's per-document input (mrpc's f1 prediction) as JSON numbers
+    Path(args.out).write_text(
+        json.dumps(out, ensure_ascii=False, default=lambda o: o.tolist() if hasattr(o, "tolist") else str(o))
+    )
     print(f"lm-eval worker: simple_evaluate took {wall:.1f} s", file=sys.stderr)
     return 0
+
+
+def shipped_hub(names: str, cache: Path) -> dict:
+    """The shipped task YAMLs ``names`` picks (``all``: every one) with their data written to a hub cache at
+    ``cache``: ``pins`` (YAML -> {dataset: commit}, what evalrun is given) and ``files`` (YAML -> {split: Parquet
+    file}, what lm-eval is given)."""
+    sys.path.insert(0, str(REPO / "tests"))
+    from helpers.hub import split_file, write_hub_dataset
+    from helpers.shipped import CASES
+
+    from evalrun.tasks.lm_eval_catalog import library_dir
+
+    picked = sorted(CASES) if names == "all" else names.split(",")
+    unknown = [n for n in picked if n not in CASES]
+    if unknown:
+        fail(f"no shipped case {', '.join(unknown)}; have: {', '.join(sorted(CASES))}")
+    pins, files = {}, {}
+    for name in picked:
+        relative, repo, config, splits = CASES[name]
+        yaml = str(library_dir() / relative)
+        pins[yaml] = {repo: write_hub_dataset(cache, repo, config, splits)}
+        files[yaml] = {split: str(split_file(cache, repo, config, split)) for split in splits}
+    return {"pins": pins, "files": files}
 
 
 def yaml_group_name(path: Path) -> str:
@@ -281,6 +311,7 @@ def compare_task(name: str, lm: dict, run_dir: Path) -> dict:
         metric, _, filt = r.metric.partition("/")
         ev_scores[(r.item_id, metric, filt or "none")] = (r.value, r.extracted)
     lm_ids, ev_ids = set(by_doc), set(items.index)
+    summary = json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))["tasks"].get(name, {})
     common = sorted(lm_ids & ev_ids, key=lambda x: (len(x), x))
 
     checks: dict[str, Check] = {"prompt": Check("prompt")}
@@ -294,6 +325,9 @@ def compare_task(name: str, lm: dict, run_dir: Path) -> dict:
         ctxs = [a[0] for a in s0["arguments"]]
         ctx = ctxs[0] if all(c == ctxs[0] for c in ctxs) else ctxs
         checks["prompt"].add(doc_id, ctx, row["prompt"])
+        if row["finish_reason"] == "failed":  # evalrun refused the item (a prompt longer than the context)
+            checks.setdefault("failed", Check("evalrun episode did not fail")).add(doc_id, True, False)
+            continue
         if out_type in SCORED_TYPES:
             lls = [float(r[0][0]) for r in s0["resps"]]
             ours = [float(x) for x in row["option_logprobs"]]
@@ -324,10 +358,11 @@ def compare_task(name: str, lm: dict, run_dir: Path) -> dict:
                 lv, evv = num(s[metric]), (None if ev is None else num(ev[0]))
                 if metric in LOGLIKELIHOOD_METRICS:  # a document's loglikelihood: floating point, as max |dlogprob|
                     continue
+                if "aggregation" in summary.get(label, {}):  # a corpus metric: its input to the aggregation
+                    lv, evv = s[metric], None if ev is None or ev[1] is None else json.loads(ev[1])
                 checks.setdefault(label, Check(label, gating)).add(doc_id, lv, evv)
     # aggregates: lm-eval's results vs the mean of evalrun's per-item values (all trials); a perplexity, evalrun's
-    # summary.json's (exp(-mean) of the documents' loglikelihoods)
-    summary = json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))["tasks"].get(name, {})
+    # summary.json's (exp(-mean) of the documents' loglikelihoods); a corpus metric, summary.json's aggregate
     aggs = []
     for metric, filt in metric_names:
         lv = lm["results"].get(f"{metric},{filt}")
@@ -335,6 +370,8 @@ def compare_task(name: str, lm: dict, run_dir: Path) -> dict:
         vals = scores_all[scores_all.metric == ev_metric].value
         ev = summary.get(ev_metric, {}).get("perplexity") if metric in LOGLIKELIHOOD_METRICS else (
             float(vals.mean()) if len(vals) else None)  # fmt: skip
+        if "aggregation" in summary.get(ev_metric, {}):
+            ev = summary[ev_metric].get("aggregate")
         aggs.append((ev_metric, lv, ev, len(vals)))
     return {
         "name": name,
@@ -464,8 +501,6 @@ def task_yamls(names: str | None) -> list[Path]:
     found = {p.stem: p for p in sorted(YAMLS.rglob("*.yaml")) if "\ngroup:" not in f"\n{p.read_text()}"}  # tasks
     if not names:
         return list(found.values())
-    if not names:
-        return list(found.values())
     out = []
     for n in names.split(","):
         n = n.strip().removeprefix("lm_eval_")
@@ -500,6 +535,14 @@ def main(argv: list[str] | None = None) -> int:
         help="a shipped group YAML (its stem, e.g. addition_suite): lm-eval evaluates the group (its tasks inline), "
         "evalrun runs task.name=GROUP over the shipped directory; each task is compared as above, then each "
         "group's aggregate metrics and their stderr (lm-eval's results against group.json)",
+    )
+    parser.add_argument(
+        "--shipped",
+        help="comma-separated names of lm-eval's own shipped task YAMLs, unmodified, from the installed "
+        "lm_eval/tasks (tests/helpers/shipped.py: arc_easy, hellaswag, winogrande, gsm8k, boolq, lambada_openai, "
+        "truthfulqa_mc2, wmt16-ro-en, mrpc), or 'all': on small data in each hub dataset's real schema, written to "
+        "a local hub cache that evalrun reads at its pinned commit (task.dataset_revision) and lm-eval reads as "
+        "the same Parquet files (its load_dataset reads no revision offline)",
     )
     parser.add_argument("--limit", type=int, help="first N items of each task, on both sides")
     parser.add_argument("--work-dir", type=Path, help="where runs and lm-eval's samples go (default: a new /tmp dir)")
@@ -537,6 +580,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model-dir", help=argparse.SUPPRESS)
     parser.add_argument("--yaml", action="append", help=argparse.SUPPRESS)
     parser.add_argument("--group-yaml", help=argparse.SUPPRESS)
+    parser.add_argument("--data-files", help=argparse.SUPPRESS)  # JSON: YAML -> {split: Parquet file}
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
@@ -556,9 +600,10 @@ def main(argv: list[str] | None = None) -> int:
     group_yaml = YAMLS / f"{args.group}.yaml" if args.group else None
     if group_yaml is not None and not group_yaml.is_file():
         fail(f"no shipped group {args.group!r}; have: {', '.join(p.stem for p in sorted(YAMLS.glob('*.yaml')))}")
-    yamls = task_yamls(args.tasks)
     work = (args.work_dir or Path(tempfile.mkdtemp(prefix="agree-lm-eval-"))).resolve()
     work.mkdir(parents=True, exist_ok=True)
+    hub = shipped_hub(args.shipped, work / "hub") if args.shipped else None
+    yamls = [Path(y) for y in hub["pins"]] if hub else task_yamls(args.tasks)
     commands: list[str] = []
     walls: list[tuple[str, float]] = []
 
@@ -589,6 +634,8 @@ def main(argv: list[str] | None = None) -> int:
         cmd += ["--yaml", str(y)]
     if group_yaml is not None:
         cmd += ["--group-yaml", str(group_yaml)]
+    if hub:
+        cmd += ["--data-files", json.dumps(hub["files"])]
     if args.limit is not None:
         cmd += ["--limit", str(args.limit)]
     if args.lm_eval_threads is not None:
@@ -641,13 +688,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.system_instruction is not None:
             cmd.append(f"task.system_instruction={args.system_instruction}")
         cmd += args.evalrun_override
-        commands.append(show_cmd(cmd, OFFLINE_ENV))
+        env = OFFLINE_ENV | ({"HF_HUB_CACHE": str(work / "hub")} if hub else {})
+        commands.append(show_cmd(cmd, env))
         print("$ " + commands[-1], flush=True)
         started = time.monotonic()
         log_path = work / f"evalrun_{label}.log"
-        proc = subprocess.run(
-            cmd, env=os.environ | OFFLINE_ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-        )
+        proc = subprocess.run(cmd, env=os.environ | env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         walls.append((f"evalrun {label}", time.monotonic() - started))
         log_path.write_text(proc.stdout)
         lines = [ln for ln in proc.stdout.strip().splitlines() if ln.strip()]
@@ -667,7 +713,12 @@ def main(argv: list[str] | None = None) -> int:
         group_rows, ok = compare_group(lm["results"], json.loads((group_dir / "group.json").read_text()))
     for y in yamls if group_yaml is None else ():
         name, lm_task = next((n, t) for n, t in lm["tasks"].items() if t["yaml"] == str(y))
-        reports.append(compare_task(name, lm_task, run_evalrun([f"task.path={y}"], name)))
+        pinned = (
+            [f"+task.dataset_revision={{{repo}: {commit}}}" for repo, commit in hub["pins"][str(y)].items()]
+            if hub
+            else []
+        )
+        reports.append(compare_task(name, lm_task, run_evalrun([f"task.path={y}", *pinned], name)))
 
     print(
         f"\nmodel: {model_dir} (evalrun model={ev_model}); limit: {args.limit}; "

@@ -54,13 +54,19 @@ GROUP = """group: suite
 task: [good_gen, needs_langdetect]
 aggregate_metric_list: [{metric: points}]
 """
+OVERRIDING = """group: overriding
+task:
+  - task: good_gen
+    num_fewshot: 5
+"""
 
 
 def write_library(root: Path) -> Path:
     library = root / "library"
     library.mkdir()
     files = {"good.yaml": GOOD, "needs.yaml": NEEDS_LANGDETECT, "faults.yaml": MANY_FAULTS,
-             "filter.yaml": UNKNOWN_FILTER, "suite.yaml": GROUP, "broken.yaml": "task: [unclosed\n",
+             "filter.yaml": UNKNOWN_FILTER, "suite.yaml": GROUP, "overriding.yaml": OVERRIDING,
+             "broken.yaml": "task: [unclosed\n",
              "helpers.py": "def score(doc, results):\n    return {'points': float(results[0] == doc['answer'])}\n",
              "needs.py": "import langdetect\n\ndef text(doc):\n    return doc['q']\n"}  # fmt: skip
     for name, text in files.items():
@@ -83,8 +89,11 @@ def test_check_loads_each_task_alone_and_gives_every_reason(tmp_path: Path, caps
     assert any(r.startswith("doc_to_image") for r in faults)
     assert any("no_such_filter" in r for r in by_name["unknown_filter"]["reasons"])
     assert by_name["suite"]["reasons"] == ["member needs_langdetect does not load"]
+    # every member loads and lm-eval reads the group, but evalrun's run of it would refuse the member's override
+    (refusal,) = by_name["overriding"]["reasons"]
+    assert refusal.startswith("evalrun does not run it as its tasks: ") and "num_fewshot" in refusal
     assert [Path(p).name for p in record["unreadable"]] == ["broken.yaml"]
-    assert record["counts"]["loads"] == {"tasks": [1, 4], "groups": [0, 1]}
+    assert record["counts"]["loads"] == {"tasks": [1, 4], "groups": [0, 2]}
 
 
 def test_names_pick_tasks_and_a_name_not_there_is_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -102,5 +111,5 @@ def test_list_names_tasks_groups_and_tags(tmp_path: Path, capsys: pytest.Capture
     record = json.loads(capsys.readouterr().out)
     kinds = {d["name"]: d["kind"] for d in record["definitions"]}
     assert kinds == {"good_gen": "task", "needs_langdetect": "task", "many_faults": "task",
-                     "unknown_filter": "task", "suite": "group"}  # fmt: skip
+                     "unknown_filter": "task", "suite": "group", "overriding": "group"}  # fmt: skip
     assert main(["tasks", "list", str(tmp_path / "absent")]) == 2

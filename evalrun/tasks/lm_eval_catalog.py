@@ -174,6 +174,11 @@ def check(root: Path, names: Sequence[str] = ()) -> tuple[Catalog, list[Checked]
         definition = found.definitions[name]
         expanded = [found.definitions[m] for m in definition.members] if definition.kind == "tag" else [definition]
         picked.extend(d for d in expanded if d not in picked)
+    # evalrun's own reading of a group (which members it runs, and how) is lm_eval_groups', which reads a
+    # directory through this module: imported here, not at the top
+    from evalrun.tasks.lm_eval_groups import group_refusal, index_of
+
+    members = index_of(found)
     with quiet():
         tasks = {d.name: Checked(d.name, d.kind, d.path, tuple(task_reasons(d.path)))
                  for d in picked if d.kind in ("task", "python") and d.path is not None}  # fmt: skip
@@ -183,6 +188,8 @@ def check(root: Path, names: Sequence[str] = ()) -> tuple[Catalog, list[Checked]
                 checked.append(tasks[definition.name])
             elif definition.kind == "group":
                 reasons = group_reasons(definition, found, tasks)
+                refusal = group_refusal(definition.name, members) if not reasons else None
+                reasons += [f"evalrun does not run it as its tasks: {refusal}"] if refusal else []
                 checked.append(Checked(definition.name, "group", definition.path, tuple(reasons)))
     return found, checked
 
@@ -205,6 +212,8 @@ def counts(checked: Sequence[Checked]) -> dict[str, Any]:
 def _reason_kind(reason: str) -> str:
     if reason.startswith("member "):
         return "a member does not load"
+    if reason.startswith("evalrun does not run it as its tasks"):
+        return "evalrun does not run it as its tasks"
     if ": package " in reason:  # the missing package and its extra, not the module that missed it
         return reason.split(" [")[0]
     head = reason.partition(": ")[0]

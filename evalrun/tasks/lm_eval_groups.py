@@ -20,7 +20,7 @@ from typing import Any
 
 from evalrun.errors import BadInput
 from evalrun.records.canonical import file_sha256
-from evalrun.tasks.lm_eval_catalog import catalog, quiet
+from evalrun.tasks.lm_eval_catalog import Catalog, catalog, quiet
 
 GROUP_KEYS = ("group", "group_alias", "task", "aggregate_metric_list", "metadata")
 AGGREGATE_KEYS = ("metric", "filter_list", "aggregation", "weight_by_size")
@@ -47,7 +47,11 @@ class TaskIndex:
 
 def index(directory: Path) -> TaskIndex:
     """The tasks, groups and tags lm-eval indexes under ``directory``."""
-    found = catalog(directory)
+    return index_of(catalog(directory))
+
+
+def index_of(found: Catalog) -> TaskIndex:
+    """A catalog's tasks, groups and tags as a group's members are looked up in."""
     tasks = {d.name: d.path for d in found.of_kind("task", "python") if d.path is not None}
     groups = {d.name: d.path for d in found.of_kind("group") if d.path is not None}
     return TaskIndex(tasks, groups, {d.name: d.members for d in found.of_kind("tag")}, found.unreadable)
@@ -165,6 +169,16 @@ def find_group(path: Path, name: str | None) -> Group | None:
         raise BadInput("task.name", f"a comma-separated list of task, group or tag names, got {name!r}")
     members = tuple(_member(n, found, "", ("task.name",), ()) for n in names)
     return Group(name, "tasks", members)
+
+
+def group_refusal(name: str, found: TaskIndex) -> str | None:
+    """Why evalrun does not run the group ``name`` of ``found`` as its tasks (what ``task.name=NAME`` over that
+    directory would refuse, before any task loads), or None."""
+    try:
+        _member(name, found, "", ("task.name",), ())
+    except BadInput as refused:
+        return f"{refused.where}: {refused.message}"
+    return None
 
 
 def _member(name: str, found: TaskIndex, parent: str, where: tuple[str, ...], seen: tuple[str, ...]) -> Group | Leaf:

@@ -25,10 +25,16 @@ def write_hub_dataset(cache: Path, repo: str, config: str | None,
 
     commit = commit_of(repo)
     root = cache / f"datasets--{repo.replace('/', '--')}"
-    base = root / "snapshots" / commit / (config or "data")
-    base.mkdir(parents=True, exist_ok=True)
-    (root / "refs").mkdir(exist_ok=True)
+    (root / "refs").mkdir(parents=True, exist_ok=True)
     (root / "refs" / "main").write_text(commit)
     for split, rows in splits.items():
-        pq.write_table(pa.Table.from_pylist([dict(r) for r in rows]), base / f"{split}-00000-of-00001.parquet")
+        path = split_file(cache, repo, config, split)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        pq.write_table(pa.Table.from_pylist([dict(r) for r in rows]), path)
     return commit
+
+
+def split_file(cache: Path, repo: str, config: str | None, split: str) -> Path:
+    """Where :func:`write_hub_dataset` writes a split's Parquet file."""
+    base = cache / f"datasets--{repo.replace('/', '--')}" / "snapshots" / commit_of(repo) / (config or "data")
+    return base / f"{split}-00000-of-00001.parquet"
