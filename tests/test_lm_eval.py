@@ -9,15 +9,17 @@ from __future__ import annotations
 
 import json
 import random
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from helpers.lm_eval import TINY_TASK, write_tiny_data
 
 from evalrun.chat import ModelChat, chat_format
-from evalrun.config import MODELS_DIR
+from evalrun.config import MODELS_DIR, ScorerConfig
 from evalrun.errors import BadInput
-from evalrun.tasks.lm_eval import ScoringTask, find_task, load_task, read_definition
+from evalrun.scoring import ScoringContext, make_scorer
+from evalrun.tasks.lm_eval import ScoringTask, as_task, find_task, load_task, read_definition
 from evalrun.tasks.lm_eval_catalog import catalog
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -271,6 +273,40 @@ def test_process_results_and_a_metric_function_score_as_lm_eval_scores(tmp_path:
     load_task(function)
     scored = ScoringTask(read_definition(function)).score(doc, [[" 12"]])
     assert [(m, v) for m, _, v, _ in scored] == [("digits", 1.0)]
+
+
+def test_a_run_carries_its_definition_to_where_it_scores(tmp_path: Path) -> None:
+    """A Ray worker on another machine does not see the YAML's path: the scoring context carries the YAML, its
+    includes and helpers, and scores from a copy of them; a finished run's context (rescore, verify) reads the
+    path, which must then be there."""
+    source = tmp_path / "tasks"
+    source.mkdir()
+    (source / "score.py").write_text(
+        "def results(doc, replies):\n    return {'close': float(replies[0].strip() == doc['a'])}\n", encoding="utf-8"
+    )
+    (source / "common.yaml").write_text(SCORED.replace("task: scored\n", ""), encoding="utf-8")
+    write_tiny_data(source)
+    yaml = source / "scored.yaml"
+    yaml.write_text(
+        "include: common.yaml\ntask: scored\nprocess_results: !function score.results\n"
+        "metric_list: [{metric: close, aggregation: mean, higher_is_better: true}]\n",
+        encoding="utf-8",
+    )
+    task = as_task(load_task(yaml))
+    carried = task.pack.files
+    assert carried is not None and carried.entry == "scored.yaml"
+    assert [name for name, _ in carried.files] == ["common.yaml", "score.py", "scored.yaml"]
+    spec = ScorerConfig.from_record({**ScorerConfig().as_record(), "name": "lm_eval"})
+    context = ScoringContext(lm_eval=task.scoring, lm_eval_path=str(yaml), lm_eval_files=carried)
+    recorded = replace(context, lm_eval_files=None)
+    assert context.as_record() == recorded.as_record()  # not in the scoring hash: the recorded hashes check them
+    source.rename(tmp_path / "elsewhere")
+    item = task.items[0]
+    row = {"output": f" {item.fields['a']}", "target": item.target, "replies": None, "option_logprobs": None,
+           "option_greedy": None}  # fmt: skip
+    assert [(s.metric, s.value) for s in make_scorer(spec, context)(row)] == [("close", 1.0)]
+    with pytest.raises(BadInput, match="does not exist"):
+        make_scorer(spec, recorded)
 
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"

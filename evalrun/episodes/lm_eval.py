@@ -60,7 +60,8 @@ class LmEvalKind(DatasetKind):
     def scoring_context(self, config: EvalConfig, task: Task, model: ResolvedModel,
                         judge_model: ResolvedModel | None) -> ScoringContext:  # fmt: skip
         return ScoringContext(task.choices.scoring if task.multiple_choice else "", lm_eval=self._scoring_of(task),
-                              lm_eval_path=str(task.pack.path))  # fmt: skip
+                              lm_eval_path=str(task.pack.path),
+                              lm_eval_files=getattr(task.pack, "files", None))  # fmt: skip
 
     def prompt_record(self, config: EvalConfig, task: Task) -> dict[str, Any]:
         return dict(task.pack_record(config.decoding.as_record()))

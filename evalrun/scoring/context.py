@@ -7,6 +7,7 @@ from typing import Any
 
 from evalrun.config import ChoicesConfig
 from evalrun.records.canonical import canonical_hash
+from evalrun.tasks.lm_eval import DefinitionFiles
 from evalrun.tasks.rubric import Rubric
 
 
@@ -26,6 +27,9 @@ class ScoringContext:
     # where that task's YAML is, whose helpers lm-eval imports to score (not in the record: the record's helper
     # hashes say what they must be, wherever the YAML lies)
     lm_eval_path: str | None = None
+    # the YAML, its includes and helpers themselves, carried to where a run scores (a worker on another machine,
+    # which need not see lm_eval_path); not in the record either: the recorded hashes check them
+    lm_eval_files: DefinitionFiles | None = None
 
     @classmethod
     def of(cls, choices: ChoicesConfig, rubric: Rubric | None, model_files: dict[str, str],

@@ -49,10 +49,13 @@ def _shown(answer: Any) -> str | None:
 
 
 def _task(context: ScoringContext) -> ScoringTask:
+    """The task's scoring, from the definition the context carries (a run's, wherever it scores) or the YAML at
+    its path (a finished run's: rescore, verify)."""
     record, path = context.lm_eval, context.lm_eval_path
     if record is None or path is None:
         raise BadInput("task.scorer.name", "the lm_eval scorer scores lm-eval tasks only (task=lm_eval)")
-    return scoring_task(Path(path), record)
+    carried = context.lm_eval_files
+    return scoring_task(carried.materialized() if carried is not None else Path(path), record)
 
 
 def corpus(spec: ScorerConfig, context: ScoringContext) -> Mapping[str, Aggregation]:

@@ -25,6 +25,9 @@ from __future__ import annotations
 import functools
 import inspect
 import json
+import os
+import shutil
+import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -61,6 +64,7 @@ class Helper:
     reference: str
     module: str
     sha256: str
+    source: Path | None = None  # the module's file (not recorded: where it lies here)
 
     def as_record(self) -> dict[str, str]:
         return {"function": self.reference, "module": self.module, "sha256": self.sha256}
@@ -152,7 +156,13 @@ def _helpers(raw: Any, resolved: Any, base: Path, key: str = "") -> Iterator[Hel
         module = getattr(resolved, "__module__", "") or ""
         if source is not None and Path(source).resolve().is_relative_to(base):
             module = Path(source).resolve().relative_to(base).as_posix()
-        yield Helper(key, declared.name, module, file_sha256(Path(source)) if source else "")
+        yield Helper(
+            key,
+            declared.name,
+            module,
+            file_sha256(Path(source)) if source else "",
+            Path(source).resolve() if source else None,
+        )
 
 
 @dataclass(frozen=True)
@@ -425,6 +435,55 @@ def key_origins(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Path]:
     return _Origins(origins, path)
 
 
+@dataclass(frozen=True)
+class DefinitionFiles:
+    """The files a task's definition is read from, carried where it is scored (a Ray worker on another machine):
+    its YAML, every YAML it includes and each helper module beside them (lm-eval's loader imports a helper by its
+    file; an installed module, lm-eval's own, is not carried), by their paths under the directory holding them."""
+
+    entry: str  # the task's YAML, relative
+    files: tuple[tuple[str, str], ...]  # (relative path, text), sorted
+
+    @classmethod
+    def of(cls, definition: Definition) -> DefinitionFiles:
+        paths = set(_yaml_chain(definition.path))
+        paths.update(h.source for h in definition.helpers
+                     if h.source is not None and h.source.is_relative_to(definition.path.parent))  # fmt: skip
+        root = Path(os.path.commonpath([p.parent for p in paths]))
+        files = tuple(sorted((p.relative_to(root).as_posix(), p.read_text(encoding="utf-8")) for p in paths))
+        return cls(definition.path.relative_to(root).as_posix(), files)
+
+    def materialized(self) -> Path:
+        """The task's YAML, written with the rest under a directory of this process's temporary directory named by
+        the files' hash (once: a second scorer of the same definition reads the same copy)."""
+        digest = canonical_hash({"entry": self.entry, "files": [list(f) for f in self.files]})
+        target = Path(tempfile.gettempdir()) / f"evalrun-lm-eval-{digest[:16]}"
+        if not target.is_dir():
+            staging = Path(tempfile.mkdtemp(prefix=f"{target.name}.", dir=target.parent))
+            for relative, text in self.files:
+                (staging / relative).parent.mkdir(parents=True, exist_ok=True)
+                (staging / relative).write_text(text, encoding="utf-8")
+            try:
+                staging.rename(target)
+            except OSError:  # another process made it first: the same files
+                shutil.rmtree(staging, ignore_errors=True)
+        return target / self.entry
+
+
+def _yaml_chain(path: Path, seen: tuple[Path, ...] = ()) -> list[Path]:
+    """``path`` and every YAML it includes, recursively."""
+    from lm_eval.tasks._yaml_loader import load_yaml
+
+    if path in seen:
+        return []
+    includes = load_yaml(path, resolve_func=False, recursive=False).get("include")
+    chain = [path.resolve()]
+    for include in includes if isinstance(includes, list) else [] if includes is None else [includes]:
+        included = Path(include) if Path(str(include)).is_absolute() else path.parent / str(include)
+        chain.extend(_yaml_chain(included.resolve(), (*seen, path)))
+    return chain
+
+
 class _Origins(dict):  # type: ignore[type-arg]
     """Key origins, the task's own YAML for a key none declares (a default)."""
 
@@ -474,6 +533,7 @@ class LmEvalPack(PromptPack):
     repeats: int = 1  # LmEvalTask.repeats: each episode's generations
     conversations: Mapping[str, Conversation] = field(default_factory=dict)  # by item id: a chat prompt's chat
     processed_docs_sha256: Mapping[str, str] = field(default_factory=dict)
+    files: DefinitionFiles | None = None  # the definition's files, carried to where the run scores
 
     def prompt_of(self, item_id: str) -> str | None:
         return self.prompts[item_id]
@@ -511,7 +571,8 @@ def as_task(task: LmEvalTask, limit: int | None = None, seed: int = FEWSHOT_SEED
     pack = LmEvalPack(task.name, None if version is None else str(version), task.path, "", "", None, task.decoding(),
                       prompts=prompts, examples=examples, record=record, splits=task.splits_record(),
                       repeats=task.repeats, conversations=conversations,
-                      processed_docs_sha256=task.processed_docs_sha256)  # fmt: skip
+                      processed_docs_sha256=task.processed_docs_sha256,
+                      files=DefinitionFiles.of(task.definition))  # fmt: skip
     evaluated = task.eval_split
     if task.output_type == "multiple_choice":
         choices = ChoicesConfig(field="doc_to_choice", shuffle=False, scoring="loglikelihood", delimiter="")
