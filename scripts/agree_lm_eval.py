@@ -30,6 +30,16 @@ and compares them per item (lm-eval ``doc_id`` against evalrun ``item_id``):
     token logprobs in float64, lm-eval on torch's default threads, one request at a time, summing in
     float32. ``--lm-eval-threads 1 --evalrun-override engine.max_num_seqs=1`` leaves only the last part.
 
+``--shipped NAMES|all`` runs lm-eval's own shipped task YAMLs instead, unmodified, from the installed
+lm_eval/tasks (tests/helpers/shipped.py: every output type, multiple inputs, process_docs, process_results,
+several filter pipelines, few-shot examples, corpus metrics): the project's small data in each hub dataset's
+real schema is written to a local hub cache, which evalrun reads at its pinned commit (``+task.dataset_revision``)
+and lm-eval reads as the same Parquet files (``dataset_path: parquet``; its ``load_dataset`` reads no revision
+offline). A multiple-input task's per-choice contexts are compared with the prompts of its episode chains'
+loglikelihood requests; a corpus metric (bleu, f1) by each document's input to the aggregation (lm-eval's
+per-sample value against the score's ``extracted``) and by its aggregate (summary.json's ``aggregate``); a
+multiple-choice metric that is a continuous function of the loglikelihoods (truthfulqa_mc2's) to a relative 1e-5.
+
 It prints a table per task and an overall one, the first differing items with both values, and exits 1
 when any prompt differs, or (generation) any output, answer or metric value differs, or (multiple choice)
 any acc / acc_norm differs, or (loglikelihood) any is_greedy or acc differs, or the two sides
@@ -50,6 +60,7 @@ set-up, and the script fails if it changed.
     .venv/bin/python scripts/agree_lm_eval.py                              # tiny-adder, all shipped tasks
     .venv/bin/python scripts/agree_lm_eval.py --model smollm2 --tasks addition_gen,addition_mc --limit 20
     .venv/bin/python scripts/agree_lm_eval.py --model smollm2 --limit 20 --apply-chat-template
+    .venv/bin/python scripts/agree_lm_eval.py --model smollm2 --shipped all
     .venv/bin/python scripts/agree_lm_eval.py --model smollm2 --limit 20 --apply-chat-template --single-turn \
         --system-instruction "You are a careful calculator."
 """
@@ -60,6 +71,7 @@ import argparse
 import importlib.metadata
 import importlib.util
 import json
+import math
 import os
 import shlex
 import subprocess
@@ -295,6 +307,20 @@ def load_evalrun(run_dir: Path):
     return first.set_index("item_id"), first_scores, scores, int(trials)
 
 
+def option_prompts(run_dir: Path) -> dict[str, list[str]]:
+    """Each item's loglikelihood requests' prompts in option order, from the episode chains (a multiple-input task's
+    options each have a context of their own; outputs' ``prompt`` holds the first), its first trial's."""
+    episodes, prompts = {}, {}
+    for part in sorted((run_dir / "log").glob("*.jsonl")):
+        for line in part.read_text(encoding="utf-8").splitlines():
+            entry = json.loads(line)
+            if entry["kind"] == "header" and entry["seed"] == 0 and entry["repeat"] == 0:
+                episodes[entry["episode"]] = entry["item"]
+            elif entry["kind"] == "model" and entry["request"].get("op") == "loglikelihood":
+                prompts.setdefault(entry["episode"], {})[entry["option"]] = entry["request"]["prompt"]
+    return {item: [prompts[e][o] for o in sorted(prompts[e])] for e, item in episodes.items() if e in prompts}
+
+
 SCORED_TYPES = ("multiple_choice", "loglikelihood")  # scored by loglikelihood: no generation to compare
 LOGLIKELIHOOD_METRICS = ("perplexity",)  # a document's value is its loglikelihood (compared as max |dlogprob|)
 
@@ -311,6 +337,7 @@ def compare_task(name: str, lm: dict, run_dir: Path) -> dict:
         metric, _, filt = r.metric.partition("/")
         ev_scores[(r.item_id, metric, filt or "none")] = (r.value, r.extracted)
     lm_ids, ev_ids = set(by_doc), set(items.index)
+    per_option = option_prompts(run_dir) if out_type in SCORED_TYPES else {}
     summary = json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))["tasks"].get(name, {})
     common = sorted(lm_ids & ev_ids, key=lambda x: (len(x), x))
 
@@ -324,7 +351,7 @@ def compare_task(name: str, lm: dict, run_dir: Path) -> dict:
         s0 = samples[filters[0]]
         ctxs = [a[0] for a in s0["arguments"]]
         ctx = ctxs[0] if all(c == ctxs[0] for c in ctxs) else ctxs
-        checks["prompt"].add(doc_id, ctx, row["prompt"])
+        checks["prompt"].add(doc_id, ctx, row["prompt"] if isinstance(ctx, str) else per_option.get(doc_id))
         if row["finish_reason"] == "failed":  # evalrun refused the item (a prompt longer than the context)
             checks.setdefault("failed", Check("evalrun episode did not fail")).add(doc_id, True, False)
             continue
@@ -351,16 +378,22 @@ def compare_task(name: str, lm: dict, run_dir: Path) -> dict:
                     metric_names.append((metric, filt))
                 ev = ev_scores.get((doc_id, metric, filt))
                 label = metric if filt == "none" else f"{metric}/{filt}"
-                if out_type not in SCORED_TYPES and ev is not None:
+                corpus = "aggregation" in summary.get(label, {})  # its extracted is its input, compared below
+                if out_type not in SCORED_TYPES and ev is not None and not corpus:
                     checks.setdefault(f"answer/{filt}", Check(f"answer [{filt}]", gating)).add(
                         doc_id, s["filtered_resps"][0], ev[1]
                     )
                 lv, evv = num(s[metric]), (None if ev is None else num(ev[0]))
                 if metric in LOGLIKELIHOOD_METRICS:  # a document's loglikelihood: floating point, as max |dlogprob|
                     continue
-                if "aggregation" in summary.get(label, {}):  # a corpus metric: its input to the aggregation
+                if corpus:  # a corpus metric: its input to the aggregation
                     lv, evv = s[metric], None if ev is None or ev[1] is None else json.loads(ev[1])
-                checks.setdefault(label, Check(label, gating)).add(doc_id, lv, evv)
+                # a multiple-choice metric that is a continuous function of the loglikelihoods (truthfulqa_mc2's
+                # probability mass): equal to the loglikelihoods' floating point, as a relative 1e-5
+                continuous = (out_type in SCORED_TYPES and isinstance(lv, float) and isinstance(evv, float)
+                              and {lv, evv} - {0.0, 1.0})  # fmt: skip
+                equal = math.isclose(lv, evv, rel_tol=1e-5) if continuous else None
+                checks.setdefault(label, Check(label, gating)).add(doc_id, lv, evv, equal)
     # aggregates: lm-eval's results vs the mean of evalrun's per-item values (all trials); a perplexity, evalrun's
     # summary.json's (exp(-mean) of the documents' loglikelihoods); a corpus metric, summary.json's aggregate
     aggs = []
