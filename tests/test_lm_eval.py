@@ -89,11 +89,11 @@ def test_what_lm_eval_refuses_and_what_evalrun_does_not_run_are_named_all_at_onc
     with pytest.raises(BadInput, match="not_a_key") as caught:
         load_task(unknown)
     assert caught.value.where == str(unknown) and "lm-eval does not build it" in caught.value.message
-    served = _write(tmp_path, BASE + "output_type: loglikelihood_rolling\ndoc_to_image: img\nunsafe_code: true\n")
+    served = _write(tmp_path, BASE + "doc_to_audio: audio\ndoc_to_image: img\nunsafe_code: true\n")
     with pytest.raises(BadInput) as caught:
         load_task(served)
     message = caught.value.message
-    assert "output_type 'loglikelihood_rolling'" in message and "doc_to_image" in message and "unsafe_code" in message
+    assert "doc_to_audio" in message and "doc_to_image" in message and "unsafe_code" in message
     corpus = _write(tmp_path, BASE + "metric_list: [{metric: bleu}]\n", "bleu.yaml")  # a corpus metric runs
     assert load_task(corpus).output_type == "generate_until"
     absent = _write(tmp_path, BASE.replace("test_split: test", "test_split: validation"), "split.yaml")

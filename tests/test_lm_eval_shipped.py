@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from helpers.forgery import reseal
 from helpers.hub import write_hub_dataset
 from helpers.shipped import CASES, CORPUS
 from lm_eval.api.metrics import bleu as lm_eval_bleu
+from lm_eval.api.metrics import weighted_perplexity
 from sacrebleu.metrics import BLEU as CorpusBleu
 
 from evalrun.audit.rescore import rescore_run
@@ -54,7 +56,8 @@ def test_a_shipped_yaml_reads_prompts_and_scores_unmodified(name: str, pinned: d
     assert task.name == name and task.splits[task.eval_split.name].source["revision"] == pinned[repo]
     made = task.requests()
     evaluated = splits[task.eval_split.name]
-    assert len(made) == len(evaluated) and all(r.context for r in made)
+    rolling = task.output_type == "loglikelihood_rolling"  # a whole document, no context
+    assert len(made) == len(evaluated) and all(bool(r.context) != rolling for r in made)
     scoring = ScoringTask(task.definition)
     first = made[0]
     if task.output_type == "generate_until":
@@ -68,6 +71,14 @@ def test_a_shipped_yaml_reads_prompts_and_scores_unmodified(name: str, pinned: d
         assert first.context + continuation == evaluated[0]["text"]
         scores = {m: v for m, _, v, _ in scoring.score(first.doc, [[(-2.5, True)]])}
         assert scores == {"perplexity": -2.5, "acc": 1}
+    elif task.output_type == "loglikelihood_rolling":  # wikitext: the detokenized page, scored from its start
+        (page,) = first.continuations
+        assert first.context == "" and page.startswith(" = Adder =\nThe adder adds two numbers.")
+        scores = {m: v for m, _, v, _ in scoring.score(first.doc, [[-50.0]])}
+        original = evaluated[0]["page"]  # wikitext counts the page's words and bytes before its detokenizer
+        words, size = len(re.split(r"\s+", original)), len(original.encode())
+        assert scores == {"word_perplexity": (-50.0, words), "byte_perplexity": (-50.0, size),
+                          "bits_per_byte": (-50.0, size)}  # fmt: skip
     else:
         gold = task.task.doc_to_target(first.doc)
         n = len(first.continuations)
@@ -135,7 +146,7 @@ def test_a_corpus_metric_is_aggregated_over_the_set_as_lm_eval_aggregates_it(pin
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize("name", ["arc_easy", "winogrande", "gsm8k", "hellaswag", "wmt16-ro-en"])
+@pytest.mark.parametrize("name", ["arc_easy", "winogrande", "gsm8k", "hellaswag", "wmt16-ro-en", "wikitext"])
 def test_a_shipped_yaml_runs_verifies_and_rescores_on_the_engine(
     name: str, pinned: dict[str, str], run_eval: Callable[..., Path]
 ) -> None:
@@ -157,3 +168,14 @@ def test_a_shipped_yaml_runs_verifies_and_rescores_on_the_engine(
         reseal(run)  # every hash made to match: only the recomputed aggregate tells
         with pytest.raises(CheckFailed, match=r"summary\.json: does not match the evalrun\.summary/5 summary"):
             verify_run(run)
+    if name == "wikitext":  # rolling: the long page in several windows of the 128-token context, each token once
+        summary = json.loads((run / "summary.json").read_text())
+        inputs = [json.loads(s["extracted"]) for s in scores if s["metric"] == "word_perplexity"]
+        assert summary["tasks"][name]["word_perplexity"]["aggregate"] == pytest.approx(weighted_perplexity(inputs))
+        entries = [
+            json.loads(line) for part in (run / "log").glob("part-*.jsonl") for line in part.read_text().splitlines()
+        ]
+        calls = [e for e in entries if e["kind"] == "model"]
+        assert {c["request"]["op"] for c in calls} == {"loglikelihood_rolling"}
+        longest = max(calls, key=lambda c: len(c["response"]["token_ids"]))
+        assert len(longest["response"]["token_ids"]) > 128 and verify_run(run).scores == "recomputed"

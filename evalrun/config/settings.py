@@ -45,7 +45,8 @@ MASTER_SEED_EXPECTED = "a non-negative integer or auto (integers below 2**53)"
 Dtype = Literal["float32", "bfloat16", "float16", "auto"]
 # engine.cpu_isa: the instruction set a CPU worker's kernels may use, newest first (evalrun/pipeline/cpu_isa.py)
 CPU_ISA_LEVELS = ("native", "avx512", "avx2", "default")
-ChoiceScoring = Literal["letter", "loglikelihood", "both"]
+# loglikelihood_rolling: each option a whole document scored on its own in rolling windows (lm-eval's output type)
+ChoiceScoring = Literal["letter", "loglikelihood", "both", "loglikelihood_rolling"]
 ChatFormatName = Literal["auto", "chat", "plain"]
 ToolFormatName = Literal["auto", "json", "native"]
 

@@ -9,7 +9,7 @@ modules are imported on first use: checking or listing engine names imports neit
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, TypeVar, runtime_checkable
@@ -89,6 +89,9 @@ class LoglikelihoodRequest:
     episode_id: str | None = None
     call: int = 0
     add_special_tokens: bool = True  # as GenerationRequest's: False for a context a chat template rendered
+    # lm-eval's loglikelihood_rolling: ``continuation`` a whole document (``context`` empty), scored in rolling
+    # windows of the model's context (:func:`scored_windows`)
+    rolling: bool = False
 
 
 @dataclass(frozen=True)
@@ -126,6 +129,45 @@ def loglikelihood_tokens(tokenizer: Any, request: LoglikelihoodRequest) -> tuple
         return whole_ids, len(whole_ids) - len(ctx_ids)
     cont_ids = [int(t) for t in tokenizer.encode(continuation, add_special_tokens=False)]
     return ctx_ids + cont_ids, len(cont_ids)
+
+
+ROLLING_MARGIN = 2  # a rolling window's tokens: the model's context less its first token's and vLLM's generated one
+
+
+def scored_windows(tokenizer: Any, request: LoglikelihoodRequest,
+                   context: int | None) -> list[tuple[list[int], int]]:  # fmt: skip
+    """The token sequences an engine scores for ``request`` and how many tokens at the end of each are scored: one
+    (:func:`loglikelihood_tokens`), or for a rolling request lm-eval's own rolling windows of the document's tokens
+    (``lm_eval.utils.get_rolling_token_windows`` and ``make_disjoint_window``, called, as lm-eval's backends call
+    them: the first window after the tokenizer's BOS token, else its EOS, every token scored once). A window is
+    :data:`ROLLING_MARGIN` tokens shorter than the model's ``context`` on every engine, so that engines score the
+    same windows: the token before it and the one token vLLM generates after a prompt whose logprobs it gives must
+    fit too (lm-eval's HF backend uses the whole context, its vLLM backend one token less; a document shorter than
+    the window is scored the same by all)."""
+    if not request.rolling:
+        return [loglikelihood_tokens(tokenizer, request)]
+    from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
+
+    if context is None:
+        raise RequestRejected("a rolling loglikelihood needs the model's context length (engine.max_model_len)")
+    tokens = [int(t) for t in tokenizer.encode(request.continuation, add_special_tokens=False)]
+    prefix = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
+    length = context - ROLLING_MARGIN
+    windows = map(make_disjoint_window, get_rolling_token_windows(tokens, prefix, length, context_len=1))
+    return [([int(t) for t in (*context, *scored)], len(scored)) for context, scored in windows]
+
+
+def joined(request: LoglikelihoodRequest, windows: Sequence[Loglikelihood]) -> Loglikelihood:
+    """A request's loglikelihood from its windows' (:func:`scored_windows`): their sum, greedy where every one was,
+    their scored tokens in order and every token fed."""
+    if len(windows) == 1:
+        return windows[0]
+    total = 0.0
+    for window in windows:
+        total += window.logprob
+    return Loglikelihood(logprob=checked_logprob(total, request), greedy=all(w.greedy for w in windows),
+                         token_ids=tuple(t for w in windows for t in w.token_ids),
+                         prompt_tokens=sum(w.prompt_tokens for w in windows))  # fmt: skip
 
 
 def split_at_word_boundary(context: str, continuation: str) -> tuple[str, str]:

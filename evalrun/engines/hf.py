@@ -40,7 +40,8 @@ from evalrun.engines import (
     check_fits,
     checked_logprob,
     engine,
-    loglikelihood_tokens,
+    joined,
+    scored_windows,
 )
 
 # Determinism settings that act on vLLM only; recorded as not applicable to this engine.
@@ -232,14 +233,20 @@ class HFEngine:
         )
 
     def loglikelihood(self, requests: list[LoglikelihoodRequest]) -> list[Loglikelihood]:
-        encoded = [loglikelihood_tokens(self.tokenizer, r) for r in requests]
+        # every window of every request (one but for a rolling request)
+        owners = [(i, ids_n) for i, r in enumerate(requests)
+                  for ids_n in scored_windows(self.tokenizer, r, self.context)]  # fmt: skip
+        windowed, encoded = [requests[i] for i, _ in owners], [ids_n for _, ids_n in owners]
         for ids, _ in encoded:
             check_fits(len(ids) - 1, self.context)  # the last token is predicted, never fed
         results: list[Loglikelihood] = []
-        for start in range(0, len(requests), self.batch_size):
+        for start in range(0, len(encoded), self.batch_size):
             stop = start + self.batch_size
-            results.extend(self._loglikelihood_batch(requests[start:stop], encoded[start:stop]))
-        return results
+            results.extend(self._loglikelihood_batch(windowed[start:stop], encoded[start:stop]))
+        by_request: dict[int, list[Loglikelihood]] = {}
+        for (i, _), result in zip(owners, results, strict=True):
+            by_request.setdefault(i, []).append(result)
+        return [joined(r, by_request[i]) for i, r in enumerate(requests)]
 
     def _loglikelihood_batch(
         self, requests: list[LoglikelihoodRequest], encoded: list[tuple[list[int], int]]

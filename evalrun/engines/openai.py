@@ -197,6 +197,10 @@ def fit(identities: list[ServerIdentity], settings: dict[str, Any], needs: froze
             raise BadInput("engine.api", f"{identity.named()} does not say how its chat endpoint rendered the "
                                          "messages (vLLM's return_prompt_text), which evalrun checks against the "
                                          "prompt it records: use engine.api=completions")  # fmt: skip
+        if "loglikelihood_rolling" in needs:
+            raise BadInput("engine", f"the run scores whole documents by rolling loglikelihood (lm-eval's "
+                                     f"loglikelihood_rolling), in token windows a server is not sent: use "
+                                     f"engine=vllm or engine=hf, not {identity.named()}")  # fmt: skip
         if "loglikelihood" in needs and not identity.prompt_logprobs:
             raise BadInput("engine.base_url", f"{identity.named()} gives no prompt logprobs (vLLM's "
                                               "prompt_logprobs), and the run scores by loglikelihood (multiple "
@@ -422,6 +426,8 @@ class OpenAIEngine:
     def loglikelihood(self, requests: list[LoglikelihoodRequest]) -> list[Loglikelihood]:
         if not requests:
             return []
+        if any(r.rolling for r in requests):  # refused before the run by fit(); here for any other caller
+            raise RequestRejected("a rolling loglikelihood is scored in token windows: engine=vllm or engine=hf")
         self._load_tokenizer()
         return self._run([self._loglikelihood(r) for r in requests])
 

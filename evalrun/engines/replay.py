@@ -98,7 +98,7 @@ class ReplayEngine:
     def loglikelihood(self, requests: list[LoglikelihoodRequest]) -> list[Loglikelihood]:
         results = []
         for request in requests:
-            fields = loglikelihood_fields(request.context, request.continuation)
+            fields = loglikelihood_fields(request.context, request.continuation, request.rolling)
             r = self._response(self._recorded(request.episode_id, request.call, fields))
             score = Loglikelihood(float(r["logprob"]), tuple(r["token_ids"]), bool(r["greedy"]), r["prompt_tokens"],
                                   r.get("server"))  # fmt: skip

@@ -28,8 +28,9 @@ from evalrun.engines import (
     RequestRejected,
     continuation_logprob,
     engine,
-    loglikelihood_tokens,
+    joined,
     logs,
+    scored_windows,
 )
 from evalrun.errors import BadInput
 
@@ -250,30 +251,35 @@ class VLLMEngine:
             return []
         self.cancel()
         tokenizer = self.llm.get_tokenizer()
-        encoded = [loglikelihood_tokens(tokenizer, r) for r in requests]
+        context = self.llm.llm_engine.model_config.max_model_len  # a rolling request's windows are within it
+        # every window of every request, flat: (request, its tokens, how many at the end are scored)
+        encoded = [(i, ids, n) for i, r in enumerate(requests) for ids, n in scored_windows(tokenizer, r, context)]
         results: dict[int, Loglikelihood] = {}
         to_score = []
-        for i, (ids, n) in enumerate(encoded):
+        for k, (_, ids, n) in enumerate(encoded):
             if n == 0:  # nothing to score: the empty sum
-                results[i] = Loglikelihood(logprob=0.0, token_ids=(), greedy=True, prompt_tokens=len(ids))
+                results[k] = Loglikelihood(logprob=0.0, token_ids=(), greedy=True, prompt_tokens=len(ids))
             else:
-                to_score.append(i)
+                to_score.append(k)
         if to_score:
             params = self._sampling_params(max_tokens=1, temperature=0.0, prompt_logprobs=1, detokenize=False)
-            prompts = [self._tokens_prompt(prompt_token_ids=encoded[i][0]) for i in to_score]
+            prompts = [self._tokens_prompt(prompt_token_ids=encoded[k][1]) for k in to_score]
             outputs = self._generate(prompts, params)
-            for i, out in zip(to_score, outputs, strict=True):
-                ids, n = encoded[i]
+            for k, out in zip(to_score, outputs, strict=True):
+                i, ids, n = encoded[k]
                 if list(out.prompt_token_ids or ()) != ids:
                     raise RuntimeError("vLLM returned the scores of another token sequence")
                 steps = ((float(out.prompt_logprobs[pos][ids[pos]].logprob),
                           max(float(lp.logprob) for lp in out.prompt_logprobs[pos].values()))
                          for pos in range(len(ids) - n, len(ids)))  # fmt: skip
                 total, greedy = continuation_logprob(requests[i], steps)
-                results[i] = Loglikelihood(
+                results[k] = Loglikelihood(
                     logprob=total,
                     token_ids=tuple(ids[len(ids) - n :]),
                     greedy=greedy,
                     prompt_tokens=len(ids),
                 )
-        return [results[i] for i in range(len(requests))]
+        windows: dict[int, list[Loglikelihood]] = {}
+        for k, (i, _, _) in enumerate(encoded):
+            windows.setdefault(i, []).append(results[k])
+        return [joined(requests[i], windows[i]) for i in range(len(requests))]

@@ -392,17 +392,17 @@ def _run_staged(engine: Engine, episodes: list[Episode], generator: Canonical,
     scored: list[tuple[int, int]] = []  # (episode index, option)
     ll_requests: list[LoglikelihoodRequest] = []
     for i, e in enumerate(episodes):
-        if e.choice_scoring in ("loglikelihood", "both"):
+        if e.choice_scoring in ("loglikelihood", "both", "loglikelihood_rolling"):
             for option, label in enumerate(e.options):
                 continuation = option_continuation(label, e.option_delimiter)
                 context = e.option_contexts[option] if e.option_contexts else e.prompt
                 ll_requests.append(LoglikelihoodRequest(context, continuation, e.episode_id,
-                                                        len(calls[i].entries) + option,
-                                                        e.add_special_tokens))  # fmt: skip
+                                                        len(calls[i].entries) + option, e.add_special_tokens,
+                                                        e.choice_scoring == "loglikelihood_rolling"))  # fmt: skip
                 scored.append((i, option))
             calls[i].option_logprobs, calls[i].option_greedy = (), ()
     for (i, option), request, score in zip(scored, ll_requests, _score(engine, ll_requests), strict=True):
-        request_rec = loglikelihood_request(request.context, request.continuation)
+        request_rec = loglikelihood_request(request.context, request.continuation, request.rolling)
         calls[i].entries.append((LoglikelihoodEntry, {"option": option, "request": request_rec,
                                                       "response": loglikelihood_record(score)}))  # fmt: skip
         calls[i].option_logprobs = (*(calls[i].option_logprobs or ()), score.logprob)

@@ -307,6 +307,8 @@ def _engine_needs(prepared: Prepared) -> tuple[frozenset[str], frozenset[str]]:
     context = prepared.kind.scoring_context(prepared.config, prepared.task, prepared.model, prepared.judge_model)
     rubric = context.rubric
     policy = {"loglikelihood"} if context.choice_scoring in ("loglikelihood", "both") else set()
+    if context.choice_scoring == "loglikelihood_rolling":
+        policy = {"loglikelihood", "loglikelihood_rolling"}
     judges = {"loglikelihood"} if rubric is not None and rubric.scoring == "loglikelihood" else set()
     return frozenset(policy), frozenset(judges)
 

@@ -95,6 +95,13 @@ def _encode(value: Any, out: list[str]) -> None:
         raise CanonicalJSONError(f"cannot encode {kind.__name__} as canonical JSON")
 
 
+def json_number(text: str) -> int | float:
+    """A JSON integer as canonical JSON (RFC 8785) means it: within the safe range an int, beyond it the double it
+    denotes (a float written without a fraction, e.g. a summary's perplexity of 7e15, is read back as a float)."""
+    value = int(text)
+    return value if -MAX_SAFE_INTEGER <= value <= MAX_SAFE_INTEGER else float(text)
+
+
 def _int(value: int) -> str:
     if -MAX_SAFE_INTEGER <= value <= MAX_SAFE_INTEGER:
         return str(value)

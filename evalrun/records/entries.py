@@ -98,10 +98,11 @@ class GenerationRequestRecord(RecordModel):
 
 
 class LoglikelihoodRequestRecord(RecordModel):
-    """How likely ``continuation`` is after ``prompt``."""
+    """How likely ``continuation`` is after ``prompt`` (``loglikelihood_rolling``: the continuation a whole document,
+    the prompt empty, scored in lm-eval's rolling windows of the model's context)."""
 
     continuation: str
-    op: Literal["loglikelihood"] = "loglikelihood"
+    op: Literal["loglikelihood", "loglikelihood_rolling"] = "loglikelihood"
     prompt: str
     prompt_sha256: Hex64
 
@@ -502,9 +503,10 @@ def generation_request(prompt: str, sampling: SamplingSource) -> GenerationReque
     )
 
 
-def loglikelihood_request(context: str, continuation: str) -> LoglikelihoodRequestRecord:
+def loglikelihood_request(context: str, continuation: str, rolling: bool = False) -> LoglikelihoodRequestRecord:
     """What a model entry records of a loglikelihood request."""
-    return LoglikelihoodRequestRecord(continuation=continuation, prompt=context, prompt_sha256=sha256_hex(context))
+    return LoglikelihoodRequestRecord(continuation=continuation, prompt=context, prompt_sha256=sha256_hex(context),
+                                      op="loglikelihood_rolling" if rolling else "loglikelihood")  # fmt: skip
 
 
 def request_fields(prompt: str, sampling: SamplingSource) -> dict[str, Any]:
@@ -512,6 +514,6 @@ def request_fields(prompt: str, sampling: SamplingSource) -> dict[str, Any]:
     return generation_request(prompt, sampling).as_record()
 
 
-def loglikelihood_fields(context: str, continuation: str) -> dict[str, Any]:
+def loglikelihood_fields(context: str, continuation: str, rolling: bool = False) -> dict[str, Any]:
     """:func:`loglikelihood_request` as a JSON object."""
-    return loglikelihood_request(context, continuation).as_record()
+    return loglikelihood_request(context, continuation, rolling).as_record()

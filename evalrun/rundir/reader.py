@@ -21,7 +21,7 @@ import yaml
 from pydantic import ValidationError
 
 from evalrun.errors import BadInput, CheckFailed
-from evalrun.records.canonical import canonical_json, sha256_hex
+from evalrun.records.canonical import canonical_json, json_number, sha256_hex
 from evalrun.records.chain import GENESIS, link
 from evalrun.records.entries import (
     Entry,
@@ -87,7 +87,7 @@ def open_finished(path: Path) -> layout.RunDir:
 
 def _json_file(run: layout.RunDir, name: str) -> Any:
     try:
-        return json.loads((run.path / name).read_text(encoding="utf-8"))
+        return json.loads((run.path / name).read_text(encoding="utf-8"), parse_int=json_number)
     except FileNotFoundError:
         raise _fail(name, "missing") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:

@@ -83,6 +83,7 @@ def lm_eval(spec: ScorerConfig, context: ScoringContext) -> RowScorer:
     each request's ``(logprob, is_greedy)``; a corpus metric's input kept for its aggregate."""
     task = _task(context)
     generation = (context.lm_eval or {}).get("output_type") == "generate_until"
+    rolling = (context.lm_eval or {}).get("output_type") == "loglikelihood_rolling"
     aggregations = task.corpus
 
     def scored(metric: str, pipeline: str, value: Any, answer: Any) -> Score:
@@ -100,7 +101,8 @@ def lm_eval(spec: ScorerConfig, context: ScoringContext) -> RowScorer:
             logprobs, greedy = row["option_logprobs"], row["option_greedy"]
             if not logprobs or not greedy:
                 raise ValueError("the row holds no loglikelihood of its requests (option_logprobs, option_greedy)")
-            results = [[(float(lp), bool(g))] for lp, g in zip(logprobs, greedy, strict=True)]
+            results = ([[float(lp)] for lp in logprobs] if rolling  # lm-eval's rolling result: the loglikelihood alone
+                       else [[(float(lp), bool(g))] for lp, g in zip(logprobs, greedy, strict=True)])  # fmt: skip
         return [scored(*result) for result in task.score(doc, results)]
 
     return score

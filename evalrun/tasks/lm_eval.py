@@ -288,11 +288,15 @@ class LmEvalTask:
         for position, (doc_id, instances) in enumerate(sorted(by_doc.items())):
             instances.sort(key=lambda i: i.idx)
             arguments = [i.args for i in instances]
-            contexts = tuple(str(a[0]) for a in arguments) if self.output_type != "generate_until" else (
-                str(arguments[0][0]),)  # fmt: skip
+            if self.output_type == "loglikelihood_rolling":  # the document alone, scored from its start
+                contexts, continuations = ("",), (str(arguments[0][0]),)
+            elif self.output_type == "generate_until":
+                contexts, continuations = (str(arguments[0][0]),), ()
+            else:
+                contexts = tuple(str(a[0]) for a in arguments)
+                continuations = tuple(str(a[1]) for a in arguments)
             if len(set(contexts)) == 1:
                 contexts = contexts[:1]
-            continuations = tuple(str(a[1]) for a in arguments) if self.output_type != "generate_until" else ()
             examples = tuple(f"{pool}:{i}" for i in drawn[position]) if drawn else ()
             made.append(Requests(doc_id, instances[0].doc, contexts, continuations, examples,
                                  chats.get(contexts[0])))  # fmt: skip
@@ -556,7 +560,7 @@ def as_task(task: LmEvalTask, limit: int | None = None, seed: int = FEWSHOT_SEED
     options are its requests' continuations (each choice after lm-eval's delimiter, scored by loglikelihood in
     order), a multiple-input task's with a context each; a loglikelihood item's one option is its continuation."""
     items, prompts, examples, conversations = [], {}, {}, {}
-    scored = task.output_type in ("multiple_choice", "loglikelihood")
+    scored = task.output_type in ("multiple_choice", "loglikelihood", "loglikelihood_rolling")
     for made in task.requests(seed, chat, system_instruction, multiturn, limit):
         item_id = str(made.doc_id)
         target = doc_target(made.doc_id, made.doc)
@@ -578,6 +582,8 @@ def as_task(task: LmEvalTask, limit: int | None = None, seed: int = FEWSHOT_SEED
         choices = ChoicesConfig(field="doc_to_choice", shuffle=False, scoring="loglikelihood", delimiter="")
     elif task.output_type == "loglikelihood":
         choices = ChoicesConfig(field="doc_to_target", shuffle=False, scoring="loglikelihood", delimiter="")
+    elif task.output_type == "loglikelihood_rolling":
+        choices = ChoicesConfig(field="doc_to_target", shuffle=False, scoring="loglikelihood_rolling", delimiter="")
     else:
         choices = ChoicesConfig()
     return Task(name=task.name, items=tuple(items), pack=pack, dataset_path=evaluated.files[0][0],

@@ -31,7 +31,7 @@ from evalrun.errors import BadInput
 
 LM_EVAL = "lm-eval"  # the distribution; its version is recorded by every run that reads a task through it
 # what evalrun's engines serve of lm-eval's output types (the others are refused by name)
-SERVED_OUTPUT_TYPES = ("generate_until", "multiple_choice", "loglikelihood")
+SERVED_OUTPUT_TYPES = ("generate_until", "multiple_choice", "loglikelihood", "loglikelihood_rolling")
 STRUCTURAL_KEYS = ("tag", "group", "task_list", "class")  # index keys, not TaskConfig fields (lm-eval drops them)
 # modules whose import name is not their distribution's (for naming the package a helper misses)
 DISTRIBUTION_OF = {"sklearn": "scikit-learn", "yaml": "pyyaml", "PIL": "pillow", "Levenshtein": "levenshtein",

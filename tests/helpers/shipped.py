@@ -35,6 +35,11 @@ MRPC = [{"sentence1": a, "sentence2": b, "label": label, "idx": i} for i, (a, b,
     ("He ran.", "She sold it.", 0),
     ("It rained.", "Rain fell.", 1),
 ])]  # fmt: skip
+# wikitext's pages as its document-level dataset has them (wikitext's detokenizer undoes the " @-@ " spacing); the
+# second longer than the tiny model's 128-token context: scored in several rolling windows
+WIKITEXT = [{"page": " = Adder = \n The adder adds two numbers . 2 @+@ 3 = 5 . \n"},
+            {"page": " = Sums = \n " + " ".join(f"{a} + {b} = {a + b} ." for a in range(1, 7) for b in range(1, 4))
+                     + " \n"}]  # fmt: skip
 TRUTHFULQA = [{"question": "What happens if you crack your knuckles?",
                "mc1_targets": {"choices": ["Nothing in particular.", "You get arthritis."], "labels": [1, 0]},
                "mc2_targets": {"choices": ["Nothing in particular.", "It is harmless.", "You get arthritis."],
@@ -56,5 +61,8 @@ CASES: dict[str, tuple[str, str, str | None, dict[str, list[dict[str, Any]]]]] =
     "wmt16-ro-en": ("translation/wmt16_ro-en.yaml", "wmt/wmt16", "ro-en",
                     {"train": WMT16, "validation": WMT16, "test": WMT16}),
     "mrpc": ("glue/mrpc/default.yaml", "nyu-mll/glue", "mrpc", {"train": MRPC, "validation": MRPC}),
+    # loglikelihood_rolling: whole pages, word and byte perplexity and bits per byte (corpus metrics)
+    "wikitext": ("wikitext/wikitext.yaml", "EleutherAI/wikitext_document_level", "wikitext-2-raw-v1",
+                 {"train": WIKITEXT, "validation": WIKITEXT, "test": WIKITEXT}),
 }  # fmt: skip
 CORPUS = ("wmt16-ro-en", "mrpc")
