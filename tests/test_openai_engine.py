@@ -210,6 +210,9 @@ def test_a_run_scored_by_loglikelihood_needs_the_servers_prompt_logprobs(stub: C
     preflight("openai", MODEL, {"base_url": server.url})  # generation only: fine
     with pytest.raises(BadInput, match=r"gives no prompt logprobs .*scores by loglikelihood"):
         preflight("openai", MODEL, {"base_url": server.url}, frozenset({"loglikelihood"}))
+    # lm-eval's loglikelihood_rolling is scored in token windows, which a served engine is not sent: refused
+    with pytest.raises(BadInput, match=r"rolling loglikelihood .*engine=vllm or engine=hf"):
+        preflight("openai", MODEL, {"base_url": server.url}, frozenset({"loglikelihood", "loglikelihood_rolling"}))
 
 
 def test_several_servers_share_the_requests_and_must_agree(stub: Callable[..., Stub]) -> None:
