@@ -307,21 +307,34 @@ def load_evalrun(run_dir: Path):
     return first.set_index("item_id"), first_scores, scores, int(trials)
 
 
-def option_prompts(run_dir: Path) -> dict[str, list[str]]:
+def option_prompts(run_dir: Path, rolling: bool = False) -> dict[str, list[str]]:
     """Each item's loglikelihood requests' prompts in option order, from the episode chains (a multiple-input task's
-    options each have a context of their own; outputs' ``prompt`` holds the first), its first trial's."""
+    options each have a context of their own; outputs' ``prompt`` holds the first), its first trial's; ``rolling``:
+    their continuations (a rolling request's document, which lm-eval logs as its one argument)."""
     episodes, prompts = {}, {}
     for part in sorted((run_dir / "log").glob("*.jsonl")):
         for line in part.read_text(encoding="utf-8").splitlines():
             entry = json.loads(line)
             if entry["kind"] == "header" and entry["seed"] == 0 and entry["repeat"] == 0:
                 episodes[entry["episode"]] = entry["item"]
-            elif entry["kind"] == "model" and entry["request"].get("op") == "loglikelihood":
-                prompts.setdefault(entry["episode"], {})[entry["option"]] = entry["request"]["prompt"]
+            elif entry["kind"] == "model" and entry["request"].get("op", "").startswith("loglikelihood"):
+                request = entry["request"]
+                prompts.setdefault(entry["episode"], {})[entry["option"]] = request[
+                    "continuation" if rolling else "prompt"]  # fmt: skip
     return {item: [prompts[e][o] for o in sorted(prompts[e])] for e, item in episodes.items() if e in prompts}
 
 
-SCORED_TYPES = ("multiple_choice", "loglikelihood")  # scored by loglikelihood: no generation to compare
+def close(a, b) -> bool:
+    """Equal, but floats within a relative 1e-6 (a corpus metric's input holding a loglikelihood: wikitext's)."""
+    if isinstance(a, float) or isinstance(b, float):
+        return isinstance(a, int | float) and isinstance(b, int | float) and math.isclose(a, b, rel_tol=1e-6)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(close(x, y) for x, y in zip(a, b, strict=True))
+    return a == b
+
+
+# scored by loglikelihood: no generation to compare
+SCORED_TYPES = ("multiple_choice", "loglikelihood", "loglikelihood_rolling")
 LOGLIKELIHOOD_METRICS = ("perplexity",)  # a document's value is its loglikelihood (compared as max |dlogprob|)
 
 
@@ -337,7 +350,8 @@ def compare_task(name: str, lm: dict, run_dir: Path) -> dict:
         metric, _, filt = r.metric.partition("/")
         ev_scores[(r.item_id, metric, filt or "none")] = (r.value, r.extracted)
     lm_ids, ev_ids = set(by_doc), set(items.index)
-    per_option = option_prompts(run_dir) if out_type in SCORED_TYPES else {}
+    rolling = out_type == "loglikelihood_rolling"
+    per_option = option_prompts(run_dir, rolling) if out_type in SCORED_TYPES else {}
     summary = json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))["tasks"].get(name, {})
     common = sorted(lm_ids & ev_ids, key=lambda x: (len(x), x))
 
@@ -351,12 +365,15 @@ def compare_task(name: str, lm: dict, run_dir: Path) -> dict:
         s0 = samples[filters[0]]
         ctxs = [a[0] for a in s0["arguments"]]
         ctx = ctxs[0] if all(c == ctxs[0] for c in ctxs) else ctxs
-        checks["prompt"].add(doc_id, ctx, row["prompt"] if isinstance(ctx, str) else per_option.get(doc_id))
+        if rolling:  # the document, lm-eval's one argument, against the chain's request
+            checks["prompt"].add(doc_id, ctx, (per_option.get(doc_id) or [None])[0])
+        else:
+            checks["prompt"].add(doc_id, ctx, row["prompt"] if isinstance(ctx, str) else per_option.get(doc_id))
         if row["finish_reason"] == "failed":  # evalrun refused the item (a prompt longer than the context)
             checks.setdefault("failed", Check("evalrun episode did not fail")).add(doc_id, True, False)
             continue
         if out_type in SCORED_TYPES:
-            lls = [float(r[0][0]) for r in s0["resps"]]
+            lls = [float(r[0] if rolling else r[0][0]) for r in s0["resps"]]  # a rolling one's is its loglikelihood
             ours = [float(x) for x in row["option_logprobs"]]
             if len(ours) == len(lls):
                 d = max((abs(a - b) for a, b in zip(lls, ours, strict=True)), default=0.0)
@@ -364,7 +381,7 @@ def compare_task(name: str, lm: dict, run_dir: Path) -> dict:
                     max_dlp, dlp_item = d, (doc_id, lls, ours)
             if out_type == "multiple_choice":
                 checks.setdefault("choices", Check("number of choices")).add(doc_id, len(lls), len(ours))
-            else:  # loglikelihood: whether the continuation is the greedy one (lm-eval's is_greedy)
+            elif not rolling:  # loglikelihood: whether the continuation is the greedy one (lm-eval's is_greedy)
                 greedy = [bool(r[0][1]) for r in s0["resps"]], [bool(g) for g in row["option_greedy"]]
                 checks.setdefault("greedy", Check("is_greedy")).add(doc_id, *greedy)
         else:
@@ -392,7 +409,7 @@ def compare_task(name: str, lm: dict, run_dir: Path) -> dict:
                 # probability mass): equal to the loglikelihoods' floating point, as a relative 1e-5
                 continuous = (out_type in SCORED_TYPES and isinstance(lv, float) and isinstance(evv, float)
                               and {lv, evv} - {0.0, 1.0})  # fmt: skip
-                equal = math.isclose(lv, evv, rel_tol=1e-5) if continuous else None
+                equal = math.isclose(lv, evv, rel_tol=1e-5) if continuous else close(lv, evv) if corpus else None
                 checks.setdefault(label, Check(label, gating)).add(doc_id, lv, evv, equal)
     # aggregates: lm-eval's results vs the mean of evalrun's per-item values (all trials); a perplexity, evalrun's
     # summary.json's (exp(-mean) of the documents' loglikelihoods); a corpus metric, summary.json's aggregate
