@@ -49,11 +49,12 @@ How it sets up lm-eval. evalrun reads and scores lm-eval tasks with lm-eval's ow
 extra, in the .venv); the side of the comparison that runs lm-eval's evaluator with its own model backend runs
 apart, as it always did, so that nothing it installs or writes can reach the .venv: the set-up is
 scripts/compare_lm_eval.py's (``setup_lm_eval``, imported, not copied): ``pip install --target
---no-deps`` of lm_eval==0.4.13 and exactly the distributions the .venv lacks into
-``${EVALRUN_CACHE:-~/.cache/evalrun}/lm-eval/0.4.13/site``, once (``ready.json``). lm-eval then runs in a child
-process of the project's python with that directory on PYTHONPATH (``lm_eval_env``: offline, its own datasets
-cache), so it uses the .venv's torch, transformers and accelerate, the same ones evalrun uses; the child checks
-that lm_eval comes from the side directory and torch, transformers and datasets from the .venv. The .venv's
+--no-deps`` of exactly the distributions the .venv lacks for lm_eval==0.4.13 into
+``${EVALRUN_CACHE:-~/.cache/evalrun}/lm-eval/0.4.13/site``, once (``ready.json``): none, where scripts/setup.sh
+installed the lm-eval extra, so lm-eval itself is the .venv's locked one. It runs in a child process of the
+project's python with that directory on PYTHONPATH (``lm_eval_env``: offline, its own datasets cache), so it uses
+the .venv's torch, transformers and accelerate, the same ones evalrun uses; the child checks lm-eval's version
+and that torch, transformers and datasets come from the .venv. The .venv's
 site-packages (its entries and distributions with their versions) is fingerprinted before and after the
 set-up, and the script fails if it changed.
 

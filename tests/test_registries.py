@@ -109,6 +109,7 @@ def test_a_registry_names_the_config_field_and_refuses_two_plug_ins_under_one_na
         (["task.scorer.extract=middle"], "task.scorer.extract"),
         (["model.dtype=float8"], "model.dtype"),
         (["task.choices.scoring=vote"], "task.choices.scoring"),
+        (["task.choices.scoring=loglikelihood_rolling"], "task.choices.scoring"),  # an lm-eval output type only
     ],
 )
 def test_a_name_no_registry_holds_is_bad_input_naming_the_field(overrides: list[str], named: str) -> None:

@@ -613,6 +613,9 @@ class TaskConfig(Section):
             raise BadInput("task.scorer.name", "the verifier scorer scores agent tasks (task.world) only")
         if self.on_overlong not in ON_OVERLONG:
             raise BadInput("task.on_overlong", f"expected one of {', '.join(ON_OVERLONG)}, got {self.on_overlong!r}")
+        if self.choices.scoring == "loglikelihood_rolling":  # an lm-eval output type, made by its tasks alone
+            raise _fail("task.choices.scoring", "letter, loglikelihood or both (loglikelihood_rolling is an lm-eval "
+                                                "task's output type: task=lm_eval)", self.choices.scoring)  # fmt: skip
         if (self.scorer.name == "choice") != (self.choices.field is not None):
             raise BadInput("task.scorer.name", "the choice scorer goes with task.choices.field, and only with it")
         if (self.scorer.name == "rubric") != (self.rubric is not None):

@@ -300,15 +300,18 @@ def _preflight_second(engine: EngineConfig, where: str, model: Path, needs: froz
         raise BadInput(named, f"{what}: {exc.message}{hint}") from exc
 
 
+# what an engine must serve for each way of scoring a choice (letter: generation only)
+CHOICE_SCORING_NEEDS = {"loglikelihood": frozenset({"loglikelihood"}), "both": frozenset({"loglikelihood"}),
+                        "loglikelihood_rolling": frozenset({"loglikelihood", "loglikelihood_rolling"})}  # fmt: skip
+
+
 def _engine_needs(prepared: Prepared) -> tuple[frozenset[str], frozenset[str]]:
     """What the run's calls need of an engine beyond generation, for the policy's calls and the judges':
     ``loglikelihood`` where multiple-choice options or a rubric's verdicts are scored by it, as the kind's scoring
     context says (engines.CheckedEngine)."""
     context = prepared.kind.scoring_context(prepared.config, prepared.task, prepared.model, prepared.judge_model)
     rubric = context.rubric
-    policy = {"loglikelihood"} if context.choice_scoring in ("loglikelihood", "both") else set()
-    if context.choice_scoring == "loglikelihood_rolling":
-        policy = {"loglikelihood", "loglikelihood_rolling"}
+    policy = CHOICE_SCORING_NEEDS.get(context.choice_scoring, frozenset())
     judges = {"loglikelihood"} if rubric is not None and rubric.scoring == "loglikelihood" else set()
     return frozenset(policy), frozenset(judges)
 

@@ -28,7 +28,7 @@ from evalrun.records.canonical import canonical_json
 from evalrun.scoring.context import ScoringContext
 from evalrun.scoring.registry import Row, RowScorer, Score, scorer
 from evalrun.stats.summary import Aggregation
-from evalrun.tasks.lm_eval import ScoringTask, metric_value, plain, read_doc_target, scoring_task
+from evalrun.tasks.lm_eval import ScoringTask, jsonable, metric_value, read_doc_target, scoring_task
 
 
 def metric_name(metric: str, pipeline: str) -> str:
@@ -90,7 +90,7 @@ def lm_eval(spec: ScorerConfig, context: ScoringContext) -> RowScorer:
         name = metric_name(metric, pipeline)
         if metric not in aggregations:
             return Score(name, metric_value(metric, value), _shown(answer))
-        document = json.loads(extracted := canonical_json(plain(value)))  # as the summary reads it back
+        document = json.loads(extracted := canonical_json(jsonable(value)))  # as the summary reads it back
         return Score(name, alone(aggregations[metric], document), extracted)
 
     def score(row: Row) -> list[Score]:

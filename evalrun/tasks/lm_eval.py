@@ -235,11 +235,11 @@ class LmEvalTask:
         task, config = self.task, self.task.config
         made = {}
         if config.process_docs is not None:
-            made[self.eval_split.name] = canonical_hash([_jsonable(d) for d in task.task_docs])
+            made[self.eval_split.name] = canonical_hash([jsonable(d) for d in task.task_docs])
         sampler = getattr(task, "sampler", None)
         processed = config.process_docs is not None or task.fewshot_cfg.process_docs is not None
         if processed and sampler is not None and self.num_fewshot > 0:
-            made.setdefault(self.fewshot_split_name(), canonical_hash([_jsonable(d) for d in sampler.fewshot_docs()]))
+            made.setdefault(self.fewshot_split_name(), canonical_hash([jsonable(d) for d in sampler.fewshot_docs()]))
         return made
 
     def requests(self, seed: int = FEWSHOT_SEED, chat: ChatFormat | None = None, system_instruction: str | None = None,
@@ -499,14 +499,15 @@ class _Origins(dict):  # type: ignore[type-arg]
         return self.path
 
 
-def _jsonable(value: Any) -> Any:
-    """A document's value as JSON holds it (numpy scalars and arrays as numbers and lists, tuples as lists)."""
+def jsonable(value: Any) -> Any:
+    """A value as JSON holds it (numpy scalars and arrays as numbers and lists, tuples as lists): a document, and a
+    corpus metric's per-document input (what its aggregation is given back, at the run and every recomputation)."""
     if isinstance(value, Mapping):
-        return {str(k): _jsonable(v) for k, v in value.items()}
+        return {str(k): jsonable(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [_jsonable(v) for v in value]
+        return [jsonable(v) for v in value]
     if hasattr(value, "tolist"):
-        return _jsonable(value.tolist())
+        return jsonable(value.tolist())
     if value is None or isinstance(value, str | int | float | bool):
         return value
     return str(value)
@@ -514,7 +515,7 @@ def _jsonable(value: Any) -> Any:
 
 def doc_target(doc_id: int, doc: Mapping[str, Any]) -> str:
     """An item's target: its document as JSON (what lm-eval's ``process_results`` scores a reply against)."""
-    return canonical_json({"doc_id": doc_id, "doc": _jsonable(doc)})
+    return canonical_json({"doc_id": doc_id, "doc": jsonable(doc)})
 
 
 def read_doc_target(target: str) -> tuple[int, dict[str, Any]]:
@@ -699,15 +700,3 @@ def metric_value(metric: str, value: Any) -> float:
         return float(value)
     raise ValueError(f"metric {metric!r} gave {value!r} for a document, where a number was expected (a metric "
                      "aggregated by its mean)")  # fmt: skip
-
-
-def plain(value: Any) -> Any:
-    """A corpus metric's per-document input as JSON holds it: tuples as lists, NumPy's numbers and arrays as
-    Python's (what its aggregation is given back, at the run and at every recomputation alike)."""
-    if hasattr(value, "tolist"):
-        return value.tolist()
-    if isinstance(value, tuple | list):
-        return [plain(v) for v in value]
-    if isinstance(value, dict):
-        return {str(k): plain(v) for k, v in value.items()}
-    return value
