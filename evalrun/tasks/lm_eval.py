@@ -553,6 +553,11 @@ class LmEvalPack(PromptPack):
         return {**self.record, "decoding": {k: v for k, v in decoding.items() if k != "name"}}
 
 
+# the output types whose items are options scored by loglikelihood: where the options come from, and how they are scored
+SCORED_BY = {"multiple_choice": ("doc_to_choice", "loglikelihood"), "loglikelihood": ("doc_to_target", "loglikelihood"),
+             "loglikelihood_rolling": ("doc_to_target", "loglikelihood_rolling")}  # fmt: skip
+
+
 def as_task(task: LmEvalTask, limit: int | None = None, seed: int = FEWSHOT_SEED, chat: ChatFormat | None = None,
             system_instruction: str | None = None, multiturn: bool = True) -> Task:  # fmt: skip
     """The lm-eval task as evalrun runs it: an item per evaluated document (its id lm-eval's ``doc_id``), the first
@@ -561,7 +566,7 @@ def as_task(task: LmEvalTask, limit: int | None = None, seed: int = FEWSHOT_SEED
     options are its requests' continuations (each choice after lm-eval's delimiter, scored by loglikelihood in
     order), a multiple-input task's with a context each; a loglikelihood item's one option is its continuation."""
     items, prompts, examples, conversations = [], {}, {}, {}
-    scored = task.output_type in ("multiple_choice", "loglikelihood", "loglikelihood_rolling")
+    scored = task.output_type in SCORED_BY
     for made in task.requests(seed, chat, system_instruction, multiturn, limit):
         item_id = str(made.doc_id)
         target = doc_target(made.doc_id, made.doc)
@@ -579,14 +584,10 @@ def as_task(task: LmEvalTask, limit: int | None = None, seed: int = FEWSHOT_SEED
                       processed_docs_sha256=task.processed_docs_sha256,
                       files=DefinitionFiles.of(task.definition))  # fmt: skip
     evaluated = task.eval_split
-    if task.output_type == "multiple_choice":
-        choices = ChoicesConfig(field="doc_to_choice", shuffle=False, scoring="loglikelihood", delimiter="")
-    elif task.output_type == "loglikelihood":
-        choices = ChoicesConfig(field="doc_to_target", shuffle=False, scoring="loglikelihood", delimiter="")
-    elif task.output_type == "loglikelihood_rolling":
-        choices = ChoicesConfig(field="doc_to_target", shuffle=False, scoring="loglikelihood_rolling", delimiter="")
-    else:
-        choices = ChoicesConfig()
+    choices = ChoicesConfig()  # generate_until
+    if scored:
+        options, scoring = SCORED_BY[task.output_type]
+        choices = ChoicesConfig(field=options, shuffle=False, scoring=scoring, delimiter="")
     return Task(name=task.name, items=tuple(items), pack=pack, dataset_path=evaluated.files[0][0],
                 dataset_sha256=evaluated.rows_sha256, choices=choices, chat=chat,
                 scoring=task.scoring_record())  # fmt: skip
