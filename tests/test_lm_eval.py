@@ -109,6 +109,23 @@ def test_decontamination_keys_are_accepted_and_recorded(tmp_path: Path) -> None:
     assert task.prompt_record()["settings"]["should_decontaminate"] is True
 
 
+def test_task_overrides_set_lm_evals_settings_over_the_yamls_and_are_in_the_scoring_record(tmp_path: Path) -> None:
+    """``task.overrides`` (lm-eval's ``--num_fewshot`` and the like, a group's settings of its tasks): merged key by
+    key over the YAML's, in the records; a key that is not one of lm-eval's task settings is named."""
+    from evalrun.config import load
+
+    path = _write(tmp_path, BASE + 'description: "yaml: "\n')
+    task = load_task(path, overrides={"description": "given: ", "target_delimiter": "|"})
+    assert [r.context for r in task.requests()] == ["given: Q: 1+1\nA:", "given: Q: 2+2\nA:"]
+    assert task.scoring_record()["overrides"] == {"description": "given: ", "target_delimiter": "|"}
+    assert "overrides" not in load_task(path).scoring_record()  # none given: the record as before
+    for key in ("nope", "task", "tag"):
+        with pytest.raises(BadInput, match=rf"^task\.overrides\.{key}: a setting of lm-eval's TaskConfig"):
+            load_task(path, overrides={key: 1})
+    with pytest.raises(BadInput, match=r"^task\.overrides: expected {}: it is an lm-eval task's setting"):
+        load(["task=addition_mc", "+task.overrides.num_fewshot=1"])
+
+
 def test_includes_merge_as_lm_eval_merges_them(tmp_path: Path) -> None:
     _write(tmp_path, BASE + 'description: "base\\n\\n"\n', "base.yaml")
     path = tmp_path / "task.yaml"

@@ -59,6 +59,11 @@ task:
   - task: good_gen
     num_fewshot: 5
 """
+OVERRIDDEN_BADLY = """group: overridden_badly
+task:
+  - task: good_gen
+    doc_to_image: picture
+"""
 
 
 def write_library(root: Path) -> Path:
@@ -66,6 +71,7 @@ def write_library(root: Path) -> Path:
     library.mkdir()
     files = {"good.yaml": GOOD, "needs.yaml": NEEDS_LANGDETECT, "faults.yaml": MANY_FAULTS,
              "filter.yaml": UNKNOWN_FILTER, "suite.yaml": GROUP, "overriding.yaml": OVERRIDING,
+             "overridden_badly.yaml": OVERRIDDEN_BADLY,
              "broken.yaml": "task: [unclosed\n",
              "helpers.py": "def score(doc, results):\n    return {'points': float(results[0] == doc['answer'])}\n",
              "needs.py": "import langdetect\n\ndef text(doc):\n    return doc['q']\n"}  # fmt: skip
@@ -87,11 +93,13 @@ def test_check_loads_each_task_alone_and_gives_every_reason(tmp_path: Path, caps
                                                  "doc_to_image: evalrun's engines take text only"]  # fmt: skip
     assert any("no_such_filter" in r for r in by_name["unknown_filter"]["reasons"])
     assert by_name["suite"]["reasons"] == ["member needs_langdetect does not load"]
-    # every member loads and lm-eval reads the group, but evalrun's run of it would refuse the member's override
-    (refusal,) = by_name["overriding"]["reasons"]
-    assert refusal.startswith("evalrun does not run it as its tasks: ") and "num_fewshot" in refusal
+    # a member's settings are checked with the task: the same task loads with some and not with others
+    assert by_name["overriding"]["loads"]
+    (refusal,) = by_name["overridden_badly"]["reasons"]
+    assert refusal == ("evalrun does not run it as its tasks: task good_gen with the group's settings "
+                       "{'doc_to_image': 'picture'}: doc_to_image: evalrun's engines take text only")  # fmt: skip
     assert [Path(p).name for p in record["unreadable"]] == ["broken.yaml"]
-    assert record["counts"]["loads"] == {"tasks": [1, 4], "groups": [0, 2]}
+    assert record["counts"]["loads"] == {"tasks": [1, 4], "groups": [1, 3]}
 
 
 def test_names_pick_tasks_and_a_name_not_there_is_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -109,5 +117,6 @@ def test_list_names_tasks_groups_and_tags(tmp_path: Path, capsys: pytest.Capture
     record = json.loads(capsys.readouterr().out)
     kinds = {d["name"]: d["kind"] for d in record["definitions"]}
     assert kinds == {"good_gen": "task", "needs_langdetect": "task", "many_faults": "task",
-                     "unknown_filter": "task", "suite": "group", "overriding": "group"}  # fmt: skip
+                     "unknown_filter": "task", "suite": "group", "overriding": "group",
+                     "overridden_badly": "group"}  # fmt: skip
     assert main(["tasks", "list", str(tmp_path / "absent")]) == 2

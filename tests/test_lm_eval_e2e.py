@@ -335,6 +335,32 @@ def test_a_group_runs_each_task_as_a_run_of_its_own_and_reports_lm_evals_group_m
 
 
 @pytest.mark.e2e
+def test_a_groups_settings_of_its_tasks_are_run_recorded_and_scored_with(dispatcher: Dispatcher,
+                                                                        tmp_path: Path) -> None:  # fmt: skip
+    """The shipped addition_settings group (lm-eval's group and member settings: num_fewshot over the tasks' 0): each
+    task runs with the settings its group gives it, records them (its config's task.overrides, its scoring record,
+    the group record), and verifies, replays and rescores with them, the YAMLs unchanged."""
+    plan = _group_plan(tmp_path, SHIPPED, "addition_settings", limit=3)
+    record = groups.run_group(plan, [prepare(m) for m in plan.members], dispatcher)
+    given = {"lm_eval_addition_gen": {"num_fewshot": 1},
+             "lm_eval_addition_mc": {"num_fewshot": 2, "task_alias": "addition_mc (2-shot)"}}  # fmt: skip
+    assert [m.get("overrides") for m in record["group"]["members"]] == list(given.values())
+    for task, settings in given.items():
+        run = plan.directory / task
+        rows = pq.read_table(run / "outputs").to_pylist()
+        shots = settings["num_fewshot"]
+        assert [r["prompt"].count("Q: ") for r in rows] == [shots + 1] * 3  # the examples, then the question
+        assert yaml.safe_load((run / "config.yaml").read_text())["task"]["overrides"] == settings
+        manifest = json.loads((run / "manifest.json").read_text())
+        assert manifest["task"]["lm_eval"]["overrides"] == settings
+        assert manifest["task"]["prompt_pack"]["settings"]["num_fewshot"] == shots
+        verify_run(run)
+        assert replay_run(run, []).matches
+        assert rescore_run(run, []).identical  # scored again by lm-eval with the recorded settings
+    verify_group(plan.directory)
+
+
+@pytest.mark.e2e
 def test_a_group_on_an_object_store_runs_verifies_and_resumes_there(
     dispatcher: Dispatcher, s3_server: str, capsys: pytest.CaptureFixture[str]
 ) -> None:

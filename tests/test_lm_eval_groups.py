@@ -62,9 +62,9 @@ def test_a_tag_is_its_tasks_in_name_order_and_a_list_names_several(tmp_path: Pat
 @pytest.mark.parametrize(
     ("group_yaml", "named"),
     [
-        ("group: g\ntask: [a]\nnum_fewshot: 5\n", "g.yaml: num_fewshot"),  # a group's overrides of its tasks
-        ("group: g\ntask: [{task: a, num_fewshot: 5}]\n", "g.yaml: task[0]: num_fewshot"),  # a member's
-        ("group: g\ntask: [{task: inline, dataset_path: json}]\n", "g.yaml: task[0]: dataset_path"),  # inline task
+        ("group: g\ntask: [a]\nnot_a_setting: 5\n", "g.yaml: not_a_setting"),  # neither a group's key nor a task's
+        ("group: g\ntask: [{task: a, nope: 5}]\n", "g.yaml: task[0]: nope"),  # a member's
+        ("group: g\ntask: [{task: inline, dataset_path: json}]\n", "g.yaml: task[0]: task"),  # an inline task
         ("group: g\ntask: [nope]\n", "g.yaml: task[0]"),  # a name the directory does not define
         (
             "group: g\ntask: [a]\naggregate_metric_list: [{metric: acc, aggregation: median}]\n",
@@ -74,10 +74,8 @@ def test_a_tag_is_its_tasks_in_name_order_and_a_list_names_several(tmp_path: Pat
             "group: g\ntask: [a]\naggregate_metric_list: [{metric: acc, higher_is_better: true}]\n",
             "aggregate_metric_list[0].higher_is_better",
         ),
-        (
-            "group: g\ntask: [a]\naggregate_metric_list: [{metric: acc, weight_by_size: 1}]\n",
-            "aggregate_metric_list[0].weight_by_size",
-        ),
+        ("group: g\ntask: [a]\ndescription: !function helpers.text\n", "g.yaml: description"),  # a function
+        ("group: g\ntask: [a, {task: a, num_fewshot: 1}]\n", "task 'a' is in the group twice"),
         ("group: g\ntask: [h]\n---\n", "g.yaml"),  # not one mapping
         ("group: g\ntask: []\n", "g.yaml: task"),
     ],
@@ -85,10 +83,62 @@ def test_a_tag_is_its_tasks_in_name_order_and_a_list_names_several(tmp_path: Pat
 def test_what_a_group_may_not_say_is_refused_naming_file_and_key(tmp_path: Path, group_yaml: str,
                                                                  named: str) -> None:  # fmt: skip
     _tasks(tmp_path, "a")
+    (tmp_path / "helpers.py").write_text("def text(doc):\n    return 'x'\n", encoding="utf-8")
     (tmp_path / "g.yaml").write_text(group_yaml, encoding="utf-8")
     with pytest.raises(BadInput) as raised:
         find_group(tmp_path, "g")
     assert named in str(raised.value), raised.value
+
+
+GROUP_SETTINGS = {
+    "inner.yaml": "group: inner\ntask: [a, {task: b, num_fewshot: 1}]\nnum_fewshot: 2\ndescription: 'inner: '\n",
+    "g.yaml": "group: g\ntask:\n  - {group: inner, description: 'outer: '}\n  - {group: sub, task: [{task: c, "
+    "task_alias: third}], target_delimiter: '|'}\n  - easy\nnum_fewshot: 0\ntag: [ignored]\n"
+    "aggregate_metric_list: [{metric: acc, aggregation: !function helpers.mean, weight_by_size: truez}]\n",
+}
+
+
+def test_a_groups_settings_reach_its_tasks_as_lm_evals_builder_gives_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A group's settings of its tasks, a member entry's and an enclosing group's, merged key by key as lm-eval
+    0.4.13's TaskManager merges them: each task's config, read with its leaf's settings, is lm-eval's own."""
+    from lm_eval.tasks import TaskManager
+
+    from evalrun.tasks.lm_eval import read_definition
+    from evalrun.tasks.lm_eval_catalog import STRUCTURAL_KEYS
+
+    _tasks(tmp_path, "a", "b", "c")
+    _tasks(tmp_path, "d", "e", tag="easy")
+    (tmp_path / "helpers.py").write_text("def mean(values):\n    return sum(values) / len(values)\n")
+    for name, text in GROUP_SETTINGS.items():
+        (tmp_path / name).write_text(text, encoding="utf-8")
+    group = find_group(tmp_path, "g")
+    assert group is not None
+    settings = {leaf.name: dict(leaf.overrides) for leaf in group.leaves()}
+    assert settings == {
+        "a": {"num_fewshot": 0, "description": "outer: "},  # the enclosing group's over the inner one's own
+        "b": {"num_fewshot": 1, "description": "outer: "},  # a member entry's over both
+        "c": {"num_fewshot": 0, "target_delimiter": "|", "task_alias": "third"},
+        "d": {"num_fewshot": 0},  # a tag's tasks get the group's; tag, an index key, is dropped as lm-eval drops it
+        "e": {"num_fewshot": 0},
+    }
+    # a function as a group's aggregation: lm-eval takes it and aggregates by the mean; "truez" is true to it
+    assert group.aggregates == (Aggregate("acc", None, True, "helpers.mean"),)
+    restored = Group.from_record(group.as_record())  # the group record holds each task's settings
+    assert {leaf.name: dict(leaf.overrides) for leaf in restored.leaves()} == settings
+    assert restored.aggregates == group.aggregates
+
+    monkeypatch.chdir(tmp_path)  # lm-eval reads the tasks' data_files from where it runs
+    built = TaskManager(include_path=str(tmp_path), include_defaults=False).load(["g"])
+    theirs = {name: task.config for name, task in built["tasks"].items()}
+    assert sorted(theirs) == sorted(settings)
+    for leaf in group.leaves():
+        ours = read_definition(leaf.path, leaf.overrides).resolved
+        for key in ("num_fewshot", "description", "target_delimiter", "task_alias"):
+            default = {"num_fewshot": None, "description": "", "target_delimiter": " ", "task_alias": None}[key]
+            assert ours.get(key, default) == getattr(theirs[leaf.name], key), (leaf.name, key)
+        assert not set(ours) & set(STRUCTURAL_KEYS) - {"tag"}
 
 
 def test_a_group_that_contains_itself_is_refused(tmp_path: Path) -> None:
@@ -145,11 +195,11 @@ def test_group_results_discover_filters_and_leave_out_and_name_a_task_without_th
 
 def test_bad_groups_exit_2_with_one_line_before_any_model_loads(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     _tasks(tmp_path, "a")
-    (tmp_path / "g.yaml").write_text("group: g\ntask: [a]\nnum_fewshot: 3\n", encoding="utf-8")
+    (tmp_path / "g.yaml").write_text("group: g\ntask: [a]\nnot_a_setting: 3\n", encoding="utf-8")
     for name in ("g", "a,nope"):
         code = cli.main(["run", "task=lm_eval", f"task.path={tmp_path}", f"task.name={name}" if "," not in name
                          else f'task.name="{name}"', "cluster=inline", f"run.root={tmp_path / 'runs'}"])  # fmt: skip
         err = capsys.readouterr().err.strip().splitlines()
         assert code == 2 and len(err) == 1, err
-        assert ("g.yaml: num_fewshot" if name == "g" else "no task, group or tag 'nope'") in err[0], err
+        assert ("g.yaml: not_a_setting" if name == "g" else "no task, group or tag 'nope'") in err[0], err
     assert not (tmp_path / "runs").exists()

@@ -199,6 +199,7 @@ CHAT_SETTINGS = (
     "dataset_revision",
     "system_instruction",
     "fewshot_as_multiturn",
+    "overrides",
 )
 SERVED_SETTINGS = (
     "base_url",
@@ -221,7 +222,7 @@ def test_settings_are_typed_frozen_and_give_back_the_composed_record() -> None:
     raw = OmegaConf.to_container(cfg, resolve=True)
     config = validate(cfg)
     assert raw["task"].pop("kind") is None  # a setting left out of the record while null (records stay as before)
-    assert [raw["task"].pop(k) for k in CHAT_SETTINGS] == [None, None, {}, None, None, None, None, None, None]
+    assert [raw["task"].pop(k) for k in CHAT_SETTINGS] == [None, None, {}, None, None, None, None, None, None, {}]
     assert raw["task"]["choices"].pop("delimiter") is None  # the same
     assert raw["determinism"].pop("require_invariant") is None  # the same
     assert [raw["engine"].pop(k) for k in SERVED_SETTINGS] == [None] * len(SERVED_SETTINGS)  # engine=openai's, the same
@@ -243,7 +244,7 @@ def test_settings_are_typed_frozen_and_give_back_the_composed_record() -> None:
 def test_the_hydra_schema_is_generated_from_the_settings_with_the_same_defaults() -> None:
     schema = OmegaConf.to_container(OmegaConf.structured(Schema))
     assert schema["task"].pop("kind") is None  # composed as null, left out of the record while null
-    assert [schema["task"].pop(k) for k in CHAT_SETTINGS] == [None, None, {}, None, None, None, None, None, None]
+    assert [schema["task"].pop(k) for k in CHAT_SETTINGS] == [None, None, {}, None, None, None, None, None, None, {}]
     assert schema["task"]["choices"].pop("delimiter") is None  # the same
     assert schema["determinism"].pop("require_invariant") is None  # the same
     assert [schema["engine"].pop(k) for k in SERVED_SETTINGS] == [None] * len(SERVED_SETTINGS)

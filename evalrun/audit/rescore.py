@@ -131,7 +131,7 @@ def edited_lm_eval_context(run: layout.RunDir, path: Path) -> tuple[ScoringConte
         raise BadInput("task.path", "this run is not an lm-eval task's: task.path edits an lm-eval task's YAML")
     settings = read_config(run).get("task") or {}  # the data read as the run read it
     edited = find_task(path, str(task.get("name")), bool(settings.get("allow_unpinned_dataset")),
-                       settings.get("dataset_revision"))  # fmt: skip
+                       settings.get("dataset_revision"), settings.get("overrides"))  # fmt: skip
     recorded_prompts = {k: v for k, v in (task.get("prompt_pack") or {}).items() if k not in ("path", "decoding")}
     recorded = {"prompt_pack": recorded_prompts, "dataset": (task.get("dataset") or {}).get("splits")}
     now = {"prompt_pack": edited.prompt_record(), "dataset": edited.splits_record()}

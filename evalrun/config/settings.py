@@ -577,6 +577,9 @@ class TaskConfig(Section):
     # an lm-eval task's --fewshot_as_multiturn under a chat template: false puts the examples and the document in
     # one user turn; null: true, lm-eval's default with --apply_chat_template
     fewshot_as_multiturn: bool | None = field(default=None, metadata=LEFT_OUT_WHEN_NULL)
+    # an lm-eval task's settings over its YAML's, key by key, as lm-eval's builder gives a group's tasks theirs
+    # (num_fewshot: 5): keys of lm-eval's TaskConfig; a group's tasks get the group's (evalrun/tasks/lm_eval_groups)
+    overrides: Mapping[str, Any] = field(default_factory=dict, metadata=LEFT_OUT_WHEN_NULL)
 
     @property
     def episode_kind(self) -> str:
@@ -589,6 +592,8 @@ class TaskConfig(Section):
         if self.path is not None or self.kind == "lm_eval":
             self._check_lm_eval()
             return
+        if self.overrides:
+            raise _fail("task.overrides", "{}: it is an lm-eval task's setting (task=lm_eval)", dict(self.overrides))
         for key in ("system_instruction", "fewshot_as_multiturn"):
             if getattr(self, key) is not None:
                 raise _fail(f"task.{key}", "null: it is an lm-eval task's setting (task=lm_eval; a prompt pack has "

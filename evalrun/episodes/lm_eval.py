@@ -39,7 +39,7 @@ class LmEvalKind(DatasetKind):
     def load(self, config: EvalConfig, model: ModelFiles) -> tuple[EvalConfig, Task]:
         wanted = None if config.task.name == DEFAULT_NAME else config.task.name
         source = find_task(Path(config.prompt_path), wanted, bool(config.task.allow_unpinned_dataset),
-                           config.task.dataset_revision)  # fmt: skip
+                           config.task.dataset_revision, config.task.overrides)  # fmt: skip
         # lm-eval's few-shot seed is 1234 (simple_evaluate's fewshot_random_seed); seeds.fewshot replaces it
         # lm-eval's prompts are plain unless --apply_chat_template: task.chat_format null is plain, chat is that flag
         spec = config.task

@@ -91,7 +91,9 @@ def plan_group(config: EvalConfig) -> GroupPlan | None:
         if not _PLAIN_NAME.fullmatch(leaf.name):
             raise BadInput("task.name", f"task {leaf.name!r} of group {group.name!r}: its run directory is named after "
                                         "it, so it must be letters, digits and _ . - only")  # fmt: skip
-        task = replace(config.task, name=leaf.name, path=str(typed_base / leaf.path.relative_to(base)))
+        # the group's settings of the task, under the run's own (lm-eval's builder: the caller's over the group's)
+        task = replace(config.task, name=leaf.name, path=str(typed_base / leaf.path.relative_to(base)),
+                       overrides={**leaf.overrides, **config.task.overrides})  # fmt: skip
         members.append(replace(config, task=task, prompt_path=leaf.path,
                                run=replace(config.run, dir=store.join(location, leaf.name))))  # fmt: skip
     own = replace(config, run=replace(config.run, dir=location))

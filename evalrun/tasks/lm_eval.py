@@ -47,6 +47,7 @@ from evalrun.tasks.lm_eval_catalog import (
     quiet,
     reason_of,
     served_reasons,
+    task_setting_names,
 )
 from evalrun.tasks.lm_eval_data import FORMATS, DataSplit, hub_splits, local_splits, named_splits
 from evalrun.tasks.pack import PromptPack
@@ -79,6 +80,8 @@ class Definition:
     raw: Mapping[str, Any]
     resolved: Mapping[str, Any]
     helpers: tuple[Helper, ...]
+    # settings given over the YAML's (task.overrides, a group's settings of its tasks), merged into raw and resolved
+    overrides: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def name(self) -> str:
@@ -100,22 +103,30 @@ class Definition:
         return {k: v for k, v in walk(dict(self.raw), "").items() if k not in ("metadata",) or v}
 
 
-def read_definition(path: Path) -> Definition:
-    """``path`` read by lm-eval's YAML loader; a YAML that does not read or a helper that does not import is a
-    BadInput naming the file and lm-eval's reason (a missing package with the lm-eval extra that brings it)."""
+def read_definition(path: Path, overrides: Mapping[str, Any] | None = None) -> Definition:
+    """``path`` read by lm-eval's YAML loader, with ``overrides`` over its settings key by key (as lm-eval's builder
+    gives a group's members theirs); a YAML that does not read or a helper that does not import is a BadInput naming
+    the file and lm-eval's reason (a missing package with the lm-eval extra that brings it)."""
     lm_eval_version()
     from lm_eval.tasks._yaml_loader import load_yaml
 
     _compile_templates_once()
     if not path.is_file():
         raise BadInput("task.path", f"{path} does not exist or is not a file")
+    given = jsonable(dict(overrides or {}))
+    known = task_setting_names()
+    for key in given:
+        if key not in known or key in ("task", *STRUCTURAL_KEYS):
+            raise BadInput(f"task.overrides.{key}", f"a setting of lm-eval's TaskConfig other than task: one of "
+                                                    f"{', '.join(sorted(known - {'task'}))}")  # fmt: skip
     with quiet():
         try:
-            raw = load_yaml(path, resolve_func=False)
-            resolved = load_yaml(path, resolve_func=True)
+            raw = {**load_yaml(path, resolve_func=False), **given}
+            resolved = {**load_yaml(path, resolve_func=True), **given}
         except (Exception, SystemExit) as error:
             raise BadInput(str(path), f"lm-eval does not read it: {reason_of(error)}") from error
-    return Definition(path.resolve(), raw, resolved, tuple(_helpers(raw, resolved, path.parent.resolve())))
+    helpers = tuple(_helpers(raw, resolved, path.parent.resolve()))
+    return Definition(path.resolve(), raw, resolved, helpers, given)
 
 
 def _compile_templates_once() -> None:
@@ -365,12 +376,13 @@ class LmEvalTask:
 Revision = str | Mapping[str, str] | None  # task.dataset_revision: a commit, or one by dataset_path
 
 
-def load_task(path: Path, allow_unpinned: bool = False, revision: Revision = None) -> LmEvalTask:
-    """The lm-eval task of the YAML at ``path``, built by lm-eval on the documents evalrun reads for it
-    (``revision``: the hub dataset's commit, over the YAML's ``dataset_kwargs.revision``; a mapping gives it by
-    ``dataset_path``). What evalrun does not run, every reason at once, and a split the data lacks are BadInputs
-    naming the file."""
-    definition = read_definition(path)
+def load_task(path: Path, allow_unpinned: bool = False, revision: Revision = None,
+              overrides: Mapping[str, Any] | None = None) -> LmEvalTask:  # fmt: skip
+    """The lm-eval task of the YAML at ``path`` (with ``overrides`` of its settings), built by lm-eval on the
+    documents evalrun reads for it (``revision``: the hub dataset's commit, over the YAML's
+    ``dataset_kwargs.revision``; a mapping gives it by ``dataset_path``). What evalrun does not run, every reason at
+    once, and a split the data lacks are BadInputs naming the file."""
+    definition = read_definition(path, overrides)
     raw = definition.raw
     if isinstance(revision, Mapping):
         revision = revision.get(str(raw.get("dataset_path")))
@@ -599,11 +611,13 @@ def _with_options(record: dict[str, Any], system_instruction: str | None, multit
     return {**record, **options, **({"fewshot_as_multiturn": False} if not multiturn else {})}
 
 
-def find_task(path: Path, name: str | None, allow_unpinned: bool = False, revision: Revision = None) -> LmEvalTask:
+def find_task(path: Path, name: str | None, allow_unpinned: bool = False, revision: Revision = None,
+              overrides: Mapping[str, Any] | None = None) -> LmEvalTask:  # fmt: skip
     """The task ``path`` defines (a YAML), or the task named ``name`` among the YAMLs under the directory ``path``
-    (lm-eval's ``--include_path``); a name that is not there is a BadInput listing the ones that are."""
+    (lm-eval's ``--include_path``), with ``overrides`` of its settings; a name that is not there is a BadInput
+    listing the ones that are."""
     if path.is_file():
-        task = load_task(path, allow_unpinned, revision)
+        task = load_task(path, allow_unpinned, revision, overrides)
         if name is not None and name != task.name:
             raise BadInput("task.name", f"{path} defines task {task.name!r}, not {name!r}")
         return task
@@ -611,7 +625,7 @@ def find_task(path: Path, name: str | None, allow_unpinned: bool = False, revisi
     definition = found.definitions.get(name or "")
     if definition is None or definition.kind not in ("task", "python") or definition.path is None:
         raise BadInput("task.name", f"name the task to run from {path}: {found.listing()}")
-    return load_task(definition.path, allow_unpinned, revision)
+    return load_task(definition.path, allow_unpinned, revision, overrides)
 
 
 # --- scoring, as lm-eval scores ----------------------------------------------------------------------------------
@@ -671,9 +685,11 @@ _SCORING: dict[str, ScoringTask] = {}
 
 def scoring_settings(definition: Definition) -> dict[str, Any]:
     """The settings of ``definition`` that score (filters, metrics, process_results; functions by their module's
-    sha256): the scoring record's, beside lm-eval's version and the output type."""
+    sha256), and the settings given over its YAML's (``overrides``: what it is scored with is its YAML with them):
+    the scoring record's, beside lm-eval's version and the output type."""
     settings = definition.settings_record()
-    return {k: settings[k] for k in SCORING_KEYS[1:] if k in settings}
+    given = {"overrides": dict(definition.overrides)} if definition.overrides else {}
+    return {**{k: settings[k] for k in SCORING_KEYS[1:] if k in settings}, **given}
 
 
 def scoring_task(path: Path, recorded: Mapping[str, Any]) -> ScoringTask:
@@ -682,7 +698,7 @@ def scoring_task(path: Path, recorded: Mapping[str, Any]) -> ScoringTask:
     process for a path and record (a scorer is built for every part a run scores)."""
     key = canonical_hash({"path": str(path.resolve()), "record": dict(recorded)})
     if key not in _SCORING:
-        definition = read_definition(path)
+        definition = read_definition(path, recorded.get("overrides"))
         now = {"lm_eval": lm_eval_version(), **scoring_settings(definition)}
         expected = {k: v for k, v in recorded.items() if k != "output_type"}
         if now != expected:

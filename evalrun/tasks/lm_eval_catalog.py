@@ -220,24 +220,25 @@ def _reason_kind(reason: str) -> str:
     return head if len(head) < 120 else head[:117] + "..."
 
 
-def task_reasons(path: Path) -> list[str]:
-    """Every reason the task YAML at ``path`` does not load (empty: it loads)."""
+def task_reasons(path: Path, overrides: Mapping[str, Any] | None = None) -> list[str]:
+    """Every reason the task YAML at ``path`` (with ``overrides`` of its settings) does not load (empty: it
+    loads)."""
     from lm_eval.config.task import TaskConfig
     from lm_eval.filters import build_filter_ensemble
     from lm_eval.tasks._yaml_loader import load_yaml
 
     try:
-        raw = load_yaml(path, resolve_func=False)
+        raw = {**load_yaml(path, resolve_func=False), **(overrides or {})}
     except (Exception, SystemExit) as error:
         return [f"its YAML does not read: {reason_of(error)}"]
     reasons = []
-    known = {f.name for f in dataclasses.fields(TaskConfig)}
+    known = task_setting_names()
     unknown = [] if "class" in raw else sorted(k for k in raw if k not in known and k not in STRUCTURAL_KEYS)
     if unknown:
         reasons.append(f"keys lm-eval's TaskConfig does not have: {', '.join(unknown)}")
     reasons.extend(served_reasons(raw))
     try:
-        config = load_yaml(path, resolve_func=True)
+        config = {**load_yaml(path, resolve_func=True), **(overrides or {})}
     except (Exception, SystemExit) as error:
         return [*reasons, f"a helper it names does not import: {reason_of(error)}"]
     if "class" in config:  # a Python task class: lm-eval builds it; nothing more to check without its data
@@ -264,6 +265,14 @@ def task_reasons(path: Path) -> list[str]:
         except (Exception, SystemExit) as error:
             reasons.append(f"filter {pipeline.get('name')!r}: {reason_of(error)}")
     return reasons
+
+
+def task_setting_names() -> frozenset[str]:
+    """The settings of lm-eval's ``TaskConfig``: what a task YAML, a group's settings of its tasks and
+    ``task.overrides`` may set."""
+    from lm_eval.config.task import TaskConfig
+
+    return frozenset(f.name for f in dataclasses.fields(TaskConfig))
 
 
 class _Defined(Exception):
