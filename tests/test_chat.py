@@ -67,7 +67,7 @@ def test_chat_format_modes(chatml: Path) -> None:
     assert chat_format(None, model, None, None, "here").origin == "model"  # auto: the model's template
     assert chat_format("plain", model, None, None, "here") is None
     assert chat_format("auto", plain, None, None, "here") is None  # no template: plain prompts
-    override = chat_format("chat", plain, chatml, {"enable_thinking": False}, "here")
+    override = chat_format("chat", plain, chatml, None, "here")
     assert override.origin == "file" and override.template == CHATML and override.customised
     with pytest.raises(BadInput, match=r"chat, but the model \(models/tiny-adder\) has no chat template") as caught:
         chat_format("chat", plain, None, None, "models/tiny-adder")
@@ -107,8 +107,16 @@ def test_chat_prompts_and_their_digest(chatml: Path) -> None:
     assert first.prompt.count("<|im_start|>user\n") == 4 and first.prompt.endswith("<|im_start|>assistant\n")
     chat = prepared.digest.inputs["prompt_pack"]["chat"]
     assert chat["origin"] == "file" and chat["kwargs"] == {}
-    with_kwargs = prepare(load([*base, "+task.chat_template_kwargs.enable_thinking=false"]))
+    # a variable the template never reads changes nothing: refused, naming it and the template
+    with pytest.raises(BadInput, match="never reads enable_thinking, so it would change nothing") as caught:
+        prepare(load([*base, "+task.chat_template_kwargs.enable_thinking=false"]))
+    assert caught.value.where == "task.chat_template_kwargs.enable_thinking"
+    thinking = chatml.with_name("thinking.jinja")
+    thinking.write_text(CHATML + "{% if enable_thinking is false %}<think>\n\n</think>\n\n{% endif %}")
+    kwargs = [f"task.chat_template={thinking}", "+task.chat_template_kwargs.enable_thinking=false"]
+    with_kwargs = prepare(load([*base, *kwargs]))
     assert with_kwargs.digest.inputs["prompt_pack"]["chat"]["kwargs"] == {"enable_thinking": False}
+    assert with_kwargs.episodes[0].prompt.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
     assert with_kwargs.digest.prompt_pack != prepared.digest.prompt_pack
     plain = prepare(load(["task=addition_chat", "limit=3", "task.chat_format=plain"]))
     assert "chat" not in plain.digest.inputs["prompt_pack"]

@@ -23,10 +23,11 @@ from evalrun.worlds.actions import ParseError, ToolCall, native_messages, tool_s
 from evalrun.worlds.invoice_desk import InvoiceDesk
 from evalrun.worlds.scripted import scripted_policy
 from evalrun.worlds.suite import suite_from_mapping, world_tasks
-from evalrun.worlds.tool_formats import JSON_TOOLS, NativeToolFormat, template_takes_tools
+from evalrun.worlds.tool_formats import JSON_TOOLS, NativeToolFormat
 
 GENERATOR = {"name": "evalrun", "version": "test", "git_commit": None}
 AGENT_MODEL = MODELS_DIR / "tiny-invoice-agent"
+TOOL_MODEL = MODELS_DIR / "tiny-tool-agent"  # its template renders tools (a Hermes-style one)
 # A Hermes-style template (as Qwen2.5's and NousResearch's): the tools in the system turn, each call in
 # <tool_call> tags, each result a tool turn
 HERMES = (
@@ -63,7 +64,11 @@ def test_the_hermes_parser_reads_calls_and_names_what_it_cannot(native: NativeTo
 
 def test_native_messages_give_every_call_an_id_and_every_result_a_tool_message(native: NativeToolFormat) -> None:
     specs = InvoiceDesk().tools()
-    assert template_takes_tools(HERMES) and not template_takes_tools(ModelChat.of_directory(AGENT_MODEL).template)
+    assert HERMES_CHAT.renders_tools()
+    agents = ModelChat.of_directory(AGENT_MODEL)
+    assert agents.template is not None and not ChatFormat(agents.template, {}, {}, "model").renders_tools()
+    # a template that reads ``tools`` and drops them renders none either: the probe is looked for in the prompt
+    assert not ChatFormat("{% if tools %}{% endif %}" + agents.template, {}, {}, "model").renders_tools()
     prompt, chat = native.prompt(HERMES_CHAT, specs, "Find the duplicates.", [])
     assert chat is not None and chat.tools == tuple(tool_schemas(specs)) and chat.messages[-1]["role"] == "user"
     schemas = tool_schemas(specs)
@@ -145,18 +150,23 @@ def _recorded(episode_id: str, entry: Any) -> Any:
 
 def test_tool_format_is_checked_before_any_model_loads() -> None:
     base = ["task=invoice_desk", "task.world.agent=model", "model=tiny_invoice_agent", "limit=2"]
-    auto = prepare(load(base))  # its template does not take tools: the JSON protocol, recorded as before
+    auto = prepare(load(base))  # its template does not render tools: the JSON protocol, recorded as before
     assert auto.task.tools is JSON_TOOLS and "tool_format" not in auto.digest.inputs["prompt_pack"]["world"]
+    # native tools with a template that drops them: refused, naming the template and the way out
+    with pytest.raises(BadInput, match=r"the model's \(.*tiny-invoice-agent\), does not render the tools") as caught:
+        prepare(load([*base, "task.world.tool_format=native", "task.world.tool_parser=hermes"]))
+    assert caught.value.where == "task.world.tool_format" and "task.chat_template=FILE" in caught.value.message
+    tools = ["task=invoice_desk", "task.world.agent=model", "model=tiny_tool_agent", "limit=2"]
     with pytest.raises(BadInput, match="name the one for the model's format") as caught:
-        prepare(load([*base, "task.world.tool_format=native"]))
+        prepare(load([*tools, "task.world.tool_format=native"]))
     assert caught.value.where == "task.world.tool_parser"
     with pytest.raises(BadInput, match="expected one of vLLM's tool parsers") as caught:
-        prepare(load([*base, "task.world.tool_format=native", "task.world.tool_parser=nope"]))
+        prepare(load([*tools, "task.world.tool_format=native", "task.world.tool_parser=nope"]))
     assert caught.value.where == "task.world.tool_parser"
-    native = prepare(load([*base, "task.world.tool_format=native", "task.world.tool_parser=hermes"]))
-    assert native.task.tools == NativeToolFormat("hermes", str(AGENT_MODEL.resolve()))
+    native = prepare(load([*tools, "task.world.tool_format=native", "task.world.tool_parser=hermes"]))
+    assert native.task.tools == NativeToolFormat("hermes", str(TOOL_MODEL.resolve()))
     record = native.digest.inputs["prompt_pack"]["world"]["tool_format"]
     assert record["parser"] == "hermes" and record["vllm"]
-    assert native.digest.prompt_pack != auto.digest.prompt_pack
+    assert native.digest.prompt_pack != prepare(load([*tools, "task.world.tool_format=json"])).digest.prompt_pack
     scripted = prepare(load(["task=invoice_desk", "limit=2", "task.world.tool_format=native"]))
     assert scripted.task.tools is JSON_TOOLS  # a scripted agent writes the JSON protocol whatever the setting

@@ -29,6 +29,7 @@ SPECIAL_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_
 TEMPLATE_FILE = "chat_template.jinja"
 TOKENIZER_CONFIG = "tokenizer_config.json"
 SPECIAL_TOKENS_MAP = "special_tokens_map.json"
+TOOL_PROBE = "evalrun_probe_tool"  # the name of the tool a template is asked to render (ChatFormat.renders_tools)
 
 Message = Mapping[str, Any]
 
@@ -173,6 +174,25 @@ class ChatFormat:
         return Conversation(tuple(messages), tuple(tools) if tools is not None else None, dict(self.kwargs),
                             continue_final)  # fmt: skip
 
+    def renders_tools(self) -> bool:
+        """Whether the template puts the tools it is given into the prompt (a template may read ``tools`` and still
+        drop them, or never read them): a probe tool rendered, and looked for by its name."""
+        probe = {"type": "function", "function": {"name": TOOL_PROBE, "description": "A probe.",
+                                                  "parameters": {"type": "object", "properties": {}}}}  # fmt: skip
+        try:
+            return TOOL_PROBE in self.render([{"role": "user", "content": "Hello."}], tools=[probe])
+        except BadInput:  # a template that refuses tools (its raise_exception) does not render them either
+            return False
+
+    def unread_variables(self) -> list[str]:
+        """The task's template variables (``kwargs``) the template never reads: settings that cannot take effect."""
+        import jinja2.meta
+        from transformers.utils.chat_template_utils import _compile_jinja_template
+
+        environment = _compile_jinja_template(self.template).environment
+        read = jinja2.meta.find_undeclared_variables(environment.parse(self.template))
+        return sorted(k for k in self.kwargs if k not in read)
+
     @property
     def customised(self) -> bool:
         """Another template than the model's, or template variables of the task's."""
@@ -197,10 +217,23 @@ def chat_format(mode: str | None, model: ModelChat | None, template_file: Path |
         return None
     tokens = model.special_tokens if model is not None else {}
     if template_file is not None:
-        return ChatFormat(_read(template_file), tokens, dict(kwargs or {}), "file")
+        return _read_by_template(ChatFormat(_read(template_file), tokens, dict(kwargs or {}), "file"), template_file)
     if model is None or model.template is None:
         if mode == "chat":
             raise BadInput("task.chat_format", f"chat, but the model ({model_where}) has no chat template: give "
                                                "task.chat_template=FILE, or task.chat_format=plain")  # fmt: skip
         return None
-    return ChatFormat(model.template, tokens, dict(kwargs or {}), "model")
+    return _read_by_template(ChatFormat(model.template, tokens, dict(kwargs or {}), "model"), model_where)
+
+
+def _read_by_template(chat: ChatFormat, where: str | Path) -> ChatFormat:
+    """``chat``, whose template reads every variable the task gives it (a BadInput naming the first it never reads,
+    and the template: a setting that cannot take effect is refused before the model loads)."""
+    unread = chat.unread_variables()
+    if unread:
+        why = (
+            f"the chat template ({chat.origin}: {where}) never reads {', '.join(unread)}, so it would change "
+            "nothing: give a template that does (task.chat_template=FILE), or leave it out"
+        )
+        raise BadInput(f"task.chat_template_kwargs.{unread[0]}", why)
+    return chat

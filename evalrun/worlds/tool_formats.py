@@ -14,7 +14,6 @@ episode carries the format, so a worker and a replay render and parse alike.
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
@@ -75,9 +74,9 @@ def tool_format(name: str) -> Callable[[F], F]:
 def resolve_tool_format(name: str | None, parser: str | None, chat: ChatFormat | None, tokenizer: Path | None,
                         where: str) -> ToolFormat:  # fmt: skip
     """A model agent's tool format (``task.world.tool_format``; None or auto: native when the chat template
-    reads ``tools``, else json), built by its registered factory."""
+    renders the tools it is given, else json), built by its registered factory."""
     if name in (None, "auto"):
-        name = "native" if chat is not None and template_takes_tools(chat.template) else "json"
+        name = "native" if chat is not None and chat.renders_tools() else "json"
     return TOOL_FORMATS.get(name)(parser, chat, tokenizer, where)
 
 
@@ -110,11 +109,6 @@ JSON_TOOLS = JsonToolFormat()  # the format of every scripted agent, and of runs
 @tool_format("json")
 def json_tools(parser: str | None, chat: ChatFormat | None, tokenizer: Path | None, where: str) -> ToolFormat:
     return JSON_TOOLS
-
-
-def template_takes_tools(template: str) -> bool:
-    """Whether a chat template reads the ``tools`` variable (a model trained for function calling)."""
-    return re.search(r"\btools\b", template) is not None
 
 
 @dataclass(frozen=True)
@@ -159,6 +153,12 @@ def native_tools(parser: str | None, chat: ChatFormat | None, tokenizer: Path | 
     if chat is None:
         raise BadInput("task.world.tool_format", f"native: the model ({where}) has no chat template to pass the "
                                                  "tools through: expected task.world.tool_format=json")  # fmt: skip
+    if not chat.renders_tools():
+        template = "task.chat_template's file" if chat.origin == "file" else f"the model's ({where})"
+        raise BadInput("task.world.tool_format", f"native: the chat template, {template}, does not render the "
+                                                 "tools it is given, so no prompt would name a tool: give one "
+                                                 "that does (task.chat_template=FILE), or "
+                                                 "task.world.tool_format=json")  # fmt: skip
     if parser is None:
         raise BadInput("task.world.tool_parser", "native tool calls are read by a vLLM tool parser: name the one for "
                                                  "the model's format (hermes, llama3_json, mistral, ...), or "
