@@ -89,3 +89,15 @@ def test_an_identity_without_a_claim_every_run_records_is_refused(tmp_path: Path
     run = _forged(tmp_path, "addition-v1", lambda m: m["identity"].pop("model"))
     with pytest.raises(CheckFailed, match=r"manifest\.json: identity\.model is missing"):
         verify_run(run)
+
+
+def test_a_record_claiming_the_older_seal_for_a_run_made_since_fails_naming_both(tmp_path: Path) -> None:
+    """A run sealed under evalrun.seal/2 (its provenance under the seal) whose record.json had ``seal_format``
+    removed and was re-sealed as the older format (its provenance outside the seal, free to rewrite): its manifest
+    records where its config came from, which only runs made since record, so plain verify refuses it."""
+    run = _forged(tmp_path, "addition-v1", _set("config", {"files": {}, "search_path": ["pkg://evalrun.conf"]}))
+    record = json.loads((run / layout.RECORD).read_text())
+    assert "seal_format" not in record
+    with pytest.raises(CheckFailed) as failed:
+        verify_run(run)
+    assert str(failed.value).startswith(f"{layout.RECORD}: seal_format is missing, but {layout.MANIFEST} has config")

@@ -42,6 +42,20 @@ def check_seal(record: Record, expect_seal: str | None) -> str:
     return seal
 
 
+# a manifest field written only by runs made since 2026-12-07, every one sealed under evalrun.seal/2 (since 12-03)
+SEALED_SINCE = "config"
+
+
+def check_seal_format(record: Record, manifest: Mapping[str, Any]) -> None:
+    """A record read as the older seal (no ``seal_format``: the provenance outside the seal) must be one made before
+    evalrun.seal/2: a manifest that records where its config came from was written since, so a record of it
+    without ``seal_format`` had the field removed (its provenance then unsealed and free to rewrite)."""
+    if record.seal_format is None and manifest.get(SEALED_SINCE) is not None:
+        raise _fail(layout.RECORD, f"seal_format is missing, but {layout.MANIFEST} has {SEALED_SINCE}, which only "
+                                   "runs sealed under evalrun.seal/2 record: the record claims an older seal than "
+                                   "the run was made with")  # fmt: skip
+
+
 def check_sampling(manifest: dict[str, Any], samplings: Iterable[str], user_samplings: Iterable[str] = ()) -> None:
     """Every policy generation's sampling settings, as the chains recorded them, are the manifest's; a model-played
     simulated user's are the user decoding its world records (``task.world.user.decoding``)."""

@@ -44,6 +44,7 @@ from evalrun.audit.claims import (
     check_sampling,
     check_score_values,
     check_seal,
+    check_seal_format,
     check_seeds,
 )
 from evalrun.audit.digest_check import check_digest
@@ -311,6 +312,7 @@ def _verify_run(
     leaves_of = {out_rel: part.leaves for (_log_rel, out_rel), part in zip(pairs, results, strict=True)}
     checkpoints = check_checkpoints(run, record, leaves_of, public_key)
     manifest, digest_parts = check_manifest(run, record.as_record())
+    check_seal_format(record, manifest)
     check_duplicated_claims(manifest)
     if isinstance(manifest.get("episodes"), int) and manifest["episodes"] != written:
         raise _fail(layout.MANIFEST, f"plans {manifest['episodes']} episodes, the run holds {written}")
