@@ -182,9 +182,10 @@ def _print_json(record: object) -> None:
     click.echo(canonical_json(record))
 
 
-def _print_results(console: Any, run_dir: Path) -> bool:
-    """The run's summary.json as a table (nothing when the run wrote none); whether every episode of it failed (the
-    run measured nothing: its command exits 1)."""
+def _print_results(console: Any, run_dir: Path, timings: bool = True) -> bool:
+    """The run's summary.json as a table (nothing when the run wrote none), and the timings of the invocation that
+    finished it (unless ``timings`` is false: this one did not); whether every episode of it failed (the run
+    measured nothing: its command exits 1)."""
     run = layout.RunDir(run_dir)
     failed = False
     if run.summary.is_file():
@@ -198,10 +199,9 @@ def _print_results(console: Any, run_dir: Path) -> bool:
     if run.summary.is_file() and run.manifest.is_file():
         record = load_record(run).as_record() if run.record.is_file() else None
         render.render_canary_failures(console, read_manifest(run), record)
-    if run.record.is_file():
-        timings = load_record(run).timings
-        if timings:
-            click.echo(f"timings: {render.timings_line(timings)}", err=True)
+    phases = load_record(run).timings if timings and run.record.is_file() else None
+    if phases:
+        click.echo(f"timings: {render.timings_line(phases)}", err=True)
     return failed
 
 
@@ -400,8 +400,12 @@ def resume(run_dir: Path, overrides: tuple[str, ...]) -> int:
                    "nothing to resume; `evalrun verify` checks it", err=True)  # fmt: skip
         click.echo(where)
         return EXIT_OK
+    only_attested = (run_dir / layout.RECORD).is_file()  # stopped between its record and its attestation
     finished = runner.resume(run_dir, list(overrides))
-    measured_nothing = _print_results(render.stdout_console(), finished)
+    if only_attested:  # its timings are the invocation's that made it, not this one's: not printed as this one's
+        click.echo(f"evalrun resume: {store.location_of(finished)}: its records were complete; its attestation, "
+                   "the one thing missing, is written now (nothing ran)", err=True)  # fmt: skip
+    measured_nothing = _print_results(render.stdout_console(), finished, timings=not only_attested)
     if _report_wanted(finished):
         _write_run_report("evalrun resume", finished)
     click.echo(store.location_of(finished))  # a run on an object store: its location, not the working copy
