@@ -40,20 +40,26 @@ def routing(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
         logging.getLogger(name).setLevel(level)
 
 
-def test_engine_records_go_to_the_capture_and_only_warnings_to_stderr(
+def test_engine_records_go_to_the_capture_and_only_errors_to_stderr(
     routing: None, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """The engine's warnings are about the machine (tcmalloc, thread binding): the run's log files have them, on
+    every dispatcher; its errors, and evalrun's own warnings, reach the terminal, each once."""
     capture = logs.route()
     engine = logging.getLogger("vllm.entrypoints.test")
     engine.info("non-default args: {'dtype': 'float32'}")
     engine.warning("libtcmalloc is not found")
-    engine.warning("libtcmalloc is not found")  # vLLM repeats some: stderr shows each once
+    engine.error("the KV cache does not fit")
+    engine.error("the KV cache does not fit")  # vLLM repeats some: stderr shows each once
+    logging.getLogger("evalrun.test").warning("a setting of evalrun's own")
     out, err = capsys.readouterr()
     assert out == ""
-    assert err.splitlines() == ["vllm.entrypoints.test: WARNING: libtcmalloc is not found"]
+    assert err.splitlines() == ["vllm.entrypoints.test: ERROR: the KV cache does not fit",
+                                "evalrun.test: WARNING: a setting of evalrun's own"]  # fmt: skip
     text = capture.text()
     assert "INFO [vllm.entrypoints.test" in text and "non-default args" in text
-    assert text.count("libtcmalloc is not found") == 2  # the log file keeps every record
+    assert "WARNING [vllm.entrypoints.test" in text and "libtcmalloc is not found" in text
+    assert text.count("the KV cache does not fit") == 2  # the log file keeps every record
 
 
 def test_verbose_shows_every_record_on_stderr_and_still_none_on_stdout(
@@ -82,7 +88,7 @@ def test_a_library_stream_handler_on_stdout_is_taken_over(routing: None, capsys:
     library.propagate = False
     try:
         capture = logs.route()
-        library.warning("loaded on stdout before evalrun routed it")
+        library.error("loaded on stdout before evalrun routed it")
         assert own not in library.handlers and kept in library.handlers
         out, err = capsys.readouterr()
         assert out == "" and "loaded on stdout" in err and "loaded on stdout" in capture.text()

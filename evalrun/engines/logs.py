@@ -1,8 +1,10 @@
 """Where the engine's, Ray's and their libraries' log lines go (docs/design.md "Logs").
 
 Never to stdout (the results and the run directory are there). Every record reaches this process's
-:class:`LogCapture`, which the run writes to ``RUN_DIR/logs/``; stderr gets only WARNING and above
-(library deprecation warnings excepted), or everything with ``evalrun -v``. Routing is done with
+:class:`LogCapture`, which the run writes to ``RUN_DIR/logs/``; stderr gets only WARNING and above, and of the
+engine's libraries (vLLM's, Ray's, torch's, transformers') only ERROR and above: their warnings are about the
+machine (tcmalloc, thread binding, Triton), the same on every dispatcher, and a Ray worker's never reach the
+terminal either (library deprecation warnings excepted), or everything with ``evalrun -v``. Routing is done with
 logging handlers on the root logger, not by redirecting file descriptors, so it holds whichever
 thread builds the engine: :func:`route` adds them once, and takes over the stream handlers the
 libraries install on their own loggers (vLLM's, Ray's, torch's, transformers'), so their records
@@ -84,11 +86,12 @@ class StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
         pass
 
     def _wanted(self, record: logging.LogRecord) -> bool:
-        """Everything with ``-v``; else WARNING and above, each message once, and not a library's deprecation
-        warning (addressed to that library's developers: the log file has it)."""
+        """Everything with ``-v``; else WARNING and above (an engine library's: ERROR and above), each message once,
+        and not a library's deprecation warning (addressed to that library's developers: the log file has it)."""
         if self.everything:
             return True
-        if record.levelno < logging.WARNING:
+        library = record.name.split(".")[0] in LIBRARIES
+        if record.levelno < (logging.ERROR if library else logging.WARNING):
             return False
         message = record.getMessage()
         if record.name == "py.warnings" and DEPRECATION.search(message):
