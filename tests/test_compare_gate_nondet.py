@@ -258,3 +258,38 @@ def test_compare_says_when_the_reference_set_changed() -> None:
     assert changed_things(diffs) == ["reference set"]
     newer = {"task": {"world": {**other, "versions": {"world": "2", "verifier": "1"}}}}
     assert changed_things(manifest_diff(a, newer)) == ["reference set", "world"]
+
+
+def test_a_held_repeat_is_compared_with_its_original_and_what_was_held_is_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``nondet ORIGINAL HELD``: the held repeat's digest differs from the original's by its prompt-pack part's
+    ``world.held`` alone (the side held fixed, and the original's digest it was served from); nondet takes the
+    pair and names what was held. Held from another run, or with anything else changed: refused."""
+    from evalrun.pipeline.manifest import Digest
+
+    inputs = {"prompt_pack": {"world": {"name": "support-desk", "seeds": [0, 4]}}, "seed_set": {"set": [0]},
+              "scoring": {"scorer": "verifier"}}  # fmt: skip
+    original = Digest.of_inputs(inputs).as_record()
+
+    def holding(digest: str, **world: Any) -> dict[str, Any]:
+        held = copy.deepcopy(inputs)
+        held["prompt_pack"]["world"].update(world, held={"side": "user", "digest": digest, "root": "1" * 64,
+                                                         "seal": "2" * 64})  # fmt: skip
+        return held
+
+    values = {("i0", 0): 1.0, ("i1", 0): 0.0}
+    a = make_run(tmp_path, "original", values, manifest(digest=original, digest_inputs=inputs))
+    repeat = holding(original["digest"])
+    b = make_run(tmp_path, "repeat", values, manifest(digest=Digest.of_inputs(repeat).as_record(),
+                                                       digest_inputs=repeat))  # fmt: skip
+    report = nondet_paths([a, b])
+    assert report.held == {str(b): {"side": "user", "from_digest": original["digest"]}}
+    assert report.as_record()["held"] == report.held and "held" not in nondet_paths([a, a]).as_record()
+    assert main(["nondet", str(a), str(b)]) == 0
+    assert "held fixed in repeat: the user side, served from the run of digest " in capsys.readouterr().out
+    for name, other in (("elsewhere", holding("9" * 64)), ("changed", holding(original["digest"], seeds=[0, 5]))):
+        c = make_run(tmp_path, name, values, manifest(digest=Digest.of_inputs(other).as_record(),
+                                                      digest_inputs=other))  # fmt: skip
+        with pytest.raises(BadInput, match=r"prompt_pack\): nondet compares runs of the same prompts"):
+            nondet_paths([a, c])

@@ -35,6 +35,7 @@ from evalrun.analysis.runs import Run, load_run, pick_metric
 from evalrun.analysis.sides import SideAgreement, match_by_episode, read_conversations, side_agreement
 from evalrun.episodes import kind_of_manifest
 from evalrun.errors import BadInput
+from evalrun.records.canonical import canonical_hash
 from evalrun.records.formats import NONDET_FORMAT
 
 SETTING_CATEGORIES = ("engine", "determinism", "hardware", "software", "dispatch")
@@ -144,9 +145,14 @@ class NondetReport:
     # agent episodes: the agent's and a model-played user's calls measured apart, from the chains (None: not agent
     # episodes, whose output rows say it all)
     sides: dict[str, SideAgreement] | None = None
+    # a held repeat beside its original: by run, the side held fixed and the digest of the run it was served from
+    held: dict[str, dict[str, str]] | None = None
 
     def as_record(self) -> dict[str, Any]:
-        return {"format": NONDET_FORMAT, **asdict(self)}
+        record = asdict(self)
+        if record["held"] is None:  # left out otherwise: the records of runs with equal digests are as before
+            del record["held"]
+        return {"format": NONDET_FORMAT, **record}
 
 
 @dataclass(frozen=True)
@@ -291,22 +297,67 @@ def setting_diffs(runs: list[Run]) -> tuple[SettingDiff, ...]:
     return tuple(diffs)
 
 
-def _check_digests(runs: list[Run]) -> None:
-    first = runs[0].digest["digest"]
+def _check_digests(runs: list[Run]) -> dict[str, dict[str, str]] | None:
+    """Every run has the first's digest, or differs from it only by a side held fixed (``task.world.held``): a held
+    repeat beside its original, or two repeats holding the same run (a BadInput names the parts that differ).
+    The held runs, by path, with the side held and the digest of the run it was served from (None: no run held)."""
+    first = runs[0]
+    held: dict[str, dict[str, str]] = {}
     for run in runs[1:]:
-        if run.digest["digest"] != first:
-            parts = [p for p in ("prompt_pack", "seed_set", "scoring") if run.digest[p] != runs[0].digest[p]]
+        if run.digest["digest"] == first.digest["digest"]:
+            continue
+        if not _only_the_held_side_differs(first, run):
+            parts = [p for p in ("prompt_pack", "seed_set", "scoring") if run.digest[p] != first.digest[p]]
             raise BadInput(
                 str(run.path),
-                f"digest {run.digest['digest'][:12]} differs from {runs[0].path}'s {first[:12]} "
-                f"({', '.join(parts)}): nondet compares runs of the same prompts, seeds and scorer only",
+                f"digest {run.digest['digest'][:12]} differs from {first.path}'s {first.digest['digest'][:12]} "
+                f"({', '.join(parts)}): nondet compares runs of the same prompts, seeds and scorer only (or a held "
+                "repeat beside the run it held)",
             )
+        for one in (first, run):
+            side = _held(one)
+            if side is not None:
+                held[str(one.path)] = {"side": str(side["side"]), "from_digest": str(side["digest"])}
+    return held or None
+
+
+def _held(run: Run) -> dict[str, Any] | None:
+    """The side a run held fixed, as its prompt-pack digest part records it (``world.held``), or None."""
+    world = ((run.manifest.get("digest_inputs") or {}).get("prompt_pack") or {}).get("world")
+    held = world.get("held") if isinstance(world, dict) else None
+    return held if isinstance(held, dict) else None
+
+
+def _without_held(run: Run) -> str | None:
+    """The run's prompt-pack digest part as it would be had it held nothing."""
+    inputs = (run.manifest.get("digest_inputs") or {}).get("prompt_pack")
+    if not isinstance(inputs, dict) or not isinstance(inputs.get("world"), dict):
+        return None
+    return canonical_hash({**inputs, "world": {k: v for k, v in inputs["world"].items() if k != "held"}})
+
+
+def _only_the_held_side_differs(a: Run, b: Run) -> bool:
+    """The two runs differ by a held side only: the same seeds and scoring, the same prompts but for what was held,
+    and what was held recorded by a run of this very plan (the other run, or the run both held)."""
+    if any(a.digest[p] != b.digest[p] for p in ("seed_set", "scoring")):
+        return False
+    held_a, held_b = _held(a), _held(b)
+    if held_a is None and held_b is None:
+        return False
+    unheld = _without_held(a)
+    if unheld is None or unheld != _without_held(b):
+        return False
+    if held_a is not None and held_b is not None:
+        return held_a["digest"] == held_b["digest"] and held_a["side"] == held_b["side"]
+    held, other = (held_a, b) if held_a is not None else (held_b, a)
+    assert held is not None
+    return held["digest"] == other.digest["digest"]
 
 
 def nondet_runs(runs: list[Run], metric: str | None = None) -> NondetReport:
     if len(runs) < 2:
         raise BadInput("RUN", "nondet needs two or more runs")
-    _check_digests(runs)
+    held = _check_digests(runs)
     metric = pick_metric(runs, metric)
     tables = []
     for run in runs:
@@ -338,7 +389,7 @@ def nondet_runs(runs: list[Run], metric: str | None = None) -> NondetReport:
     )  # fmt: skip
     if kind_of_manifest(runs[0].manifest).transcribed:  # agent episodes: their calls are in the chains, not the rows
         report = replace(report, sides=side_agreement(match_by_episode([read_conversations(r.path) for r in runs])))
-    return report
+    return replace(report, held=held) if held is not None else report
 
 
 def nondet_paths(paths: list[Path], metric: str | None = None) -> NondetReport:

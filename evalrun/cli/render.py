@@ -399,8 +399,12 @@ def render_rebaseline(console: Console, record: Mapping[str, Any]) -> None:
 
 def render_nondet(console: Console, r: NondetReport) -> None:
     n = r.n_runs
-    _line(console, f"nondet over {n} runs with equal digests; metric {r.metric}; {r.items} items, {r.episodes} "
+    digests = "equal digests" if r.held is None else "equal digests but for a side held fixed"
+    _line(console, f"nondet over {n} runs with {digests}; metric {r.metric}; {r.items} items, {r.episodes} "
                    f"episodes matched ({r.unmatched_episodes} unmatched, left out)")  # fmt: skip
+    for path, held in (r.held or {}).items():
+        _line(console, f"held fixed in {Path(path).name}: the {held['side']} side, served from the run of digest "
+                       f"{held['from_digest'][:12]}")  # fmt: skip
     runs = _table("#>", "run", "accuracy>", "dispatch batch sizes")
     for k, run in enumerate(r.runs):
         sizes = ",".join(map(str, r.batch_sizes[k])) if r.batch_sizes else "-"
