@@ -100,6 +100,10 @@ def test_a_held_customer_repeat_serves_the_recorded_replies_and_its_run_replays_
     assert json.loads((held / "record.json").read_text())["merkle_root"] == original["merkle_root"]  # the same talk
     verify_run(held)
     assert replay_run(held, []).matches  # the held replies are in its own chains
+    # nondet ORIGINAL HELD: the digests differ by the held side alone, which is named; the talk is the same
+    compared = nondet_paths([talk_run, held], "pass")
+    assert compared.held == {str(held): {"side": "user", "from_digest": original["digest"]}}  # the agent live
+    assert compared.sides is not None and compared.sides["user"].identical == compared.sides["user"].episodes == 3
 
 
 def test_nondet_and_check_measure_the_agent_and_the_customer_apart(
