@@ -468,4 +468,9 @@ def test_the_timings_line_shows_each_workers_canary_and_old_records_read_as_befo
     assert timings_line({"start-up": 1.0, **timings}) == ("start-up 1.00 s; engine load 8.2 s (ray-0), 9.0 s (ray-1); "
                                                           "canary 1.2 s (ray-0)")  # fmt: skip
     assert "canary" not in PhaseClock().record([{"worker": "w", "engine_load_s": 1.0, "canary": None}])
+    # vLLM's warm-up, within the engine's load, as vLLM reported it
+    warmed = PhaseClock().record([{"worker": "w", "engine_load_s": 50.0, "warmup_s": 38.5, "canary": None}])
+    assert warmed["warmup"] == {"w": 38.5}
+    assert timings_line({"start-up": 1.0, **warmed}) == ("start-up 1.00 s; engine load 50.0 s (w); of which warm-up "
+                                                         "38.5 s (w)")  # fmt: skip
     assert timings_line({"start-up": 1.0, "engine_load": {"w": 2.0}}) == "start-up 1.00 s; engine load 2.0 s (w)"

@@ -210,3 +210,19 @@ def test_the_verbose_flag_is_a_top_level_option(routing: None, capsys: pytest.Ca
     capsys.readouterr()
     main(["--help"])
     assert "-v, --verbose" in capsys.readouterr().out
+
+
+def test_a_watch_reads_what_a_library_says_of_itself_while_it_is_watched(routing: None) -> None:
+    """vLLM's warm-up seconds, from its own record (no API returns them): the first match while watched, none after."""
+    from evalrun.engines.vllm import WARMUP
+
+    logs.route()  # vLLM's logger at its INFO level, as a run has it
+    core = logging.getLogger("vllm.v1.engine.core")
+    with logs.watching("vllm.v1.engine.core", WARMUP) as watch:
+        core.info("init engine (profile, create kv cache, warmup model) took 35.21 s")
+        core.info("init engine (profile, create kv cache, warmup model) took 99.00 s")
+    core.info("init engine (profile, create kv cache, warmup model) took 1.00 s")
+    assert watch.value == 35.21 and watch not in core.handlers
+    with logs.watching("vllm.v1.engine.core", WARMUP) as quiet:
+        core.info("something else")
+    assert quiet.value is None

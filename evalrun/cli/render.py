@@ -491,17 +491,18 @@ def render_canary(console: Console, result: CanaryResult, worker: Mapping[str, A
 
 
 def timings_line(timings: dict[str, Any]) -> str:
-    """record.json's ``timings`` in one line: each phase, then every worker's engine load and its
-    batch-invariance canary (runs made before it have no ``canary``)."""
+    """record.json's ``timings`` in one line: each phase, then every worker's engine load (with the part of it vLLM
+    spent warming up, where it said) and its batch-invariance canary (runs made before either have none)."""
     order = ("start-up", "generation", "writing", "scoring", "records")
-    per_worker = ("engine_load", "canary")
+    per_worker = ("engine_load", "warmup", "canary")
     names = [n for n in order if n in timings] + sorted(n for n in timings if n not in order and n not in per_worker)
     phases = [f"{name} {timings[name]:.2f} s" for name in names]
+    labels = {"engine_load": "engine load", "warmup": "of which warm-up", "canary": "canary"}
     for key in per_worker:
         seconds_by_worker = timings.get(key) or {}
         if seconds_by_worker:
             each = ", ".join(f"{seconds:.1f} s ({worker})" for worker, seconds in seconds_by_worker.items())
-            phases.append(f"{key.replace('_', ' ')} {each}")
+            phases.append(f"{labels[key]} {each}")
     return "; ".join(phases)
 
 

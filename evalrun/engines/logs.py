@@ -21,6 +21,7 @@ import stat
 import sys
 import threading
 from collections import deque
+from collections.abc import Iterator
 from typing import Any
 
 LIBRARIES = ("vllm", "ray", "torch", "transformers")  # loggers that install their own stream handlers
@@ -161,6 +162,34 @@ def _adopt_library_loggers() -> None:
 
 def _writes_to_a_stream(handler: logging.Handler) -> bool:
     return isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler)
+
+
+class Watch(logging.Handler):
+    """The first number a logger's record matching ``pattern`` (one group) gives, while it is watched
+    (:func:`watching`): what a library says of itself that no API returns (vLLM's warm-up seconds)."""
+
+    def __init__(self, pattern: re.Pattern[str]) -> None:
+        super().__init__()
+        self.pattern = pattern
+        self.value: float | None = None
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.value is None:
+            found = self.pattern.search(record.getMessage())
+            if found is not None:
+                self.value = float(found.group(1))
+
+
+@contextlib.contextmanager
+def watching(logger: str, pattern: re.Pattern[str]) -> Iterator[Watch]:
+    """Watch ``logger``'s records for ``pattern`` while the block runs (the watch's ``value``: None if none came)."""
+    watch = Watch(pattern)
+    target = logging.getLogger(logger)
+    target.addHandler(watch)
+    try:
+        yield watch
+    finally:
+        target.removeHandler(watch)
 
 
 def disable_vllm_logging_config() -> dict[str, Any]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -92,6 +93,10 @@ def _runs_of(requests: list[GenerationRequest]) -> list[tuple[int, int, bool]]:
     return runs
 
 
+# vLLM's own report of the start's second half, after the weights load (vllm/v1/engine/core.py)
+WARMUP = re.compile(r"init engine \(profile, create kv cache, warmup model\) took ([0-9.]+) s")
+
+
 @engine("vllm")
 class VLLMEngine:
     def __init__(self, model_path: Path, model_dtype: str, settings: dict[str, Any]) -> None:
@@ -129,7 +134,11 @@ class VLLMEngine:
             kwargs["max_model_len"] = settings["max_model_len"]
         if settings.get("chunked_prefill") is not None:  # off: every prompt prefilled whole (budget: the context)
             kwargs["enable_chunked_prefill"] = settings["chunked_prefill"]
-        self.llm = LLM(**kwargs)
+        with logs.watching("vllm.v1.engine.core", WARMUP) as warmup:
+            self.llm = LLM(**kwargs)
+        # provenance, never a record's content: the part of the engine's start vLLM spends profiling, making its KV
+        # cache and warming the model up (compiling), as vLLM reports it (None where it does not)
+        self.warmup_s = warmup.value
         self._max_num_seqs = settings["max_num_seqs"]
         self._queued: set[str] = set()  # submitted, not collected
         self._finished: dict[str, Any] = {}  # request id -> vLLM's output, until collected

@@ -564,10 +564,11 @@ class PhaseClock:
         after the engine loaded and before the worker served: within ``start-up`` when this invocation
         started the workers), by worker."""
         loads = {w["worker"]: w["engine_load_s"] for w in workers if w.get("engine_load_s") is not None}
+        warmups = {w["worker"]: w["warmup_s"] for w in workers if w.get("warmup_s") is not None}
         canaries = {w["worker"]: w["canary"]["seconds"] for w in workers
                     if isinstance(w.get("canary"), dict) and w["canary"].get("seconds") is not None}  # fmt: skip
         return {**{k: round(v, 3) for k, v in self.seconds.items()}, "engine_load": loads,
-                **({"canary": canaries} if canaries else {})}  # fmt: skip
+                **({"warmup": warmups} if warmups else {}), **({"canary": canaries} if canaries else {})}  # fmt: skip
 
 
 class _Committed:

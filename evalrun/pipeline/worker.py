@@ -208,6 +208,8 @@ class EngineWorker:
             **({"user_engine": self.user_engine.describe()} if self.user_engine is not self.engine else {}),
             "canary": None if self.canary is None else self.canary.as_record(),  # None: not run (see notes)
             "engine_load_s": self.engine_load_s,
+            # within engine_load_s: vLLM's profiling, KV cache and warm-up (compiling), as it reports them
+            **({"warmup_s": warmup} if (warmup := getattr(self.engine, "warmup_s", None)) is not None else {}),
         }
 
     def close(self) -> None:
