@@ -152,8 +152,12 @@ def test_every_worker_is_recorded_and_each_row_names_its_worker(both_live, tmp_p
 
     # phase timings: provenance beside the dispatch record, under the seal as all the record says
     timings = record["timings"]
-    assert set(timings) == {"start-up", "generation", "writing", "scoring", "records", "engine_load", "canary"}
+    assert set(timings) == {"start-up", "generation", "writing", "scoring", "records", "engine_load", "warmup",
+                            "canary"}  # fmt: skip
     assert set(timings["engine_load"]) == set(names) and all(v > 0 for v in timings["engine_load"].values())
+    # each worker's vLLM warm-up (profiling, KV cache, compiling), as vLLM reported it: within its engine's load
+    assert set(timings["warmup"]) == set(names)
+    assert all(0 < timings["warmup"][w] < timings["engine_load"][w] for w in names)
     assert set(timings["canary"]) == set(names) and all(v > 0 for v in timings["canary"].values())
     assert all(timings[phase] >= 0 for phase in ("start-up", "writing", "scoring", "records"))
     assert record["seal_format"] == "evalrun.seal/2" and seal_of(Record.model_validate(record)) == record["seal"]
