@@ -119,8 +119,8 @@ def test_task_overrides_set_lm_evals_settings_over_the_yamls_and_are_in_the_scor
     assert [r.context for r in task.requests()] == ["given: Q: 1+1\nA:", "given: Q: 2+2\nA:"]
     assert task.scoring_record()["overrides"] == {"description": "given: ", "target_delimiter": "|"}
     assert "overrides" not in load_task(path).scoring_record()  # none given: the record as before
-    for key in ("nope", "task", "tag"):
-        with pytest.raises(BadInput, match=rf"^task\.overrides\.{key}: a setting of lm-eval's TaskConfig"):
+    for key in ("nope", "task", "tag", "custom_dataset"):  # evalrun names the task and hands it its documents
+        with pytest.raises(BadInput, match=rf"^task\.overrides\.{key}: one of lm-eval's task settings: "):
             load_task(path, overrides={key: 1})
     with pytest.raises(BadInput, match=r"^task\.overrides: expected {}: it is an lm-eval task's setting"):
         load(["task=addition_mc", "+task.overrides.num_fewshot=1"])

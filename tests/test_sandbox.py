@@ -114,7 +114,7 @@ def test_writes_outside_its_directory_fail_and_leave_nothing(sandbox: Sandbox, s
 
 def test_a_fork_bomb_is_held_to_the_process_limit(sandbox: Sandbox) -> None:
     done = sandbox.run("import os\nwhile True:\n    os.fork()\n", "")
-    assert done.outcome in ("process_limit", "cpu_limit", "wall_limit"), done
+    assert done.outcome == "process_limit" and "BlockingIOError" in done.stderr, done
     after = sandbox.run("print('next')\n", "")  # the machine can still start the next program
     assert after.outcome == "passed" and after.stdout == "next\n"
 

@@ -44,10 +44,10 @@ from evalrun.tasks.lm_eval_catalog import (
     catalog,
     defined_task,
     lm_eval_version,
+    overridable,
     quiet,
     reason_of,
     served_reasons,
-    task_setting_names,
 )
 from evalrun.tasks.lm_eval_data import FORMATS, DataSplit, hub_splits, local_splits, named_splits
 from evalrun.tasks.pack import PromptPack
@@ -114,11 +114,10 @@ def read_definition(path: Path, overrides: Mapping[str, Any] | None = None) -> D
     if not path.is_file():
         raise BadInput("task.path", f"{path} does not exist or is not a file")
     given = jsonable(dict(overrides or {}))
-    known = task_setting_names()
+    allowed = overridable()
     for key in given:
-        if key not in known or key in ("task", *STRUCTURAL_KEYS):
-            raise BadInput(f"task.overrides.{key}", f"a setting of lm-eval's TaskConfig other than task: one of "
-                                                    f"{', '.join(sorted(known - {'task'}))}")  # fmt: skip
+        if key not in allowed:
+            raise BadInput(f"task.overrides.{key}", f"one of lm-eval's task settings: {', '.join(sorted(allowed))}")
     with quiet():
         try:
             raw = {**load_yaml(path, resolve_func=False), **given}

@@ -268,11 +268,20 @@ def task_reasons(path: Path, overrides: Mapping[str, Any] | None = None) -> list
 
 
 def task_setting_names() -> frozenset[str]:
-    """The settings of lm-eval's ``TaskConfig``: what a task YAML, a group's settings of its tasks and
-    ``task.overrides`` may set."""
+    """The settings of lm-eval's ``TaskConfig``: what a task YAML may set."""
     from lm_eval.config.task import TaskConfig
 
     return frozenset(f.name for f in dataclasses.fields(TaskConfig))
+
+
+GIVEN_BY_EVALRUN = ("task", "custom_dataset")  # a task's name and its documents are not a setting given over a YAML
+
+
+def overridable() -> frozenset[str]:
+    """The settings a group's settings of its tasks and ``task.overrides`` may give over a task's YAML: lm-eval's
+    task settings but its name, its dataset object (evalrun hands the task its documents) and the index keys (tag,
+    which lm-eval's builder drops)."""
+    return task_setting_names() - {*GIVEN_BY_EVALRUN, *STRUCTURAL_KEYS}
 
 
 class _Defined(Exception):

@@ -27,10 +27,10 @@ from evalrun.tasks.lm_eval_catalog import (
     STRUCTURAL_KEYS,
     Catalog,
     catalog,
+    overridable,
     quiet,
     reason_of,
     task_reasons,
-    task_setting_names,
 )
 
 GROUP_KEYS = ("group", "group_alias", "task", "aggregate_metric_list", "metadata")
@@ -314,12 +314,12 @@ def _reference(entry: Any, found: TaskIndex, at: tuple[str, ...]) -> tuple[str, 
 def _task_settings(settings: Mapping[str, Any], at: tuple[str, ...]) -> dict[str, Any]:
     """A group's or a member entry's settings of its tasks: lm-eval's task settings, as plain data (the index keys,
     ``tag``, left out as lm-eval's builder drops them)."""
-    known = task_setting_names()
+    allowed = overridable()
     given = {}
     for key, value in settings.items():
         if key in STRUCTURAL_KEYS:
             continue
-        if key not in known or key == "task":
+        if key not in allowed:
             raise BadInput(": ".join((*at, key)), f"neither a group's key ({', '.join(GROUP_KEYS)}) nor a setting "
                                                   "of its tasks (a key of lm-eval's TaskConfig)")  # fmt: skip
         if _has_function(value):
