@@ -154,9 +154,10 @@ def test_a_sleeper_is_stopped_at_the_wall_clock_backstop(sandbox: Sandbox) -> No
 def test_a_busy_loop_near_the_limit_gets_the_same_verdict_on_a_loaded_machine() -> None:
     """1.2 CPU seconds under a 2 s limit passes, 3 s does not, with and without two CPU-hungry processes beside
     it (each takes a core here: the programs' wall-clock time doubles or triples, their CPU time does not). The
-    sandbox's own wall-clock backstop, ten times the CPU limit (the module's shorter one stops its sleeper sooner:
-    on a loaded machine a program's 2 CPU seconds took more than 6 s of wall-clock time)."""
-    sandbox = Sandbox.open("bwrap", Limits(cpu_seconds=2))
+    wall-clock backstop far above the CPU limit: in the full suite on 2 cores, with other tests' processes about, a
+    program's 2 CPU seconds took more than 20 s of wall-clock time once (the backstop is for programs that wait,
+    and a starved busy one must not meet it here)."""
+    sandbox = Sandbox.open("bwrap", Limits(cpu_seconds=2, wall_seconds=180))
 
     def busy(seconds: float) -> str:
         return f"import time\nend = time.process_time() + {seconds}\nwhile time.process_time() < end:\n    pass\n"
